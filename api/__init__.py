@@ -1,0 +1,1 @@
+"""The OpenAI-compatible HTTP front: validates, renders chat templates, enqueues jobs, streams their events."""

@@ -1,0 +1,137 @@
+"""The FastAPI application: routes under /v3 with /v1 aliases, health, metrics, OpenAI-shaped errors."""
+from __future__ import annotations
+
+import logging
+from contextlib import asynccontextmanager
+from typing import Any, AsyncIterator
+
+import redis.asyncio as aioredis
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from prometheus_client import CONTENT_TYPE_LATEST
+from starlette.exceptions import HTTPException
+from starlette.responses import JSONResponse, Response
+
+from api.hub import EventHub
+from api.jobs import JobClient
+from api.metrics import Metrics
+from api.protocol import ModelList, ModelObject
+from api.registry import Registry
+from api.serving import Serving
+from common.config import configured_models
+from common.errors import ErrorBody, OvqError, not_found
+from common.keys import Keys
+from common.settings import Settings, get_settings
+
+log = logging.getLogger("ovq.api")
+
+
+def error_response(status: int, body: ErrorBody, headers: dict[str, str] | None = None) -> JSONResponse:
+    return JSONResponse({"error": body.model_dump()}, status_code=status, headers=headers)
+
+
+def expected_models(settings: Settings) -> list[str]:
+    if settings.models:
+        return settings.models
+    return [m.name for m in configured_models(settings)] if settings.config else []
+
+
+def create_app(settings: Settings | None = None) -> FastAPI:
+    settings = settings or get_settings()
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        redis = aioredis.Redis.from_url(settings.redis_url or "redis://127.0.0.1:6379/0", max_connections=512)
+        keys = Keys(settings.key_prefix)
+        hub = EventHub(redis, keys)
+        await hub.start()
+        registry = Registry(redis, keys, settings, expected_models(settings))
+        metrics = Metrics(redis, keys, settings.worker_ttl_s)
+        app.state.registry, app.state.metrics = registry, metrics
+        app.state.serving = Serving(JobClient(redis, keys, hub, registry, settings), registry, metrics)
+        yield
+        await hub.stop()
+        await redis.aclose()
+
+    app = FastAPI(title="ovq", lifespan=lifespan)
+    _install_error_handlers(app)
+    _install_routes(app)
+    return app
+
+
+def _install_error_handlers(app: FastAPI) -> None:
+    @app.exception_handler(OvqError)
+    async def ovq_error(request: Request, exc: OvqError) -> JSONResponse:
+        headers = {"Retry-After": "1"} if exc.status == 429 else None
+        return error_response(exc.status, exc.body, headers)
+
+    @app.exception_handler(RequestValidationError)
+    async def validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
+        first = exc.errors()[0]
+        return error_response(400, ErrorBody(message=str(first.get("msg")), param=str(first.get("loc"))))
+
+    @app.exception_handler(HTTPException)
+    async def http_error(request: Request, exc: HTTPException) -> JSONResponse:
+        kind = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
+        return error_response(exc.status_code, ErrorBody(message=str(exc.detail), type=kind))
+
+    @app.exception_handler(Exception)
+    async def unexpected(request: Request, exc: Exception) -> JSONResponse:
+        log.exception("unexpected error serving %s", request.url.path)
+        return error_response(500, ErrorBody(message="internal error", type="server_error"))
+
+
+def _install_routes(app: FastAPI) -> None:
+    async def chat(request: Request) -> Response:
+        return await _counted(request, "chat", request.app.state.serving.chat)
+
+    async def completions(request: Request) -> Response:
+        return await _counted(request, "completions", request.app.state.serving.completions)
+
+    async def list_models(request: Request) -> ModelList:
+        listed = await request.app.state.registry.models()
+        return ModelList(data=[_model_object(name, card) for name, card in listed.items()])
+
+    async def get_model(request: Request, model: str) -> ModelObject:
+        listed = await request.app.state.registry.models()
+        if model not in listed:
+            raise not_found(f"The model `{model}` does not exist")
+        return _model_object(model, listed[model])
+
+    for prefix in ("/v3", "/v1"):
+        app.add_api_route(f"{prefix}/chat/completions", chat, methods=["POST"])
+        app.add_api_route(f"{prefix}/completions", completions, methods=["POST"])
+        app.add_api_route(f"{prefix}/models", list_models, methods=["GET"])
+        app.add_api_route(f"{prefix}/models/{{model:path}}", get_model, methods=["GET"])
+
+    @app.get("/health")
+    @app.get("/v2/health/ready")
+    async def ready(request: Request) -> JSONResponse:
+        status = await request.app.state.registry.ready()
+        ok = bool(status) and all(status.values())
+        return JSONResponse({"ready": ok, "models": status}, status_code=200 if ok else 503)
+
+    @app.get("/v2/health/live")
+    async def live() -> dict[str, bool]:
+        return {"live": True}
+
+    @app.get("/metrics")
+    async def metrics(request: Request) -> Response:
+        registry = request.app.state.registry
+        models = {name: list(await registry.cards(name)) for name in await registry.models()}
+        return Response(await request.app.state.metrics.render(models), media_type=CONTENT_TYPE_LATEST)
+
+
+async def _counted(request: Request, endpoint: str, handler: Any) -> Response:
+    metrics = request.app.state.metrics
+    try:
+        response = await handler(request)
+    except OvqError as exc:
+        metrics.requests.labels(endpoint, str(exc.status)).inc()
+        raise
+    metrics.requests.labels(endpoint, str(response.status_code)).inc()
+    return response
+
+
+def _model_object(name: str, card: Any) -> ModelObject:
+    return ModelObject(id=name, created=card.created if card else 0)

@@ -1,0 +1,143 @@
+"""Chat completions and completions: request in, job out, events back as one answer or an SSE stream."""
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any, AsyncIterator, TypeVar
+
+import orjson
+from pydantic import BaseModel, ValidationError
+from sse_starlette import EventSourceResponse
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+from api.formats import ChatFormat, CompletionFormat, Format
+from api.jobs import ClientGone, Generation, JobClient, wait_disconnect
+from api.metrics import Metrics
+from api.protocol import ChatCompletionRequest, CompletionRequest, SamplingRequest, UsageInfo
+from api.registry import Registry, Route
+from api.templates import render
+from common.errors import OvqError
+from common.jobs import Job, SamplingParams
+from common.servable import ServableType
+
+M = TypeVar("M", bound=BaseModel)
+CLIENT_CLOSED = 499
+TEXT_SERVABLES = (ServableType.LM_CB, ServableType.LM, ServableType.VLM_CB, ServableType.VLM)
+
+
+async def parse_body(request: Request, model: type[M]) -> M:
+    content_type = request.headers.get("content-type", "")
+    if "json" not in content_type:
+        raise OvqError(f"Content-Type must be application/json, not {content_type or 'missing'!r}", 415)
+    try:
+        data = orjson.loads(await request.body())
+    except orjson.JSONDecodeError as exc:
+        raise OvqError(f"We could not parse the JSON body of your request: {exc}") from exc
+    if not isinstance(data, dict):
+        raise OvqError("The request body must be a JSON object")
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        param = ".".join(str(p) for p in first["loc"]) or None
+        raise OvqError(f"{param}: {first['msg']}" if param else first["msg"], param=param) from exc
+
+
+def sampling_params(body: SamplingRequest, route: Route) -> SamplingParams:
+    limit = route.card.max_tokens_limit
+    if limit is not None and body.max_tokens is not None and body.max_tokens > limit:
+        raise OvqError(f"max_tokens value {body.max_tokens} exceeds the limit {limit}", param="max_tokens")
+    values = body.model_dump(include=set(SamplingParams.model_fields))
+    values["stop"] = body.stop or []
+    if values["max_tokens"] is None:
+        values["max_tokens"] = limit
+    return SamplingParams.model_validate(values)
+
+
+class Serving:
+    def __init__(self, jobs: JobClient, registry: Registry, metrics: Metrics) -> None:
+        self.jobs, self.registry, self.metrics = jobs, registry, metrics
+
+    async def _route(self, model: str) -> Route:
+        route = await self.registry.route(model)
+        if route.card.servable_type not in TEXT_SERVABLES:
+            raise OvqError(f"The model `{model}` does not generate text", param="model")
+        return route
+
+    async def chat(self, request: Request) -> Response:
+        body = await parse_body(request, ChatCompletionRequest)
+        route = await self._route(body.model)
+        card = route.card
+        messages = [{**m.model_dump(exclude_none=True), "content": m.text()} for m in body.messages]
+        prompt = render(card.chat_template, messages, card.bos_token, card.eos_token, body.chat_template_kwargs)
+        job = self._job(body, route, "chat", prompt, add_special_tokens=False)
+        return await self._respond(request, body, route, job, ChatFormat(f"chatcmpl-{job.id}", body.model, 0))
+
+    async def completions(self, request: Request) -> Response:
+        body = await parse_body(request, CompletionRequest)
+        route = await self._route(body.model)
+        job = self._job(body, route, "completion", body.prompt, add_special_tokens=True)
+        return await self._respond(request, body, route, job, CompletionFormat(f"cmpl-{job.id}", body.model, 0))
+
+    def _job(self, body: SamplingRequest, route: Route, kind: str, prompt: Any, add_special_tokens: bool) -> Job:
+        return Job(model=body.model, device=route.card.device, kind=kind, prompt=prompt,
+                   add_special_tokens=add_special_tokens, params=sampling_params(body, route),
+                   reply_to=self.jobs.hub.reply_to)
+
+    async def _respond(self, request: Request, body: SamplingRequest, route: Route, job: Job, fmt: Format) -> Response:
+        fmt.created = int(time.time())
+        generation = await self.jobs.submit(job, route)
+        disconnect = asyncio.ensure_future(wait_disconnect(request))
+        try:
+            await generation.start(disconnect)
+            if body.stream:
+                disconnect.cancel()  # the SSE response watches the connection from here on
+                stream = self._stream(generation, body, fmt)
+                return EventSourceResponse(stream, ping=15, sep="\n")
+            return await self._whole(generation, fmt, disconnect)
+        except ClientGone:
+            await generation.close()
+            return Response(status_code=CLIENT_CLOSED)
+        except BaseException:
+            await generation.close()
+            raise
+        finally:
+            disconnect.cancel()
+
+    async def _whole(self, generation: Generation, fmt: Format, disconnect: asyncio.Future[None]) -> Response:
+        text: list[str] = []
+        async for event in generation.events(disconnect):
+            if event.type == "delta":
+                text.append(event.text)
+            elif event.type == "done":
+                self.metrics.observe_done(generation.job.model, event)
+                usage = UsageInfo(**event.usage.model_dump())
+                answer = fmt.whole("".join(text), event.finish_reason, usage)
+                await generation.close()
+                return Response(answer.model_dump_json(), media_type="application/json")
+            elif event.type == "error":
+                await generation.close()
+                return JSONResponse({"error": event.error.model_dump()}, status_code=event.status)
+        raise ClientGone()  # cancelled elsewhere
+
+    async def _stream(self, generation: Generation, body: SamplingRequest, fmt: Format) -> AsyncIterator[str]:
+        try:
+            first = fmt.chunk("", first=True)
+            if first is not None:
+                yield first.model_dump_json()
+            async for event in generation.events():
+                if event.type == "delta":
+                    yield fmt.chunk(event.text).model_dump_json()
+                elif event.type == "done":
+                    self.metrics.observe_done(generation.job.model, event)
+                    yield fmt.chunk(None if isinstance(fmt, ChatFormat) else "", event.finish_reason).model_dump_json()
+                    if body.include_usage:
+                        yield fmt.usage_chunk(UsageInfo(**event.usage.model_dump())).model_dump_json()
+                elif event.type == "error":
+                    yield orjson.dumps({"error": event.error.model_dump()}).decode()
+            yield "[DONE]"
+        except OvqError as exc:
+            yield orjson.dumps({"error": exc.body.model_dump()}).decode()
+        finally:
+            await generation.close()

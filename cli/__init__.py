@@ -1,0 +1,1 @@
+"""The `ovq` command: starts the tiers as separate processes (it imports neither)."""

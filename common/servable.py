@@ -1,0 +1,94 @@
+"""Servable rules that need no inference runtime: type, chat template, special tokens, limits, defaults."""
+from __future__ import annotations
+
+import json
+from enum import Enum
+from pathlib import Path
+from typing import Any
+
+# OVMS's template for models without one: exactly one message, its content is the prompt.
+DEFAULT_CHAT_TEMPLATE = (
+    "{% if messages|length != 1 %} {{ raise_exception('This servable accepts only single message requests') }}"
+    "{% endif %}{{ messages[0]['content'] }}"
+)
+VISION_FILES = ("openvino_vision_embeddings_model.xml", "openvino_vision_encoder.xml")
+STATEFUL_DEVICES = ("NPU",)
+
+
+class ServableType(str, Enum):
+    LM_CB = "LM_CB"
+    LM = "LM"
+    VLM_CB = "VLM_CB"
+    VLM = "VLM"
+    IMAGE = "IMAGE"
+
+
+def infer_servable(path: Path, device: str, pipeline_type: str = "AUTO") -> ServableType:
+    """Directory says text, vision or image; device says the engine (NPU is stateful); an explicit type wins."""
+    if pipeline_type != "AUTO":
+        return ServableType(pipeline_type)
+    if (path / "model_index.json").exists():
+        return ServableType.IMAGE
+    vision = any((path / f).exists() for f in VISION_FILES)
+    stateful = device.split(":")[0].upper() in STATEFUL_DEVICES
+    if vision:
+        return ServableType.VLM if stateful else ServableType.VLM_CB
+    return ServableType.LM if stateful else ServableType.LM_CB
+
+
+def _json(path: Path) -> dict[str, Any]:
+    try:
+        return json.loads(path.read_text())
+    except FileNotFoundError:
+        return {}
+
+
+def chat_template(path: Path, tokenizer_template: str = "") -> str:
+    """First found wins: chat_template.jinja, template.jinja, tokenizer_config.json, the tokenizer's own, OVMS default."""
+    for name in ("chat_template.jinja", "template.jinja"):
+        if (path / name).exists():
+            return (path / name).read_text()
+    template = _json(path / "tokenizer_config.json").get("chat_template")
+    if isinstance(template, list):  # HF allows named templates; "default" is the chat one
+        template = next((t["template"] for t in template if t.get("name") == "default"), None)
+    return template or tokenizer_template or DEFAULT_CHAT_TEMPLATE
+
+
+def _token_text(value: Any) -> str:
+    if isinstance(value, dict):  # AddedToken serialised by transformers
+        return str(value.get("content", ""))
+    return str(value or "")
+
+
+def special_tokens(path: Path, fallback_bos: str = "", fallback_eos: str = "") -> tuple[str, str]:
+    config = _json(path / "tokenizer_config.json")
+    if config:
+        return _token_text(config.get("bos_token")), _token_text(config.get("eos_token"))
+    return fallback_bos, fallback_eos
+
+
+def context_length(path: Path, default: int = 2048) -> int:
+    config = _json(path / "config.json")
+    for section in (config, config.get("text_config", {}), config.get("llm_config", {})):
+        for key in ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length"):
+            if isinstance(section.get(key), int):
+                return int(section[key])
+    return default
+
+
+GENERATION_FIELDS = {
+    "temperature": "temperature",
+    "top_p": "top_p",
+    "top_k": "top_k",
+    "repetition_penalty": "repetition_penalty",
+    "max_new_tokens": "max_tokens",
+}
+
+
+def generation_defaults(path: Path) -> dict[str, Any]:
+    """The model's `generation_config.json`, as request field names (sampling off means temperature 0)."""
+    config = _json(path / "generation_config.json")
+    defaults = {ours: config[theirs] for theirs, ours in GENERATION_FIELDS.items() if theirs in config}
+    if config.get("do_sample") is False:
+        defaults["temperature"] = 0.0
+    return defaults

@@ -1,0 +1,54 @@
+"""One settings object for the CLI, the API and the workers (env `OVQ_*`, `REDIS_URL`)."""
+from __future__ import annotations
+
+from functools import lru_cache
+from pathlib import Path
+
+from pydantic import AliasChoices, Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+def _default_cache_dir() -> Path:
+    import os
+
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "ovq"
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="OVQ_", extra="ignore")
+
+    redis_url: str | None = Field(
+        default=None, validation_alias=AliasChoices("REDIS_URL", "OVQ_REDIS_URL")
+    )
+    key_prefix: str = "ovq"
+    config: Path | None = None
+    cache_dir: Path = Field(default_factory=_default_cache_dir)
+    host: str = "127.0.0.1"
+    port: int = 8000
+    log_level: str = "info"
+
+    heartbeat_s: float = 1.0
+    # A worker whose heartbeat is older than this is dead: its pending jobs may be reclaimed.
+    worker_ttl_s: float = 5.0
+    job_ttl_s: int = 3600
+    cancel_ttl_s: int = 3600
+    # Backlog (waiting + in flight) of one stream above which the API answers 429.
+    max_queue_depth: int = 4096
+    # A job delivered more often than this is poison and goes to the dead-letter stream.
+    max_deliveries: int = 3
+    reclaim_interval_s: float = 5.0
+    # How long the API waits for a worker's first event before it checks the model is still served.
+    first_event_check_s: float = 5.0
+    shutdown_grace_s: float = 30.0
+    # Models the API expects to be served (readiness); empty: those of the models file, else every announced one.
+    models: list[str] = Field(default_factory=list)
+
+    @property
+    def models_dir(self) -> Path:
+        return self.cache_dir / "models"
+
+
+@lru_cache(maxsize=1)
+def get_settings() -> Settings:
+    return Settings()

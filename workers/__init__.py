@@ -1,0 +1,1 @@
+"""Device-pinned worker processes that run the OpenVINO GenAI pipelines."""

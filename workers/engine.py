@@ -1,0 +1,160 @@
+"""The engine process: owns the ContinuousBatchingPipeline and does nothing but add, step, read and cancel.
+
+`step()` holds the GIL for the whole step, so the engine runs in its own process and talks to the worker's
+I/O process over a pipe in small batched messages:
+
+  in  (list of commands): ["add", job, token_ids, config] | ["cancel", job] | ["stop"]
+  out (one per step):     [[job, new_token_ids, finish], ...] with finish None while running, else
+                          "stop" | "length" | "cancelled" | "error:<message>"
+"""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from multiprocessing.connection import Connection
+from typing import Any
+
+import orjson
+
+log = logging.getLogger("ovq.engine")
+
+
+@dataclass
+class EngineSpec:
+    path: str
+    device: str
+    scheduler: dict[str, Any]
+    plugin_config: dict[str, Any]
+    cache_eviction: dict[str, Any] | None = None
+
+
+def _scheduler_config(spec: EngineSpec) -> Any:
+    import openvino_genai as g
+
+    config = g.SchedulerConfig()
+    for name, value in spec.scheduler.items():
+        setattr(config, name, value)
+    if spec.cache_eviction:
+        eviction = dict(spec.cache_eviction)
+        mode = getattr(g.AggregationMode, eviction.pop("aggregation_mode", "SUM"))
+        config.use_cache_eviction = True
+        config.cache_eviction_config = g.CacheEvictionConfig(
+            eviction["start_size"], eviction["recent_size"], eviction["max_cache_size"], mode,
+            eviction.get("apply_rotation", False),
+        )
+    return config
+
+
+def _generation_config(values: dict[str, Any]) -> Any:
+    import openvino_genai as g
+
+    config = g.GenerationConfig()
+    for name, value in values.items():
+        setattr(config, name, set(value) if name == "stop_strings" else value)
+    config.validate()
+    return config
+
+
+class Engine:
+    def __init__(self, spec: EngineSpec) -> None:
+        import openvino_genai as g
+
+        self._g = g
+        self.pipe = g.ContinuousBatchingPipeline(spec.path, _scheduler_config(spec), spec.device, spec.plugin_config)
+        self.handles: dict[str, Any] = {}
+        self.budgets: dict[str, int] = {}
+        self.generated: dict[str, int] = {}
+        self.next_id = 0
+
+    def add(self, job: str, ids: list[int], values: dict[str, Any], out: list[list[Any]]) -> None:
+        import numpy as np
+        import openvino as ov
+
+        try:
+            config = _generation_config(values)
+            tensor = ov.Tensor(np.asarray([ids], dtype=np.int64))
+            self.next_id += 1
+            self.handles[job] = self.pipe.add_request(self.next_id, tensor, config)
+        except Exception as exc:  # a config GenAI refuses is the request's fault
+            out.append([job, [], f"error:{str(exc).strip().splitlines()[0]}"])
+            return
+        self.budgets[job] = config.max_new_tokens
+        self.generated[job] = 0
+
+    def cancel(self, job: str, out: list[list[Any]]) -> None:
+        handle = self.handles.pop(job, None)
+        tokens: list[int] = []
+        if handle is not None:
+            if handle.can_read():  # reading after cancel() raises
+                for output in handle.read().values():
+                    tokens.extend(output.generated_ids)
+            handle.cancel()
+            self._forget(job)
+        out.append([job, tokens, "cancelled"])
+
+    def step(self, out: list[list[Any]]) -> None:
+        self.pipe.step()
+        g = self._g
+        finished = []
+        for job, handle in self.handles.items():
+            tokens: list[int] = []
+            reason = g.GenerationFinishReason.NONE
+            if handle.can_read():
+                for output in handle.read().values():
+                    tokens.extend(output.generated_ids)
+                    reason = output.finish_reason
+            self.generated[job] += len(tokens)
+            status = handle.get_status()
+            finish = None
+            if status != g.GenerationStatus.RUNNING and not handle.can_read():
+                finish = self._finish(job, status, reason)
+                finished.append(job)
+            if tokens or finish:
+                out.append([job, tokens, finish])
+        for job in finished:
+            del self.handles[job]
+            self._forget(job)
+
+    def _finish(self, job: str, status: Any, reason: Any) -> str:
+        g = self._g
+        if status == g.GenerationStatus.IGNORED:
+            return "error:the request did not fit in the KV cache; raise cache_size"
+        if status in (g.GenerationStatus.CANCEL, g.GenerationStatus.STOP):
+            return "cancelled"
+        if reason == g.GenerationFinishReason.LENGTH or self.generated[job] >= self.budgets[job]:
+            return "length"
+        return "stop"
+
+    def _forget(self, job: str) -> None:
+        self.budgets.pop(job, None)
+        self.generated.pop(job, None)
+
+
+def run(conn: Connection, spec: EngineSpec) -> None:
+    """Entry point of the engine process."""
+    try:
+        engine = Engine(spec)
+    except Exception as exc:
+        conn.send_bytes(orjson.dumps({"ready": False, "error": str(exc)}))
+        return
+    conn.send_bytes(orjson.dumps({"ready": True}))
+    while True:
+        out: list[list[Any]] = []
+        timeout = 0 if engine.handles else None
+        while conn.poll(timeout):
+            try:
+                commands = orjson.loads(conn.recv_bytes())
+            except EOFError:
+                return
+            for command in commands:
+                if command[0] == "add":
+                    engine.add(command[1], command[2], command[3], out)
+                elif command[0] == "cancel":
+                    engine.cancel(command[1], out)
+                elif command[0] == "stop":
+                    return
+            timeout = 0
+        if engine.handles:
+            engine.step(out)
+        if out:
+            conn.send_bytes(orjson.dumps(out))

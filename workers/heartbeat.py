@@ -1,0 +1,47 @@
+"""Liveness and the model card: what tells the API this worker exists and what its model accepts."""
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from workers.worker import Worker
+
+# The card outlives its workers by far, so the API can tell "model not served right now" (503) from
+# "no such model" (404).
+CARD_TTL_S = 86_400
+
+
+class Heartbeat:
+    def __init__(self, worker: Worker) -> None:
+        self.worker = worker
+
+    async def beat(self) -> None:
+        w, keys = self.worker, self.worker.keys
+        now = time.time()
+        ttl_ms = int(w.settings.worker_ttl_s * 1000)
+        pipe = w.redis.pipeline(transaction=False)
+        pipe.hset(keys.worker(w.id), mapping={
+            "model": w.model.name, "device": w.device, "servable_type": w.info.card.servable_type.value,
+            "capacity": w.capacity, "running": len(w.running), "stream": w.stream, "heartbeat": now,
+        })
+        pipe.pexpire(keys.worker(w.id), ttl_ms)
+        pipe.zadd(keys.workers(w.model.name, w.device), {w.id: now})
+        pipe.zremrangebyscore(keys.workers(w.model.name, w.device), "-inf", now - 10 * w.settings.worker_ttl_s)
+        pipe.hset(keys.model(w.model.name), w.device, w.info.card.model_dump_json())
+        pipe.expire(keys.model(w.model.name), CARD_TTL_S)
+        pipe.sadd(keys.models, w.model.name)
+        await pipe.execute()
+
+    async def run(self) -> None:
+        while True:
+            await self.beat()
+            await asyncio.sleep(self.worker.settings.heartbeat_s)
+
+    async def leave(self) -> None:
+        w, keys = self.worker, self.worker.keys
+        pipe = w.redis.pipeline(transaction=False)
+        pipe.delete(keys.worker(w.id))
+        pipe.zrem(keys.workers(w.model.name, w.device), w.id)
+        await pipe.execute()

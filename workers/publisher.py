@@ -1,0 +1,93 @@
+"""Everything a worker tells Redis about its jobs goes through here: one pipelined round trip per batch.
+
+Batches are sent strictly in order by one task, so a job's events reach the API in sequence; when Redis is
+slower than the engine, the batches waiting are merged into one round trip.
+"""
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+import redis.asyncio as aioredis
+
+from common.keys import GROUP, Keys
+
+
+@dataclass
+class Outbox:
+    events: dict[str, list[dict[str, Any]]] = field(default_factory=lambda: defaultdict(list))
+    status: dict[str, dict[str, Any]] = field(default_factory=dict)
+    acks: list[bytes] = field(default_factory=list)
+
+    def publish(self, reply_to: str, event: Any) -> None:
+        self.events[reply_to].append(event.model_dump(mode="json") if hasattr(event, "model_dump") else event)
+
+    def set_status(self, job: str, **values: Any) -> None:
+        self.status.setdefault(job, {}).update(values)
+
+    def ack(self, entry_id: bytes) -> None:
+        self.acks.append(entry_id)
+
+    def merge(self, other: Outbox) -> None:
+        for reply_to, events in other.events.items():
+            self.events[reply_to].extend(events)
+        for job, values in other.status.items():
+            self.set_status(job, **values)
+        self.acks.extend(other.acks)
+
+    def __bool__(self) -> bool:
+        return bool(self.events or self.status or self.acks)
+
+
+class Publisher:
+    def __init__(self, redis: aioredis.Redis, keys: Keys, stream: str, job_ttl: int) -> None:
+        self.redis, self.keys, self.stream, self.job_ttl = redis, keys, stream, job_ttl
+        self._queue: asyncio.Queue[Outbox] = asyncio.Queue()
+        self._task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._run(), name="publisher")
+
+    def put(self, outbox: Outbox) -> None:
+        if outbox:
+            self._queue.put_nowait(outbox)
+
+    async def drain(self) -> None:
+        await self._queue.join()
+
+    async def stop(self) -> None:
+        await self.drain()
+        if self._task:
+            self._task.cancel()
+
+    async def _run(self) -> None:
+        while True:
+            batch = await self._queue.get()
+            merged = 1
+            while not self._queue.empty():
+                batch.merge(self._queue.get_nowait())
+                merged += 1
+            try:
+                await self._send(batch)
+            finally:
+                for _ in range(merged):
+                    self._queue.task_done()
+
+    async def _send(self, batch: Outbox) -> None:
+        pipe = self.redis.pipeline(transaction=False)
+        for job, values in batch.status.items():
+            values["updated"] = time.time()
+            key = self.keys.job(job)
+            pipe.hset(key, mapping={k: v if isinstance(v, (str, int, float)) else orjson.dumps(v)
+                                    for k, v in values.items()})
+            pipe.expire(key, self.job_ttl)
+        for reply_to, events in batch.events.items():
+            pipe.publish(self.keys.events(reply_to), orjson.dumps({"v": 1, "events": events}))
+        if batch.acks:
+            pipe.xack(self.stream, GROUP, *batch.acks)
+            pipe.xdel(self.stream, *batch.acks)
+        await pipe.execute()

@@ -1,0 +1,47 @@
+"""The worker's view of its model directory: tokenizer, model card, generation defaults."""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from common.config import ModelConfig
+from common.modelcard import ModelCard
+from common.servable import chat_template, context_length, generation_defaults, infer_servable, special_tokens
+
+
+@dataclass
+class ServableInfo:
+    tokenizer: Any
+    card: ModelCard
+    defaults: dict[str, Any]
+
+    @classmethod
+    def load(cls, path: Path, model: ModelConfig, device: str) -> ServableInfo:
+        import openvino_genai
+
+        tokenizer = openvino_genai.Tokenizer(str(path))
+        bos, eos = special_tokens(path, tokenizer.get_bos_token(), tokenizer.get_eos_token())
+        card = ModelCard(
+            name=model.name,
+            device=device,
+            servable_type=infer_servable(path, device, model.pipeline_type),
+            context_length=context_length(path),
+            max_tokens_limit=model.max_tokens_limit,
+            best_of_limit=model.best_of_limit,
+            chat_template=chat_template(path, tokenizer.chat_template),
+            bos_token=bos,
+            eos_token=eos,
+            created=int(path.stat().st_mtime) if path.exists() else int(time.time()),
+        )
+        return cls(tokenizer, card, generation_defaults(path))
+
+    def tokenize(self, prompt: str | list[int], add_special_tokens: bool) -> list[int]:
+        if isinstance(prompt, list):
+            return prompt
+        encoded = self.tokenizer.encode(prompt, add_special_tokens=add_special_tokens)
+        return encoded.input_ids.data[0].tolist()
+
+    def decode(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=True)
