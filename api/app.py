@@ -2,8 +2,9 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from typing import Any, AsyncIterator
+from typing import Any
 
 import redis.asyncio as aioredis
 from fastapi import FastAPI, Request

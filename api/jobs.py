@@ -3,7 +3,8 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import Any, AsyncIterator
+from collections.abc import AsyncIterator
+from typing import Any
 
 import redis.asyncio as aioredis
 from starlette.requests import Request
@@ -71,7 +72,7 @@ class Generation:
             except asyncio.TimeoutError:
                 live = await self.client.registry.live_workers(self.job.model, [self.job.device])
                 if not any(live.values()):
-                    raise unavailable(f"No worker serves `{self.job.model}` on {self.job.device} any more")
+                    raise unavailable(f"No worker serves `{self.job.model}` on {self.job.device} any more") from None
                 continue
             if event.type in TERMINAL:
                 self.finished = True

@@ -28,6 +28,12 @@ class ChatMessage(BaseModel):
     content: str | list[ContentPart] | None = None
     name: str | None = None
 
+    @model_validator(mode="after")
+    def _content_required(self) -> ChatMessage:
+        if self.content is None and self.role not in ("assistant", "function"):
+            raise ValueError(f"content is required for a {self.role} message")
+        return self
+
     def text(self) -> str | None:
         """Text parts joined; other part types are for servables that take them (vision), not text models."""
         if not isinstance(self.content, list):

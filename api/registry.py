@@ -50,7 +50,7 @@ class Registry:
         pipe = self.redis.pipeline(transaction=False)
         for device in devices:
             pipe.zcount(self.keys.workers(model, device), since, "+inf")
-        return dict(zip(devices, await pipe.execute()))
+        return dict(zip(devices, await pipe.execute(), strict=False))
 
     async def route(self, model: str) -> Route:
         """The device stream with the shortest backlog among those with a live worker (ties: first announced)."""

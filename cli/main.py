@@ -36,11 +36,11 @@ def _module(name: str, *args: str) -> list[str]:
 
 def serve(args: argparse.Namespace) -> int:
     """Everything on one machine: embedded Redis (unless REDIS_URL), a worker per model and device, the API."""
-    settings = _settings(args)
     if args.host:
         os.environ["OVQ_HOST"] = args.host
     if args.port:
         os.environ["OVQ_PORT"] = str(args.port)
+    settings = _settings(args)
     from workers.prepare import prepare
 
     models = configured_models(settings)
@@ -60,8 +60,8 @@ def serve(args: argparse.Namespace) -> int:
     try:
         for model in models:
             for device in model.devices:
-                env = _env(settings, url)
-                children.append(subprocess.Popen(_module("workers", "--model", model.name, "--device", device), env=env))
+                args = _module("workers", "--model", model.name, "--device", device)
+                children.append(subprocess.Popen(args, env=_env(settings, url)))
         api_env = _env(settings, url, OVQ_MODELS=json.dumps([m.name for m in models]))
         children.append(subprocess.Popen(_module("api"), env=api_env))
         print(f"ovq: serving {', '.join(m.name for m in models)} on http://{settings.host}:{settings.port}/v3 "

@@ -1,7 +1,7 @@
 """Events a worker sends back for a job. One pub/sub message carries a batch of them (one engine step)."""
 from __future__ import annotations
 
-from typing import Annotated, Literal, Union
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, Field, TypeAdapter
 
@@ -59,7 +59,7 @@ class Cancelled(_Event):
     type: Literal["cancelled"] = "cancelled"
 
 
-Event = Annotated[Union[Accepted, Delta, Done, Error, Cancelled], Field(discriminator="type")]
+Event = Annotated[Accepted | Delta | Done | Error | Cancelled, Field(discriminator="type")]
 TERMINAL = ("done", "error", "cancelled")
 
 

@@ -44,7 +44,7 @@ def _json(path: Path) -> dict[str, Any]:
 
 
 def chat_template(path: Path, tokenizer_template: str = "") -> str:
-    """First found wins: chat_template.jinja, template.jinja, tokenizer_config.json, the tokenizer's own, OVMS default."""
+    """First found: chat_template.jinja, template.jinja, tokenizer_config.json, the tokenizer's, OVMS default."""
     for name in ("chat_template.jinja", "template.jinja"):
         if (path / name).exists():
             return (path / name).read_text()
@@ -74,6 +74,12 @@ def context_length(path: Path, default: int = 2048) -> int:
             if isinstance(section.get(key), int):
                 return int(section[key])
     return default
+
+
+def vocab_size(path: Path) -> int | None:
+    config = _json(path / "config.json")
+    size = config.get("vocab_size") or config.get("text_config", {}).get("vocab_size")
+    return int(size) if size else None
 
 
 GENERATION_FIELDS = {

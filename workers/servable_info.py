@@ -7,8 +7,16 @@ from pathlib import Path
 from typing import Any
 
 from common.config import ModelConfig
+from common.errors import OvqError
 from common.modelcard import ModelCard
-from common.servable import chat_template, context_length, generation_defaults, infer_servable, special_tokens
+from common.servable import (
+    chat_template,
+    context_length,
+    generation_defaults,
+    infer_servable,
+    special_tokens,
+    vocab_size,
+)
 
 
 @dataclass
@@ -16,6 +24,7 @@ class ServableInfo:
     tokenizer: Any
     card: ModelCard
     defaults: dict[str, Any]
+    vocab_size: int | None
 
     @classmethod
     def load(cls, path: Path, model: ModelConfig, device: str) -> ServableInfo:
@@ -35,10 +44,12 @@ class ServableInfo:
             eos_token=eos,
             created=int(path.stat().st_mtime) if path.exists() else int(time.time()),
         )
-        return cls(tokenizer, card, generation_defaults(path))
+        return cls(tokenizer, card, generation_defaults(path), vocab_size(path))
 
     def tokenize(self, prompt: str | list[int], add_special_tokens: bool) -> list[int]:
         if isinstance(prompt, list):
+            if self.vocab_size and any(not 0 <= i < self.vocab_size for i in prompt):
+                raise OvqError(f"prompt token ids must be in [0, {self.vocab_size})", param="prompt")
             return prompt
         encoded = self.tokenizer.encode(prompt, add_special_tokens=add_special_tokens)
         return encoded.input_ids.data[0].tolist()

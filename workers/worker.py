@@ -129,7 +129,7 @@ class Worker:
         pipe = self.redis.pipeline(transaction=False)
         for _, job in jobs:
             pipe.exists(self.keys.cancel(job.id))
-        cancelled = {job.id for (_, job), hit in zip(jobs, await pipe.execute()) if hit}
+        cancelled = {job.id for (_, job), hit in zip(jobs, await pipe.execute(), strict=False) if hit}
         for entry_id, job in jobs:
             if job.id in cancelled or self._cancelled_early.pop(job.id, None):
                 outbox.publish(job.reply_to, Cancelled(job=job.id, seq=1))

@@ -1,0 +1,113 @@
+"""Session fixtures: a real redis-server, the real default model prepared once per machine, real processes."""
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import pytest
+import redis
+
+from common.config import default_model
+from common.redis_server import EmbeddedRedis
+from common.settings import Settings
+
+ROOT = Path(__file__).resolve().parent.parent
+MODEL = "smollm2-135m-instruct"
+SINGLE = "smollm2-single"  # the same weights with max_num_seqs 1: observable queueing
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="session")
+def model_dir() -> Path:
+    """SmolLM2 prepared into the user's cache (reused by later runs, as `ovq serve` would)."""
+    from workers.prepare import prepare
+
+    return prepare(default_model(Settings()))
+
+
+@pytest.fixture(scope="session")
+def redis_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    server = EmbeddedRedis(tmp_path_factory.mktemp("redis"), port=free_port())
+    yield server.start()
+    server.stop()
+
+
+@pytest.fixture()
+def redis_client(redis_url: str) -> redis.Redis:
+    return redis.Redis.from_url(redis_url)
+
+
+@dataclass
+class Stack:
+    base_url: str
+    redis_url: str
+    config: Path
+    logs: Path
+    env: dict[str, str]
+
+    def url(self, path: str) -> str:
+        return self.base_url.rsplit("/v3", 1)[0] + path
+
+
+def _spawn(args: list[str], env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
+    return subprocess.Popen([sys.executable, "-m", *args], env=env, cwd=ROOT, stdout=log.open("wb"),
+                            stderr=subprocess.STDOUT)
+
+
+def _wait_ready(url: str, procs: list[subprocess.Popen[bytes]], logs: Path, timeout: float = 120) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for proc in procs:
+            if proc.poll() is not None:
+                tails = "\n".join(p.read_text()[-3000:] for p in logs.glob("*.log"))
+                raise RuntimeError(f"a process exited during start-up:\n{tails}")
+        try:
+            if httpx.get(url, timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.25)
+    raise RuntimeError("the stack did not become ready in time")
+
+
+@pytest.fixture(scope="session")
+def stack(model_dir: Path, redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    """The real API and two real workers (the default model, and a one-at-a-time variant) on a private Redis."""
+    work = tmp_path_factory.mktemp("stack")
+    config = work / "models.json"
+    common = {"path": str(model_dir), "cache_size": 0, "max_tokens_limit": 4096}
+    config.write_text(json.dumps({"models": {MODEL: common, SINGLE: {**common, "max_num_seqs": 1}}}))
+    port = free_port()
+    env = {**os.environ, "REDIS_URL": redis_url, "OVQ_CONFIG": str(config), "OVQ_PORT": str(port),
+           "OVQ_KEY_PREFIX": "ovqtest", "OVQ_LOG_LEVEL": "warning", "OVQ_RECLAIM_INTERVAL_S": "1",
+           "OVQ_WORKER_TTL_S": "3", "OVQ_FIRST_EVENT_CHECK_S": "1"}
+    procs = [
+        _spawn(["workers", "--model", MODEL], env, work / "worker.log"),
+        _spawn(["workers", "--model", SINGLE], env, work / "single.log"),
+        _spawn(["api"], env, work / "api.log"),
+    ]
+    base = f"http://127.0.0.1:{port}"
+    try:
+        _wait_ready(f"{base}/health", procs, work)
+        yield Stack(f"{base}/v3", redis_url, config, work, env)
+    finally:
+        for proc in procs:
+            proc.terminate()
+        for proc in procs:
+            try:
+                proc.wait(15)
+            except subprocess.TimeoutExpired:
+                proc.kill()

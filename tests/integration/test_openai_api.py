@@ -1,0 +1,108 @@
+"""The official openai SDK against the real API and worker processes."""
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+
+from openai import OpenAI
+
+from tests.conftest import MODEL, Stack
+
+QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
+
+
+def test_chat_unary_answers_with_usage(client: OpenAI) -> None:
+    reply = client.chat.completions.create(model=MODEL, messages=QUESTION, temperature=0, max_tokens=30)
+    assert reply.id.startswith("chatcmpl-")
+    assert "Paris" in reply.choices[0].message.content
+    assert reply.choices[0].finish_reason == "stop"
+    assert reply.usage.prompt_tokens > 10
+    assert reply.usage.total_tokens == reply.usage.prompt_tokens + reply.usage.completion_tokens
+
+
+def test_streamed_text_equals_unary_text_at_temperature_zero(client: OpenAI) -> None:
+    messages = [{"role": "user", "content": "Write two sentences about the sea."}]
+    unary = client.chat.completions.create(model=MODEL, messages=messages, temperature=0, max_tokens=48)
+    stream = client.chat.completions.create(model=MODEL, messages=messages, temperature=0, max_tokens=48,
+                                            stream=True)
+    chunks = list(stream)
+    assert all(c.id == chunks[0].id for c in chunks)
+    assert chunks[0].choices[0].delta.role == "assistant"
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == unary.choices[0].message.content
+    assert chunks[-1].choices[0].finish_reason == unary.choices[0].finish_reason
+
+
+def test_max_tokens_gives_length_and_exact_usage(client: OpenAI) -> None:
+    reply = client.chat.completions.create(model=MODEL, messages=QUESTION, max_tokens=5,
+                                           extra_body={"ignore_eos": True})
+    assert reply.choices[0].finish_reason == "length"
+    assert reply.usage.completion_tokens == 5
+
+
+def test_max_completion_tokens_is_max_tokens(client: OpenAI) -> None:
+    reply = client.chat.completions.create(model=MODEL, messages=QUESTION, max_completion_tokens=3,
+                                           extra_body={"ignore_eos": True})
+    assert reply.usage.completion_tokens == 3
+
+
+def test_include_usage_sends_a_final_usage_chunk(client: OpenAI) -> None:
+    stream = client.chat.completions.create(model=MODEL, messages=QUESTION, max_tokens=5, stream=True,
+                                            stream_options={"include_usage": True}, extra_body={"ignore_eos": True})
+    chunks = list(stream)
+    assert chunks[-1].choices == []
+    assert chunks[-1].usage.completion_tokens == 5
+    assert chunks[-2].choices[0].finish_reason == "length"
+
+
+def test_completions_unary_and_streamed(client: OpenAI) -> None:
+    unary = client.completions.create(model=MODEL, prompt="Once upon a time", max_tokens=8, temperature=0)
+    assert unary.id.startswith("cmpl-")
+    assert unary.usage.completion_tokens <= 8 and unary.choices[0].text
+    stream = client.completions.create(model=MODEL, prompt="Once upon a time", max_tokens=8, temperature=0,
+                                       stream=True)
+    text = "".join(c.choices[0].text for c in stream if c.choices)
+    assert text == unary.choices[0].text
+
+
+def test_stop_string_is_not_in_the_output(client: OpenAI) -> None:
+    base = client.chat.completions.create(model=MODEL, messages=QUESTION, temperature=0, max_tokens=30)
+    assert "Paris" in base.choices[0].message.content
+    stopped = client.chat.completions.create(model=MODEL, messages=QUESTION, temperature=0, max_tokens=30,
+                                             stop=["Paris"])
+    assert stopped.choices[0].finish_reason == "stop"
+    assert stopped.choices[0].message.content == base.choices[0].message.content.split("Paris")[0]
+    stream = client.chat.completions.create(model=MODEL, messages=QUESTION, temperature=0, max_tokens=30,
+                                            stop=["Paris"], stream=True)
+    streamed = "".join(c.choices[0].delta.content or "" for c in stream if c.choices)
+    assert streamed == stopped.choices[0].message.content
+
+
+def test_seeded_sampling_repeats(client: OpenAI) -> None:
+    def ask() -> str:
+        reply = client.chat.completions.create(model=MODEL, messages=QUESTION, temperature=1.5, top_p=0.95,
+                                               seed=1234, max_tokens=16, extra_body={"top_k": 40})
+        return reply.choices[0].message.content
+
+    assert ask() == ask()
+
+
+def test_v1_alias_and_models(stack: Stack) -> None:
+    v1 = OpenAI(base_url=stack.base_url.replace("/v3", "/v1"), api_key="unused", max_retries=0)
+    assert MODEL in [m.id for m in v1.models.list()]
+    assert v1.models.retrieve(MODEL).id == MODEL
+    reply = v1.chat.completions.create(model=MODEL, messages=QUESTION, max_tokens=4)
+    assert reply.usage.completion_tokens <= 4
+
+
+def test_sixteen_concurrent_streams_all_complete(client: OpenAI) -> None:
+    def one(i: int) -> tuple[str | None, int]:
+        stream = client.chat.completions.create(
+            model=MODEL, messages=[{"role": "user", "content": f"Tell me a fact about the number {i}."}],
+            max_tokens=24, temperature=0, stream=True, stream_options={"include_usage": True},
+            extra_body={"ignore_eos": True})
+        chunks = list(stream)
+        return chunks[-2].choices[0].finish_reason, chunks[-1].usage.completion_tokens
+
+    with ThreadPoolExecutor(16) as pool:
+        results = list(pool.map(one, range(16)))
+    assert results == [("length", 24)] * 16

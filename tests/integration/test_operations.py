@@ -1,0 +1,79 @@
+"""What operators rely on: health, metrics, and jobs of dead workers picked up by live ones."""
+from __future__ import annotations
+
+import time
+
+import httpx
+import orjson
+import redis
+from openai import OpenAI
+
+from common.jobs import Job, SamplingParams
+from common.keys import GROUP, Keys
+from tests.conftest import MODEL, SINGLE, Stack
+
+KEYS = Keys("ovqtest")
+
+
+def test_health_reports_ready(stack: Stack) -> None:
+    assert httpx.get(stack.url("/v2/health/live")).json() == {"live": True}
+    ready = httpx.get(stack.url("/v2/health/ready"))
+    assert ready.status_code == 200
+    assert ready.json()["models"] == {MODEL: True, SINGLE: True}
+    assert httpx.get(stack.url("/health")).status_code == 200
+
+
+def test_metrics_show_queue_depth_and_workers(stack: Stack, client: OpenAI) -> None:
+    client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "hi"}], max_tokens=2)
+    text = httpx.get(stack.url("/metrics")).text
+    labels = f'{{device="CPU",model="{MODEL}"}}'
+    assert f"ovq_queue_waiting_jobs{labels} 0.0" in text
+    assert f"ovq_queue_in_flight_jobs{labels} 0.0" in text
+    assert f"ovq_live_workers{labels} 1.0" in text
+    assert 'ovq_requests_total{endpoint="chat",status="200"}' in text
+
+
+def _orphan(r: redis.Redis, model: str, streamed: bool) -> tuple[Job, redis.client.PubSub]:
+    """A job delivered to a consumer that has no heartbeat: a worker that died holding it."""
+    job = Job(model=model, device="CPU", kind="completion", prompt="Hello", add_special_tokens=True,
+              params=SamplingParams(max_tokens=3), reply_to=f"test-{time.time_ns()}")
+    listener = r.pubsub()
+    listener.subscribe(KEYS.events(job.reply_to))
+    listener.get_message(timeout=2)
+    if streamed:
+        r.hset(KEYS.job(job.id), mapping={"status": "running", "streamed": 1})
+    # Added and taken in one transaction, so the live worker (blocked in XREADGROUP) cannot get it first.
+    stream = KEYS.jobs(model, "CPU")
+    tx = r.pipeline(transaction=True)
+    tx.xadd(stream, job.to_fields())
+    tx.xreadgroup(GROUP, "ghost-worker", {stream: ">"}, count=1)
+    _, taken = tx.execute()
+    entries = taken[0][1] if isinstance(taken, list) else taken[stream.encode()][0]
+    assert Job.from_fields(entries[0][1]).id == job.id
+    return job, listener
+
+
+def _events(listener: redis.client.PubSub, timeout: float) -> list[dict]:
+    events: list[dict] = []
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and not any(e["type"] in ("done", "error") for e in events):
+        message = listener.get_message(timeout=0.5)
+        if message and message["type"] == "message":
+            events.extend(orjson.loads(message["data"])["events"])
+    return events
+
+
+def test_dead_workers_unstarted_job_is_run_again(stack: Stack, redis_client: redis.Redis) -> None:
+    job, listener = _orphan(redis_client, MODEL, streamed=False)
+    events = _events(listener, 20)
+    assert [e["type"] for e in events][0] == "accepted"
+    assert events[-1]["type"] == "done" and events[-1]["job"] == job.id
+
+
+def test_dead_workers_half_streamed_job_ends_with_an_error(stack: Stack, redis_client: redis.Redis) -> None:
+    stream = KEYS.jobs(SINGLE, "CPU")
+    job, listener = _orphan(redis_client, SINGLE, streamed=True)
+    events = _events(listener, 20)
+    assert [e["type"] for e in events] == ["error"]
+    assert "died" in events[0]["error"]["message"]
+    assert redis_client.xlen(stream) == 0

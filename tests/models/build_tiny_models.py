@@ -1,0 +1,503 @@
+"""Build tiny random-weight test models offline and export them to OpenVINO IR.
+
+Three models are produced next to this script, each a directory that the
+OpenVINO GenAI pipelines load directly:
+
+* ``tiny-llama``  - LlamaForCausalLM (2 layers, hidden 64) with a byte-level BPE
+  vocabulary trained here on built-in English text and a ChatML chat template.
+  For ``LLMPipeline`` and ``ContinuousBatchingPipeline``.
+* ``tiny-llava``  - LlavaForConditionalGeneration (CLIP vision tower, 30 px
+  images, 6 px patches = 25 image tokens; the tiny Llama as language model;
+  ``<image>`` special token). For ``VLMPipeline`` and
+  ``ContinuousBatchingPipeline.add_request(..., images=[...])``.
+* ``tiny-sd``     - Stable Diffusion 1.5 layout (hand-made CLIP vocabulary,
+  UNet / VAE with block widths (32, 64), DDIM scheduler). For
+  ``Text2ImagePipeline``, ``Image2ImagePipeline`` and ``InpaintingPipeline``.
+
+Weights are random with fixed seeds; nothing is downloaded (``HF_HUB_OFFLINE=1``).
+
+The script needs torch, transformers, diffusers and optimum-intel, which the
+project's own environment does not have. Build a throw-away venv first::
+
+    python3 -m venv /tmp/ovq-builder-venv
+    /tmp/ovq-builder-venv/bin/pip install "torch==2.13.0" "torchvision==0.28.0" \\
+        "optimum-intel[openvino]" diffusers transformers tokenizers \\
+        "openvino==2026.4.1" "openvino-tokenizers==2026.4.1.0" "openvino-genai==2026.4.1.0"
+    /tmp/ovq-builder-venv/bin/pip uninstall -y torchvision
+
+(The torch pin keeps pip from pulling the multi-GB CUDA build; PyPI's torchvision
+is a CUDA build that breaks ``transformers`` beside the CPU torch, hence the
+uninstall. The openvino pins must match the runtime that loads the models.)
+
+Then::
+
+    /tmp/ovq-builder-venv/bin/python tests/models/build_tiny_models.py            # all three
+    /tmp/ovq-builder-venv/bin/python tests/models/build_tiny_models.py --only sd  # one of them
+
+Check the result with the project's own interpreter:
+``python3 tests/models/check_tiny_models.py``.
+"""
+
+from __future__ import annotations
+
+import os
+
+# Must be set before transformers / huggingface_hub / diffusers are imported.
+os.environ["HF_HUB_OFFLINE"] = "1"
+os.environ["TRANSFORMERS_OFFLINE"] = "1"
+os.environ["HF_DATASETS_OFFLINE"] = "1"
+os.environ["HF_HUB_DISABLE_TELEMETRY"] = "1"
+os.environ["DO_NOT_TRACK"] = "1"
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+import argparse
+import json
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterable
+from pathlib import Path
+
+MODELS_DIR = Path(__file__).resolve().parent
+SEED = 1234
+
+# Special tokens of the tiny Llama / LLaVA vocabulary (ids in this order, from 0).
+PAD_TOKEN = "<|endoftext|>"
+BOS_TOKEN = "<|im_start|>"
+EOS_TOKEN = "<|im_end|>"
+IMAGE_TOKEN = "<image>"
+
+LLM_VOCAB_SIZE = 512
+MAX_POSITION_EMBEDDINGS = 2048
+
+# ChatML. Message content may be a plain string (what openvino_genai passes; image
+# tags are already in it) or an OpenAI/HF-style list of {"type": "text"|"image"} parts.
+CHAT_TEMPLATE = (
+    "{%- for message in messages -%}"
+    "{{- '<|im_start|>' + message['role'] + '\\n' -}}"
+    "{%- if message['content'] is string -%}"
+    "{{- message['content'] -}}"
+    "{%- else -%}"
+    "{%- for part in message['content'] -%}"
+    "{%- if part['type'] == 'image' -%}{{- '<image>\\n' -}}"
+    "{%- elif part['type'] == 'text' -%}{{- part['text'] -}}"
+    "{%- endif -%}"
+    "{%- endfor -%}"
+    "{%- endif -%}"
+    "{{- '<|im_end|>\\n' -}}"
+    "{%- endfor -%}"
+    "{%- if add_generation_prompt -%}{{- '<|im_start|>assistant\\n' -}}{%- endif -%}"
+)
+
+# Built-in English training text for the BPE vocabulary (no downloads).
+CORPUS = """\
+The quick brown fox jumps over the lazy dog. A journey of a thousand miles begins
+with a single step. What is the capital of France? The capital of France is Paris.
+Hello! How are you today? I am fine, thank you. Please tell me a short story about
+a cat, a dog and a little red bird who lived in a small house near the river.
+Once upon a time there was a king who had three daughters. The youngest was the
+most beautiful, and the sun itself was astonished whenever it shone on her face.
+The weather is nice and the sky is blue. It may rain tomorrow, so take an umbrella.
+Computers process numbers: 0 1 2 3 4 5 6 7 8 9 10 100 1000. Python is a programming
+language. The server answers requests from a queue, one token at a time.
+Describe this image. The picture shows a green field, a white cloud and a yellow sun.
+You are a helpful assistant. Answer the question briefly and politely.
+Beautiful is better than ugly. Explicit is better than implicit. Simple is better
+than complex. Readability counts. Errors should never pass silently.
+"""
+
+# Words that get whole-word merges in the hand-made CLIP vocabulary of tiny-sd.
+SD_WORDS = (
+    "a", "an", "the", "of", "in", "on", "and", "with", "photo", "picture", "painting",
+    "cat", "dog", "red", "blue", "green", "white", "black", "house", "tree", "sky",
+    "sun", "river", "mountain", "beautiful", "small", "big", "astronaut", "horse",
+)
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def log(message: str) -> None:
+    print(f"[build_tiny_models] {message}", flush=True)
+
+
+def seed_everything(seed: int = SEED) -> None:
+    import random
+
+    import numpy as np
+    import torch
+
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def optimum_export(checkpoint: Path, output: Path, task: str) -> None:
+    """Run ``optimum-cli export openvino`` (fp16 weights) from this interpreter's venv."""
+    cli = Path(sys.executable).parent / "optimum-cli"
+    command = [
+        str(cli), "export", "openvino",
+        "--model", str(checkpoint),
+        "--task", task,
+        "--weight-format", "fp16",
+        str(output),
+    ]
+    log("running: " + " ".join(command))
+    subprocess.run(command, check=True, env=os.environ.copy())
+
+
+def dir_size(path: Path) -> int:
+    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
+
+
+def prune(output: Path, keep: Callable[[Path], bool]) -> None:
+    """Delete every file below ``output`` for which ``keep`` is false."""
+    for file in sorted(output.rglob("*")):
+        if file.is_file() and not keep(file.relative_to(output)):
+            file.unlink()
+
+
+def write_json(path: Path, data: dict) -> None:
+    path.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+
+
+def drop_checkpoint_paths(output: Path) -> None:
+    """Remove ``_name_or_path`` (the temporary checkpoint path) from exported JSON
+    configs, so rebuilds are byte-identical."""
+    for path in sorted(output.rglob("*.json")):
+        data = json.loads(path.read_text(encoding="utf-8"))
+        if isinstance(data, dict) and "_name_or_path" in data:
+            del data["_name_or_path"]
+            path.write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
+
+
+def put_chat_template_in_tokenizer_config(output: Path, template: str) -> None:
+    """Keep the template in tokenizer_config.json (transformers 5 writes chat_template.jinja)."""
+    config_path = output / "tokenizer_config.json"
+    config = json.loads(config_path.read_text(encoding="utf-8"))
+    config["chat_template"] = template
+    write_json(config_path, config)
+    (output / "chat_template.jinja").unlink(missing_ok=True)
+
+
+# --------------------------------------------------------------------- tokenizers
+
+
+def train_bpe_tokenizer(special_tokens: list[str]):
+    """Train a byte-level BPE vocabulary on CORPUS and wrap it as a HF fast tokenizer."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=LLM_VOCAB_SIZE,
+        special_tokens=special_tokens,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tokenizer.train_from_iterator(CORPUS.splitlines(), trainer=trainer)
+
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tokenizer,
+        bos_token=BOS_TOKEN,
+        eos_token=EOS_TOKEN,
+        pad_token=PAD_TOKEN,
+        unk_token=None,
+        model_max_length=MAX_POSITION_EMBEDDINGS,
+        chat_template=CHAT_TEMPLATE,
+        clean_up_tokenization_spaces=False,
+    )
+
+
+def byte_symbols() -> dict[int, str]:
+    """GPT-2 / CLIP byte-to-unicode table: every byte maps to a printable character."""
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    table = {b: chr(b) for b in printable}
+    extra = 0
+    for b in range(256):
+        if b not in table:
+            table[b] = chr(256 + extra)
+            extra += 1
+    return dict(sorted(table.items()))
+
+
+def clip_vocab_and_merges(words: Iterable[str]) -> tuple[dict[str, int], list[tuple[str, str]]]:
+    """Hand-made CLIP vocabulary: all byte symbols (plain and with ``</w>``) plus
+    left-to-right merges that make each of ``words`` a single token."""
+    symbols = list(byte_symbols().values())
+    vocab_list = symbols + [s + "</w>" for s in symbols]
+    merges: list[tuple[str, str]] = []
+    for word in words:
+        parts = list(word[:-1]) + [word[-1] + "</w>"]
+        current = parts[0]
+        for part in parts[1:]:
+            merge = (current, part)
+            current += part
+            if merge not in merges:
+                merges.append(merge)
+                vocab_list.append(current)
+    vocab_list += ["<|startoftext|>", "<|endoftext|>"]
+    vocab = {token: index for index, token in enumerate(dict.fromkeys(vocab_list))}
+    return vocab, merges
+
+
+# ------------------------------------------------------------------------- models
+
+
+def tiny_llama_config(vocab_size: int, tokenizer):
+    from transformers import LlamaConfig
+
+    return LlamaConfig(
+        vocab_size=vocab_size,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        max_position_embeddings=MAX_POSITION_EMBEDDINGS,
+        rope_theta=10000.0,
+        # Untied, so greedy decoding does not just repeat the last token.
+        tie_word_embeddings=False,
+        bos_token_id=tokenizer.convert_tokens_to_ids(BOS_TOKEN),
+        eos_token_id=tokenizer.convert_tokens_to_ids(EOS_TOKEN),
+        pad_token_id=tokenizer.convert_tokens_to_ids(PAD_TOKEN),
+    )
+
+
+def generation_config_for(tokenizer):
+    from transformers import GenerationConfig
+
+    return GenerationConfig(
+        bos_token_id=tokenizer.convert_tokens_to_ids(BOS_TOKEN),
+        eos_token_id=tokenizer.convert_tokens_to_ids(EOS_TOKEN),
+        pad_token_id=tokenizer.convert_tokens_to_ids(PAD_TOKEN),
+        max_new_tokens=32,
+    )
+
+
+def suppress_unprintable_tokens(model, tokenizer) -> None:
+    """Zero the output-projection rows of special tokens and of tokens that do not
+    decode to printable ASCII, so that a random model's greedy text is readable and
+    runs to ``max_new_tokens`` (their logit is exactly 0, below the max of the rest)."""
+    import torch
+
+    def printable(token_id: int) -> bool:
+        text = tokenizer.decode([token_id])
+        return bool(text) and text.isascii() and text.isprintable()
+
+    unwanted = [i for i in range(len(tokenizer)) if i in tokenizer.all_special_ids or not printable(i)]
+    with torch.no_grad():
+        model.get_output_embeddings().weight[unwanted] = 0.0
+
+
+LLM_KEEP = {
+    "config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
+    "openvino_tokenizer.xml", "openvino_tokenizer.bin",
+    "openvino_detokenizer.xml", "openvino_detokenizer.bin",
+}
+
+
+def build_llama(output: Path, workdir: Path) -> None:
+    """Tiny Llama causal LM -> ``text-generation-with-past`` IR."""
+    from transformers import LlamaForCausalLM
+
+    seed_everything()
+    tokenizer = train_bpe_tokenizer([PAD_TOKEN, BOS_TOKEN, EOS_TOKEN])
+    config = tiny_llama_config(len(tokenizer), tokenizer)
+    model = LlamaForCausalLM(config).eval()
+    suppress_unprintable_tokens(model, tokenizer)
+    model.generation_config = generation_config_for(tokenizer)
+
+    checkpoint = workdir / "tiny-llama-torch"
+    model.save_pretrained(checkpoint)
+    tokenizer.save_pretrained(checkpoint)
+    optimum_export(checkpoint, output, "text-generation-with-past")
+
+    put_chat_template_in_tokenizer_config(output, CHAT_TEMPLATE)
+    prune(output, lambda rel: str(rel) in LLM_KEEP or str(rel).startswith("openvino_model."))
+
+
+def build_llava(output: Path, workdir: Path) -> None:
+    """Tiny LLaVA (CLIP vision tower + tiny Llama) -> ``image-text-to-text`` IR."""
+    from transformers import (
+        CLIPImageProcessor,
+        CLIPVisionConfig,
+        LlavaConfig,
+        LlavaForConditionalGeneration,
+        LlavaProcessor,
+    )
+
+    image_size, patch_size = 30, 6
+    seed_everything()
+    tokenizer = train_bpe_tokenizer([PAD_TOKEN, BOS_TOKEN, EOS_TOKEN, IMAGE_TOKEN])
+    image_token_id = tokenizer.convert_tokens_to_ids(IMAGE_TOKEN)
+
+    vision_config = CLIPVisionConfig(
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        image_size=image_size,
+        patch_size=patch_size,
+        projection_dim=32,
+    )
+    config = LlavaConfig(
+        vision_config=vision_config,
+        text_config=tiny_llama_config(len(tokenizer), tokenizer),
+        image_token_index=image_token_id,
+        image_seq_length=(image_size // patch_size) ** 2,
+        vision_feature_select_strategy="default",
+        vision_feature_layer=-2,
+    )
+    model = LlavaForConditionalGeneration(config).eval()
+    suppress_unprintable_tokens(model, tokenizer)
+    model.generation_config = generation_config_for(tokenizer)
+
+    image_processor = CLIPImageProcessor(
+        size={"shortest_edge": image_size},
+        crop_size={"height": image_size, "width": image_size},
+        do_resize=True,
+        do_center_crop=True,
+        do_normalize=True,
+        do_convert_rgb=True,
+    )
+    processor = LlavaProcessor(
+        image_processor=image_processor,
+        tokenizer=tokenizer,
+        patch_size=patch_size,
+        vision_feature_select_strategy="default",
+        num_additional_image_tokens=1,
+        image_token=IMAGE_TOKEN,
+        chat_template=CHAT_TEMPLATE,
+    )
+
+    checkpoint = workdir / "tiny-llava-torch"
+    model.save_pretrained(checkpoint)
+    processor.save_pretrained(checkpoint)
+    optimum_export(checkpoint, output, "image-text-to-text")
+
+    # openvino_genai reads a flat preprocessor_config.json; transformers 5 nests the
+    # image settings inside processor_config.json instead.
+    image_processor.save_pretrained(output)
+    put_chat_template_in_tokenizer_config(output, CHAT_TEMPLATE)
+    keep = LLM_KEEP | {"preprocessor_config.json"}
+    prune(output, lambda rel: str(rel) in keep or str(rel).startswith("openvino_"))
+
+
+def build_sd(output: Path, workdir: Path) -> None:
+    """Tiny Stable Diffusion 1.5 layout -> ``text-to-image`` IR."""
+    from diffusers import AutoencoderKL, DDIMScheduler, StableDiffusionPipeline, UNet2DConditionModel
+    from transformers import CLIPTextConfig, CLIPTextModel, CLIPTokenizer
+
+    vocab, merges = clip_vocab_and_merges(SD_WORDS)
+    tokenizer = CLIPTokenizer(vocab=vocab, merges=merges, model_max_length=77)
+
+    seed_everything()
+    text_encoder = CLIPTextModel(
+        CLIPTextConfig(
+            vocab_size=len(vocab),
+            hidden_size=32,
+            intermediate_size=37,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            max_position_embeddings=77,
+            projection_dim=32,
+            bos_token_id=vocab["<|startoftext|>"],
+            eos_token_id=vocab["<|endoftext|>"],
+            pad_token_id=vocab["<|endoftext|>"],
+        )
+    ).eval()
+    unet = UNet2DConditionModel(
+        sample_size=32,
+        in_channels=4,
+        out_channels=4,
+        block_out_channels=(32, 64),
+        layers_per_block=1,
+        down_block_types=("DownBlock2D", "CrossAttnDownBlock2D"),
+        up_block_types=("CrossAttnUpBlock2D", "UpBlock2D"),
+        cross_attention_dim=32,
+        attention_head_dim=8,
+        norm_num_groups=32,
+    ).eval()
+    vae = AutoencoderKL(
+        in_channels=3,
+        out_channels=3,
+        latent_channels=4,
+        block_out_channels=(32, 64),
+        layers_per_block=1,
+        down_block_types=("DownEncoderBlock2D", "DownEncoderBlock2D"),
+        up_block_types=("UpDecoderBlock2D", "UpDecoderBlock2D"),
+        norm_num_groups=32,
+        sample_size=64,
+    ).eval()
+    scheduler = DDIMScheduler(
+        beta_start=0.00085,
+        beta_end=0.012,
+        beta_schedule="scaled_linear",
+        clip_sample=False,
+        set_alpha_to_one=False,
+        steps_offset=1,
+    )
+    pipeline = StableDiffusionPipeline(
+        vae=vae,
+        text_encoder=text_encoder,
+        tokenizer=tokenizer,
+        unet=unet,
+        scheduler=scheduler,
+        safety_checker=None,
+        feature_extractor=None,
+        requires_safety_checker=False,
+    )
+
+    checkpoint = workdir / "tiny-sd-torch"
+    pipeline.save_pretrained(checkpoint)
+    optimum_export(checkpoint, output, "text-to-image")
+
+    def keep(rel: Path) -> bool:
+        name = rel.name
+        if len(rel.parts) == 1:
+            return name == "model_index.json"
+        if rel.parts[0] == "tokenizer":
+            return name.startswith("openvino_") or name in {
+                "vocab.json", "merges.txt", "tokenizer_config.json", "special_tokens_map.json",
+                "tokenizer.json",
+            }
+        return name.startswith("openvino_") or name in {"config.json", "scheduler_config.json"}
+
+    prune(output, keep)
+
+
+BUILDERS: dict[str, Callable[[Path, Path], None]] = {
+    "llama": build_llama,
+    "llava": build_llava,
+    "sd": build_sd,
+}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--only", choices=sorted(BUILDERS), help="build just one model")
+    parser.add_argument("--output-dir", type=Path, default=MODELS_DIR,
+                        help="where tiny-llama/, tiny-llava/ and tiny-sd/ go (default: next to this script)")
+    args = parser.parse_args(argv)
+
+    names = [args.only] if args.only else list(BUILDERS)
+    for name in names:
+        output = args.output_dir / f"tiny-{name}"
+        if output.exists():
+            shutil.rmtree(output)
+        started = time.monotonic()
+        with tempfile.TemporaryDirectory(prefix=f"ovq-tiny-{name}-") as workdir:
+            BUILDERS[name](output, Path(workdir))
+        drop_checkpoint_paths(output)
+        log(f"{output}: {dir_size(output) / 1024:.0f} KiB in {time.monotonic() - started:.1f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,44 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from pydantic import ValidationError
+
+from common.config import DEFAULT_MODEL, configured_models, load_models
+from common.settings import Settings
+
+
+def test_yaml_models_file_with_ovms_options(tmp_path: Path) -> None:
+    (tmp_path / "models.yaml").write_text(
+        "models:\n"
+        "  m:\n"
+        "    path: relative/dir\n"
+        "    devices: GPU\n"
+        "    plugin_config: '{\"KV_CACHE_PRECISION\": \"u8\"}'\n"
+        "    cache_eviction_config: {start_size: 32, recent_size: 128, max_cache_size: 672}\n"
+    )
+    (model,) = load_models(tmp_path / "models.yaml")
+    assert model.path == tmp_path / "relative/dir"
+    assert model.devices == ["GPU"]
+    assert model.plugin_config == {"KV_CACHE_PRECISION": "u8"}
+    assert (model.max_num_batched_tokens, model.cache_size, model.max_num_seqs) == (256, 8, 256)
+    assert model.dynamic_split_fuse and not model.enable_prefix_caching and model.best_of_limit == 20
+    assert model.cache_eviction_config.max_cache_size == 672
+
+
+def test_json_models_file_and_unknown_option(tmp_path: Path) -> None:
+    (tmp_path / "m.json").write_text('{"models": {"m": {"path": "/x", "max_num_seqs": 4}}}')
+    assert load_models(tmp_path / "m.json")[0].max_num_seqs == 4
+    (tmp_path / "bad.json").write_text('{"models": {"m": {"path": "/x", "max_num_seq": 4}}}')
+    with pytest.raises(ValidationError):
+        load_models(tmp_path / "bad.json")
+
+
+def test_default_model_without_a_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("OVQ_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("REDIS_URL", "redis://example:1/0")
+    settings = Settings()
+    assert settings.redis_url == "redis://example:1/0"
+    (model,) = configured_models(settings)
+    assert model.name == DEFAULT_MODEL and model.path == tmp_path / "models" / DEFAULT_MODEL
