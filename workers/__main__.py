@@ -2,9 +2,10 @@
 from __future__ import annotations
 
 import argparse
-import asyncio
 import logging
 import sys
+
+import uvloop
 
 from common.config import find_model
 from common.settings import Settings
@@ -29,7 +30,7 @@ def main(argv: list[str] | None = None) -> int:
     from workers.worker import Worker
 
     try:
-        asyncio.run(Worker(settings, model, args.device.upper()).run())
+        uvloop.run(Worker(settings, model, args.device.upper()).run())
     except RuntimeError as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else repr(exc)
         print(f"ovq worker: device {args.device} unavailable for {model.name}: {first}", file=sys.stderr)

@@ -1,20 +1,28 @@
-"""The engine process: owns the ContinuousBatchingPipeline and does nothing but add, step, read and cancel.
+"""The engine process: owns the ContinuousBatchingPipeline; tokenizes, adds, steps, reads and cancels.
 
 `step()` holds the GIL for the whole step, so the engine runs in its own process and talks to the worker's
 I/O process over a pipe in small batched messages:
 
-  in  (list of commands): ["add", job, token_ids, config] | ["cancel", job] | ["stop"]
-  out (one per step):     [[job, new_token_ids, finish], ...] with finish None while running, else
-                          "stop" | "length" | "cancelled" | "error:<message>"
+  in  (list of commands): ["add", job, prompt, add_special_tokens, sampling params] | ["cancel", job] | ["stop"]
+  out (list of updates):  [job, new_token_ids, state, extra] with state None while running, else
+                          "accepted" (extra: prompt tokens) | "stop" | "length" | "cancelled"
+                          | "error" (extra: {status, message, param, code})
+
+Prompts are tokenized here, as `add_request(prompt)` does in-process: the engine's OpenVINO threads are warm,
+where a tokenizer in the I/O process pays a cold start on every sparse call (1-5 ms measured).
 """
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from typing import Any
 
 import orjson
+
+from common.errors import OvqError
+from common.jobs import SamplingParams
+from workers.generation import engine_config, token_budget
 
 log = logging.getLogger("ovq.engine")
 
@@ -25,7 +33,10 @@ class EngineSpec:
     device: str
     scheduler: dict[str, Any]
     plugin_config: dict[str, Any]
+    context_length: int
     cache_eviction: dict[str, Any] | None = None
+    defaults: dict[str, Any] = field(default_factory=dict)
+    vocab_size: int | None = None
 
 
 def _scheduler_config(spec: EngineSpec) -> Any:
@@ -60,26 +71,45 @@ class Engine:
         import openvino_genai as g
 
         self._g = g
+        self.spec = spec
         self.pipe = g.ContinuousBatchingPipeline(spec.path, _scheduler_config(spec), spec.device, spec.plugin_config)
+        self.tokenizer = self.pipe.get_tokenizer()
         self.handles: dict[str, Any] = {}
         self.budgets: dict[str, int] = {}
         self.generated: dict[str, int] = {}
         self.next_id = 0
 
-    def add(self, job: str, ids: list[int], values: dict[str, Any], out: list[list[Any]]) -> None:
+    def tokenize(self, prompt: str | list[int], add_special_tokens: bool) -> list[int]:
+        if isinstance(prompt, str):
+            return self.tokenizer.encode(prompt, add_special_tokens=add_special_tokens).input_ids.data[0].tolist()
+        size = self.spec.vocab_size
+        if size and any(not 0 <= i < size for i in prompt):
+            raise OvqError(f"prompt token ids must be in [0, {size})", param="prompt")
+        return prompt
+
+    def add(self, job: str, prompt: str | list[int], add_special: bool, params: dict[str, Any],
+            out: list[list[Any]]) -> None:
         import numpy as np
         import openvino as ov
 
         try:
-            config = _generation_config(values)
+            ids = self.tokenize(prompt, add_special)
+            sampling = SamplingParams.model_validate(params)
+            budget = token_budget(sampling, self.spec.defaults, len(ids), self.spec.context_length)
+            config = _generation_config(engine_config(sampling, self.spec.defaults, budget))
             tensor = ov.Tensor(np.asarray([ids], dtype=np.int64))
             self.next_id += 1
             self.handles[job] = self.pipe.add_request(self.next_id, tensor, config)
+        except OvqError as exc:
+            out.append([job, [], "error", {"status": exc.status, **exc.body.model_dump()}])
+            return
         except Exception as exc:  # a config GenAI refuses is the request's fault
-            out.append([job, [], f"error:{str(exc).strip().splitlines()[0]}"])
+            message = str(exc).strip().splitlines()[0] if str(exc).strip() else repr(exc)
+            out.append([job, [], "error", {"status": 400, "message": message}])
             return
         self.budgets[job] = config.max_new_tokens
         self.generated[job] = 0
+        out.append([job, [], "accepted", len(ids)])
 
     def cancel(self, job: str, out: list[list[Any]]) -> None:
         handle = self.handles.pop(job, None)
@@ -90,7 +120,7 @@ class Engine:
                     tokens.extend(output.generated_ids)
             handle.cancel()
             self._forget(job)
-        out.append([job, tokens, "cancelled"])
+        out.append([job, tokens, "cancelled", None])
 
     def step(self, out: list[list[Any]]) -> None:
         self.pipe.step()
@@ -105,12 +135,14 @@ class Engine:
                     reason = output.finish_reason
             self.generated[job] += len(tokens)
             status = handle.get_status()
-            finish = None
+            finish, extra = None, None
             if status != g.GenerationStatus.RUNNING and not handle.can_read():
                 finish = self._finish(job, status, reason)
                 finished.append(job)
+                if finish == "error":
+                    extra = {"status": 500, "message": "the request did not fit in the KV cache; raise cache_size"}
             if tokens or finish:
-                out.append([job, tokens, finish])
+                out.append([job, tokens, finish, extra])
         for job in finished:
             del self.handles[job]
             self._forget(job)
@@ -118,7 +150,7 @@ class Engine:
     def _finish(self, job: str, status: Any, reason: Any) -> str:
         g = self._g
         if status == g.GenerationStatus.IGNORED:
-            return "error:the request did not fit in the KV cache; raise cache_size"
+            return "error"
         if status in (g.GenerationStatus.CANCEL, g.GenerationStatus.STOP):
             return "cancelled"
         if reason == g.GenerationFinishReason.LENGTH or self.generated[job] >= self.budgets[job]:
@@ -148,12 +180,17 @@ def run(conn: Connection, spec: EngineSpec) -> None:
                 return
             for command in commands:
                 if command[0] == "add":
-                    engine.add(command[1], command[2], command[3], out)
+                    engine.add(command[1], command[2], command[3], command[4], out)
                 elif command[0] == "cancel":
                     engine.cancel(command[1], out)
                 elif command[0] == "stop":
+                    for job in list(engine.handles):
+                        engine.cancel(job, out)
                     return
             timeout = 0
+        if out:  # accepted / refused / cancelled now, not after a step that may take a second
+            conn.send_bytes(orjson.dumps(out))
+            out = []
         if engine.handles:
             engine.step(out)
         if out:

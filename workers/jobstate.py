@@ -6,25 +6,23 @@ from dataclasses import dataclass, field
 
 from common.events import Delta, Done, Timings, Usage
 from common.jobs import Job
-from workers.detokenizer import Decode, IncrementalDetokenizer, StopFilter
+from workers.detokenizer import StopFilter, Stream
 
 
 @dataclass
 class RunningJob:
     job: Job
     entry_id: bytes
-    decode: Decode
+    detok: Stream
     prompt_tokens: int = 0
     received: float = field(default_factory=time.time)
     first_token: float | None = None
     seq: int = 0
     completion_tokens: int = 0
     text: list[str] = field(default_factory=list)
-    detok: IncrementalDetokenizer = field(init=False)
     stops: StopFilter = field(init=False)
 
     def __post_init__(self) -> None:
-        self.detok = IncrementalDetokenizer(self.decode)
         self.stops = StopFilter(self.job.params.stop)
 
     def next_seq(self) -> int:
@@ -35,12 +33,12 @@ class RunningJob:
     def streamed(self) -> bool:
         return bool(self.text)
 
-    def delta(self, ids: list[int]) -> Delta | None:
-        """Account for new tokens; a Delta when they complete some text the client may see."""
+    def delta(self, ids: list[int], text: str) -> Delta | None:
+        """Account for new tokens and their text; a Delta when some of it may reach the client."""
         if ids and self.first_token is None:
             self.first_token = time.time()
         self.completion_tokens += len(ids)
-        return self._emit(self.stops.feed(self.detok.push(ids)), len(ids))
+        return self._emit(self.stops.feed(text), len(ids))
 
     def flush(self) -> Delta | None:
         return self._emit(self.stops.flush(), 0)

@@ -7,7 +7,6 @@ from pathlib import Path
 from typing import Any
 
 from common.config import ModelConfig
-from common.errors import OvqError
 from common.modelcard import ModelCard
 from common.servable import (
     chat_template,
@@ -30,7 +29,8 @@ class ServableInfo:
     def load(cls, path: Path, model: ModelConfig, device: str) -> ServableInfo:
         import openvino_genai
 
-        tokenizer = openvino_genai.Tokenizer(str(path))
+        # One inference thread: the engine process has the cores; a batched decode per step needs little.
+        tokenizer = openvino_genai.Tokenizer(str(path), INFERENCE_NUM_THREADS=1)
         bos, eos = special_tokens(path, tokenizer.get_bos_token(), tokenizer.get_eos_token())
         card = ModelCard(
             name=model.name,
@@ -46,13 +46,5 @@ class ServableInfo:
         )
         return cls(tokenizer, card, generation_defaults(path), vocab_size(path))
 
-    def tokenize(self, prompt: str | list[int], add_special_tokens: bool) -> list[int]:
-        if isinstance(prompt, list):
-            if self.vocab_size and any(not 0 <= i < self.vocab_size for i in prompt):
-                raise OvqError(f"prompt token ids must be in [0, {self.vocab_size})", param="prompt")
-            return prompt
-        encoded = self.tokenizer.encode(prompt, add_special_tokens=add_special_tokens)
-        return encoded.input_ids.data[0].tolist()
-
-    def decode(self, ids: list[int]) -> str:
-        return self.tokenizer.decode(ids, skip_special_tokens=True)
+    def decode(self, sequences: list[list[int]]) -> list[str]:
+        return self.tokenizer.decode(sequences, skip_special_tokens=True)

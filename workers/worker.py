@@ -15,14 +15,14 @@ import redis.asyncio as aioredis
 from redis.exceptions import ResponseError
 
 from common.config import ModelConfig
-from common.errors import OvqError
+from common.errors import ErrorBody, OvqError
 from common.events import Accepted, Cancelled, Error
 from common.jobs import Job
 from common.keys import GROUP, Keys
 from common.settings import Settings
+from workers.detokenizer import ByteTable, Detokenizer
 from workers.engine import EngineSpec
 from workers.engine_client import EngineClient
-from workers.generation import engine_config, token_budget
 from workers.heartbeat import Heartbeat
 from workers.jobstate import RunningJob
 from workers.publisher import Outbox, Publisher
@@ -32,7 +32,7 @@ from workers.servable_info import ServableInfo
 log = logging.getLogger("ovq.worker")
 
 
-def engine_spec(model: ModelConfig, device: str) -> EngineSpec:
+def engine_spec(model: ModelConfig, device: str, info: ServableInfo) -> EngineSpec:
     scheduler = {
         "max_num_batched_tokens": model.max_num_batched_tokens,
         "cache_size": model.cache_size,
@@ -41,7 +41,8 @@ def engine_spec(model: ModelConfig, device: str) -> EngineSpec:
         "enable_prefix_caching": model.enable_prefix_caching,
     }
     eviction = model.cache_eviction_config.model_dump() if model.cache_eviction_config else None
-    return EngineSpec(str(model.path), device, scheduler, dict(model.plugin_config), eviction)
+    return EngineSpec(str(model.path), device, scheduler, dict(model.plugin_config), info.card.context_length,
+                      eviction, info.defaults, info.vocab_size)
 
 
 class Worker:
@@ -58,7 +59,8 @@ class Worker:
         self.info = ServableInfo.load(Path(model.path), model, device)
         self.redis = aioredis.Redis.from_url(settings.redis_url or "redis://127.0.0.1:6379/0")
         self.publisher = Publisher(self.redis, self.keys, self.stream, settings.job_ttl_s)
-        self.engine = EngineClient(engine_spec(model, device), self._on_outputs, self._on_engine_exit)
+        self.detokenizer = Detokenizer(self.info.decode, ByteTable.build(self.info.tokenizer))
+        self.engine = EngineClient(engine_spec(model, device, self.info), self._on_outputs, self._on_engine_exit)
         self.heartbeat = Heartbeat(self)
         self.reclaimer = Reclaimer(self)
 
@@ -74,7 +76,8 @@ class Worker:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self._stopping.set)
-        log.info("worker %s serving %s on %s (%s)", self.id, self.model.name, self.device, self.info.card.servable_type)
+        log.info("worker %s serving %s on %s (%s, %s detokenizer)", self.id, self.model.name, self.device,
+                 self.info.card.servable_type.value, "byte-table" if self.detokenizer.table else "window")
         tasks = [
             asyncio.create_task(self._read_loop(), name="read"),
             asyncio.create_task(self._cancel_loop(), name="cancel"),
@@ -140,34 +143,32 @@ class Worker:
         self.publisher.put(outbox)
 
     def _start(self, entry_id: bytes, job: Job, outbox: Outbox) -> None:
-        state = RunningJob(job, entry_id, self.info.decode)
-        try:
-            ids = self.info.tokenize(job.prompt, job.add_special_tokens)
-            state.prompt_tokens = len(ids)
-            budget = token_budget(job.params, self.info.defaults, len(ids), self.info.card.context_length)
-            config = engine_config(job.params, self.info.defaults, budget)
-        except OvqError as exc:
-            outbox.publish(job.reply_to, Error(job=job.id, seq=1, status=exc.status, error=exc.body))
-            outbox.set_status(job.id, status="error", error=exc.body.model_dump())
-            outbox.ack(entry_id)
-            return
-        self.running[job.id] = state
+        """Hand the job to the engine; it answers `accepted` (prompt tokens) or an error right away."""
+        self.running[job.id] = RunningJob(job, entry_id, self.detokenizer.stream())
+        self.engine.send(["add", job.id, job.prompt, job.add_special_tokens, job.params.model_dump()])
+
+    def _accepted(self, state: RunningJob, prompt_tokens: int, outbox: Outbox) -> None:
+        job = state.job
+        state.prompt_tokens = prompt_tokens
         queue_ms = (state.received - job.created) * 1000
-        accepted = Accepted(job=job.id, seq=state.next_seq(), worker=self.id, prompt_tokens=len(ids),
+        accepted = Accepted(job=job.id, seq=state.next_seq(), worker=self.id, prompt_tokens=prompt_tokens,
                             queue_ms=queue_ms)
         outbox.publish(job.reply_to, accepted)
-        outbox.set_status(job.id, status="running", worker=self.id, prompt_tokens=len(ids), streamed=0)
-        self.engine.send(["add", job.id, ids, config])
+        outbox.set_status(job.id, status="running", worker=self.id, prompt_tokens=prompt_tokens, streamed=0)
 
     # ---- engine output ---------------------------------------------------------------------------------
     def _on_outputs(self, outputs: list[list[Any]]) -> None:
         outbox = Outbox()
-        for job_id, ids, finish in outputs:
-            state = self.running.get(job_id)
-            if state is None:  # finished here already (a stop string the engine had not seen yet)
+        # Jobs absent from `running` finished here already (a stop string the engine had not seen yet).
+        live = [(self.running[u[0]], u[1], u[2], u[3]) for u in outputs if u[0] in self.running]
+        texts = self.detokenizer.step([(state.detok, ids) for state, ids, _, _ in live])
+        for (state, ids, finish, extra), text in zip(live, texts, strict=True):
+            job_id = state.job.id
+            if finish == "accepted":
+                self._accepted(state, extra, outbox)
                 continue
             was_streamed = state.streamed
-            delta = state.delta(ids)
+            delta = state.delta(ids, text)
             if delta:
                 outbox.publish(state.job.reply_to, delta)
                 if not was_streamed:
@@ -176,20 +177,21 @@ class Worker:
                 self.engine.send(["cancel", job_id])
                 finish = "stop"
             if finish is not None:
-                self._finish(state, finish, outbox)
+                self._finish(state, finish, outbox, extra)
         self.publisher.put(outbox)
 
-    def _finish(self, state: RunningJob, finish: str, outbox: Outbox) -> None:
+    def _finish(self, state: RunningJob, finish: str, outbox: Outbox, extra: Any = None) -> None:
         job = state.job
         del self.running[job.id]
         self._slot_free.set()
         if finish == "cancelled":
             outbox.publish(job.reply_to, Cancelled(job=job.id, seq=state.next_seq()))
             outbox.set_status(job.id, status="cancelled")
-        elif finish.startswith("error:"):
-            error = OvqError(finish.removeprefix("error:"), 400)
-            outbox.publish(job.reply_to, Error(job=job.id, seq=state.next_seq(), status=400, error=error.body))
-            outbox.set_status(job.id, status="error", error=error.body.model_dump())
+        elif finish == "error":
+            status = extra.pop("status")
+            error = ErrorBody.model_validate(extra)
+            outbox.publish(job.reply_to, Error(job=job.id, seq=state.next_seq(), status=status, error=error))
+            outbox.set_status(job.id, status="error", error=error.model_dump())
         else:
             tail = state.flush()
             if tail:

@@ -4,9 +4,10 @@ from pathlib import Path
 
 import pytest
 
-from workers.detokenizer import IncrementalDetokenizer, StopFilter
+from workers.detokenizer import ByteTable, Detokenizer, StopFilter
 
 TEXTS = ["Hello, world!", "naïve café — 東京 🎉🎉 done", "  leading spaces\nand\ttabs  ", "ß∑😀x"]
+MODELS = Path(__file__).resolve().parent.parent / "models"
 
 
 @pytest.fixture(scope="module")
@@ -16,20 +17,66 @@ def tokenizer(model_dir: Path):
     return openvino_genai.Tokenizer(str(model_dir))
 
 
+@pytest.fixture(scope="module", params=["byte-table", "window"])
+def detokenizer(request: pytest.FixtureRequest, tokenizer) -> Detokenizer:
+    table = ByteTable.build(tokenizer) if request.param == "byte-table" else None
+    assert table is not None or request.param == "window"
+    return Detokenizer(lambda seqs: tokenizer.decode(seqs, skip_special_tokens=True), table)
+
+
+def _ids(tokenizer, text: str) -> list[int]:
+    return tokenizer.encode(text, add_special_tokens=False).input_ids.data[0].tolist()
+
+
 @pytest.mark.parametrize("text", TEXTS)
-def test_token_by_token_equals_whole_decode(tokenizer, text: str) -> None:
-    ids = tokenizer.encode(text, add_special_tokens=False).input_ids.data[0].tolist()
-    detok = IncrementalDetokenizer(lambda xs: tokenizer.decode(xs, skip_special_tokens=True))
-    pieces = [detok.push([i]) for i in ids]
+def test_token_by_token_equals_whole_decode(tokenizer, detokenizer: Detokenizer, text: str) -> None:
+    ids = _ids(tokenizer, text)
+    stream = detokenizer.stream()
+    pieces = [detokenizer.step([(stream, [i])])[0] for i in ids]
     assert "".join(pieces) == tokenizer.decode(ids)
     assert not any("\ufffd" in p for p in pieces)
 
 
-def test_several_tokens_at_once(tokenizer) -> None:
-    ids = tokenizer.encode(TEXTS[1], add_special_tokens=False).input_ids.data[0].tolist()
-    detok = IncrementalDetokenizer(lambda xs: tokenizer.decode(xs))
-    out = "".join(detok.push(ids[i : i + 3]) for i in range(0, len(ids), 3))
-    assert out == tokenizer.decode(ids)
+def test_several_tokens_at_once_and_special_tokens_skipped(tokenizer, detokenizer: Detokenizer) -> None:
+    ids = _ids(tokenizer, TEXTS[1]) + [tokenizer.get_eos_token_id()]
+    stream = detokenizer.stream()
+    out = "".join(detokenizer.step([(stream, ids[i : i + 3])])[0] for i in range(0, len(ids), 3))
+    assert out == tokenizer.decode(ids, skip_special_tokens=True) == TEXTS[1]
+
+
+def test_one_step_serves_many_jobs_with_at_most_one_decode_call(tokenizer) -> None:
+    calls = []
+
+    def counting(sequences: list[list[int]]) -> list[str]:
+        calls.append(len(sequences))
+        return tokenizer.decode(sequences, skip_special_tokens=True)
+
+    detokenizer = Detokenizer(counting, None)
+    all_ids = [_ids(tokenizer, t) for t in TEXTS]
+    streams = [detokenizer.stream() for _ in TEXTS]
+    outs = [""] * len(TEXTS)
+    for step in range(max(map(len, all_ids))):
+        work = [(s, ids[step : step + 1]) for s, ids in zip(streams, all_ids, strict=True)]
+        for i, text in enumerate(detokenizer.step(work)):
+            outs[i] += text
+    assert outs == TEXTS
+    assert len(calls) == max(map(len, all_ids))
+
+
+def test_byte_table_is_used_only_where_it_agrees_with_the_tokenizer() -> None:
+    import openvino_genai
+
+    tiny = openvino_genai.Tokenizer(str(MODELS / "tiny-llama"))
+    assert ByteTable.build(tiny) is not None
+
+    class Lying:
+        def get_vocab(self) -> dict[bytes, int]:
+            return {b"a": 0, b"b": 1}
+
+        def decode(self, seqs: list[list[int]], skip_special_tokens: bool = True) -> list[str]:
+            return ["x" for _ in seqs]
+
+    assert ByteTable.build(Lying()) is None
 
 
 def _feed_all(stops: list[str], chunks: list[str]) -> tuple[str, bool]:

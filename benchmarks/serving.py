@@ -1,0 +1,274 @@
+#!/usr/bin/env python3
+"""ovq end to end (HTTP, Redis, worker) against raw in-process GenAI, side by side in one run.
+
+Both sides: SmolLM2-135M-Instruct, the same chat-templated prompts, greedy, `ignore_eos`, N new tokens, a closed
+loop at each concurrency C (C requests at once, each replaced by the next as it finishes, until
+`waves * C` are done). Levels are interleaved (raw C, ovq C, next C) so machine noise hits both alike.
+
+  raw: ContinuousBatchingPipeline with add_request + step() in this process (the physical limit);
+       TTFT = add_request to the end of the step after which the first token was readable.
+  ovq: the real stack (embedded redis-server, `python -m workers`, `python -m api`) driven over HTTP by a
+       streaming asyncio client in this process; TTFT = request sent to the first content chunk received.
+
+Prints one table: output tokens/s, TTFT p50/p95, inter-token latency p50, and ovq/raw ratios.
+
+  python benchmarks/serving.py --concurrency 1,4,16,64 --max-tokens 128 --reps 2
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from itertools import pairwise
+from pathlib import Path
+
+import httpx
+import orjson
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from prompts import QUESTIONS  # noqa: E402
+
+from common.config import default_model  # noqa: E402
+from common.redis_server import EmbeddedRedis  # noqa: E402
+from common.settings import Settings  # noqa: E402
+from workers.prepare import prepare  # noqa: E402
+
+MODEL = "smollm2-135m-instruct"
+
+
+@dataclass
+class Level:
+    system: str
+    concurrency: int
+    wall_s: float = 0.0
+    tokens: int = 0
+    ttft: list[float] = field(default_factory=list)
+    itl: list[float] = field(default_factory=list)
+
+    @property
+    def tok_s(self) -> float:
+        return self.tokens / self.wall_s if self.wall_s else 0.0
+
+
+def pct(values: list[float], p: float) -> float:
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    k = (len(ordered) - 1) * p / 100
+    lo = int(k)
+    hi = min(lo + 1, len(ordered) - 1)
+    return ordered[lo] + (ordered[hi] - ordered[lo]) * (k - lo)
+
+
+# ---- raw GenAI ----------------------------------------------------------------------------------------------
+
+
+class Raw:
+    def __init__(self, model_dir: Path) -> None:
+        import openvino_genai as g
+
+        self.g = g
+        scheduler = g.SchedulerConfig()
+        scheduler.cache_size = 0
+        self.pipe = g.ContinuousBatchingPipeline(str(model_dir), scheduler, "CPU")
+        tokenizer = g.Tokenizer(str(model_dir))
+        self.prompts = [tokenizer.apply_chat_template([{"role": "user", "content": q}], add_generation_prompt=True)
+                        for q in QUESTIONS]
+        self.next_id = 0
+
+    def run(self, concurrency: int, requests: int, max_tokens: int) -> Level:
+        g = self.g
+        config = g.GenerationConfig()
+        config.max_new_tokens, config.ignore_eos, config.do_sample = max_tokens, True, False
+        level = Level("raw", concurrency)
+        active: dict[int, dict] = {}
+        started = 0
+
+        def add() -> None:
+            nonlocal started
+            self.next_id += 1
+            handle = self.pipe.add_request(self.next_id, self.prompts[started % len(self.prompts)], config)
+            active[self.next_id] = {"h": handle, "t0": time.perf_counter(), "times": []}
+            started += 1
+
+        t0 = time.perf_counter()
+        while started < min(concurrency, requests):
+            add()
+        while active:
+            self.pipe.step()
+            now = time.perf_counter()
+            for rid in list(active):
+                state = active[rid]
+                handle = state["h"]
+                if handle.can_read():
+                    n = sum(len(o.generated_ids) for o in handle.read().values())
+                    state["times"].extend([now] * n)
+                if handle.get_status() != g.GenerationStatus.RUNNING and not handle.can_read():
+                    times = state["times"]
+                    level.tokens += len(times)
+                    if times:
+                        level.ttft.append(times[0] - state["t0"])
+                        level.itl.extend(b - a for a, b in pairwise(times))
+                    del active[rid]
+                    if started < requests:
+                        add()
+        level.wall_s = time.perf_counter() - t0
+        return level
+
+
+# ---- ovq over HTTP ------------------------------------------------------------------------------------------
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Stack:
+    def __init__(self, model_dir: Path, work: Path) -> None:
+        self.redis = EmbeddedRedis(work / "redis", port=free_port())
+        url = self.redis.start()
+        config = work / "models.json"
+        config.write_text(json.dumps({"models": {MODEL: {"path": str(model_dir), "cache_size": 0}}}))
+        port = free_port()
+        env = {**os.environ, "REDIS_URL": url, "OVQ_CONFIG": str(config), "OVQ_PORT": str(port),
+               "OVQ_LOG_LEVEL": "warning", "OVQ_KEY_PREFIX": "ovqbench"}
+        self.procs = [subprocess.Popen([sys.executable, "-m", mod, *args], env=env, cwd=ROOT)
+                      for mod, args in (("workers", ["--model", MODEL]), ("api", []))]
+        self.base = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            try:
+                if httpx.get(f"{self.base}/health", timeout=2).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.25)
+        raise RuntimeError("ovq did not become ready")
+
+    def stop(self) -> None:
+        for proc in self.procs:
+            proc.terminate()
+        for proc in self.procs:
+            proc.wait(30)
+        self.redis.stop()
+
+
+async def _one(client: httpx.AsyncClient, base: str, index: int, max_tokens: int, level: Level) -> None:
+    body = {"model": MODEL, "messages": [{"role": "user", "content": QUESTIONS[index % len(QUESTIONS)]}],
+            "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True, "stream": True,
+            "stream_options": {"include_usage": True}}
+    sent = time.perf_counter()
+    times: list[float] = []
+    async with client.stream("POST", f"{base}/v3/chat/completions", json=body) as response:
+        response.raise_for_status()
+        async for line in response.aiter_lines():
+            if not line.startswith("data: {"):
+                continue
+            chunk = orjson.loads(line[6:])
+            if chunk.get("usage"):
+                level.tokens += chunk["usage"]["completion_tokens"]
+            elif chunk["choices"] and chunk["choices"][0]["delta"].get("content"):
+                times.append(time.perf_counter())
+    if times:
+        level.ttft.append(times[0] - sent)
+        level.itl.extend(b - a for a, b in pairwise(times))
+
+
+async def _ovq_level(base: str, concurrency: int, requests: int, max_tokens: int) -> Level:
+    level = Level("ovq", concurrency)
+    counter = iter(range(requests))
+    limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
+    async with httpx.AsyncClient(timeout=600, limits=limits) as client:
+
+        async def loop() -> None:
+            for index in counter:
+                await _one(client, base, index, max_tokens, level)
+
+        t0 = time.perf_counter()
+        await asyncio.gather(*(loop() for _ in range(concurrency)))
+        level.wall_s = time.perf_counter() - t0
+    return level
+
+
+def ovq_level(base: str, concurrency: int, requests: int, max_tokens: int) -> Level:
+    return asyncio.run(_ovq_level(base, concurrency, requests, max_tokens))
+
+
+# ---- report ------------------------------------------------------------------------------------------------
+
+
+def merge(levels: list[Level]) -> Level:
+    """Medians over repetitions for rates; latencies pooled."""
+    out = Level(levels[0].system, levels[0].concurrency)
+    out.wall_s = 1.0
+    out.tokens = int(statistics.median(lv.tok_s for lv in levels))
+    for lv in levels:
+        out.ttft += lv.ttft
+        out.itl += lv.itl
+    return out
+
+
+def report(results: dict[tuple[str, int], list[Level]], levels: list[int]) -> str:
+    head = ("| conc | raw tok/s | ovq tok/s | ovq/raw | raw TTFT p50/p95 ms | ovq TTFT p50/p95 ms "
+            "| TTFT p50 overhead ms | raw ITL p50 ms | ovq ITL p50 ms |")
+    lines = [head, "|" + "---|" * 9]
+    for c in levels:
+        raw, ovq = merge(results[("raw", c)]), merge(results[("ovq", c)])
+        lines.append(
+            f"| {c} | {raw.tok_s:.0f} | {ovq.tok_s:.0f} | {ovq.tok_s / raw.tok_s:.2f} "
+            f"| {pct(raw.ttft, 50) * 1e3:.0f} / {pct(raw.ttft, 95) * 1e3:.0f} "
+            f"| {pct(ovq.ttft, 50) * 1e3:.0f} / {pct(ovq.ttft, 95) * 1e3:.0f} "
+            f"| {(pct(ovq.ttft, 50) - pct(raw.ttft, 50)) * 1e3:+.1f} "
+            f"| {pct(raw.itl, 50) * 1e3:.1f} | {pct(ovq.itl, 50) * 1e3:.1f} |"
+        )
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--concurrency", default="1,4,16,64")
+    parser.add_argument("--max-tokens", type=int, default=128)
+    parser.add_argument("--waves", type=int, default=2, help="requests per level = waves * concurrency (>= 4)")
+    parser.add_argument("--reps", type=int, default=1)
+    parser.add_argument("--out", type=Path, help="also write the raw numbers as JSON")
+    args = parser.parse_args()
+    levels = [int(c) for c in args.concurrency.split(",")]
+    model_dir = prepare(default_model(Settings()))
+    raw = Raw(model_dir)
+    raw.run(1, 1, 8)  # warm-up
+    results: dict[tuple[str, int], list[Level]] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        stack = Stack(model_dir, Path(tmp))
+        try:
+            ovq_level(stack.base, 1, 1, 8)  # warm-up
+            for _ in range(args.reps):
+                for c in levels:
+                    n = max(args.waves * c, 4)
+                    for system in ("raw", "ovq"):
+                        level = raw.run(c, n, args.max_tokens) if system == "raw" else \
+                            ovq_level(stack.base, c, n, args.max_tokens)
+                        results.setdefault((system, c), []).append(level)
+                        print(f"{system} c={c}: {level.tok_s:.0f} tok/s, TTFT p50 {pct(level.ttft, 50) * 1e3:.0f} ms",
+                              file=sys.stderr)
+        finally:
+            stack.stop()
+    print(report(results, levels))
+    if args.out:
+        args.out.write_text(json.dumps({f"{s}@{c}": [vars(lv) for lv in lvs] for (s, c), lvs in results.items()}))
+
+
+if __name__ == "__main__":
+    main()
