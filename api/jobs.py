@@ -10,7 +10,7 @@ import redis.asyncio as aioredis
 from starlette.requests import Request
 
 from api.hub import EventHub
-from api.registry import Registry, Route
+from api.registry import Registry, Servable
 from common.errors import OvqError, unavailable
 from common.events import TERMINAL, Accepted, Error
 from common.jobs import Job
@@ -32,20 +32,14 @@ class JobClient:
     def __init__(self, redis: aioredis.Redis, keys: Keys, hub: EventHub, registry: Registry, settings: Settings):
         self.redis, self.keys, self.hub, self.registry, self.settings = redis, keys, hub, registry, settings
 
-    async def submit(self, job: Job, route: Route) -> Generation:
-        queue = self.hub.register(job.id)
-        key = self.keys.job(job.id)
-        pipe = self.redis.pipeline(transaction=False)
-        pipe.hset(key, mapping={"status": "queued", "model": job.model, "device": job.device,
-                                "created": job.created})
-        pipe.expire(key, self.settings.job_ttl_s)
-        pipe.xadd(route.stream, job.to_fields())
+    async def submit(self, job: Job, servable: Servable) -> Generation:
+        queue = self.hub.register(job.id)  # before the job exists: its first event may come at once
         try:
-            await pipe.execute()
-        except Exception:
+            await self.registry.enqueue(servable, job)
+        except BaseException:
             self.hub.unregister(job.id)
             raise
-        return Generation(self, job, route, queue)
+        return Generation(self, job, queue)
 
     async def cancel(self, job_id: str) -> None:
         pipe = self.redis.pipeline(transaction=False)
@@ -57,8 +51,8 @@ class JobClient:
 class Generation:
     """One submitted job: its events in order, exactly one terminal event, cancelled if left unfinished."""
 
-    def __init__(self, client: JobClient, job: Job, route: Route, queue: asyncio.Queue[Any]) -> None:
-        self.client, self.job, self.route, self.queue = client, job, route, queue
+    def __init__(self, client: JobClient, job: Job, queue: asyncio.Queue[Any]) -> None:
+        self.client, self.job, self.queue = client, job, queue
         self.finished = False
         self.accepted: Accepted | None = None
         self.created = int(time.time())

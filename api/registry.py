@@ -4,9 +4,11 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
+import orjson
 import redis.asyncio as aioredis
 
 from common.errors import OvqError, not_found, unavailable
+from common.jobs import Job
 from common.keys import Keys
 from common.modelcard import ModelCard
 from common.settings import Settings
@@ -14,10 +16,35 @@ from common.settings import Settings
 CARD_CACHE_S = 1.0
 
 
+# KEYS: job hash, then per device (in preference order): its workers zset, its stream.
+# ARGV: oldest live heartbeat, max backlog, job TTL, created, then per device the job as JSON.
+# Returns the 1-based device chosen, 0 when none has a live worker, -1 when its backlog is full.
+ENQUEUE = """
+local best, best_len = 0, 0
+for i = 1, (#KEYS - 1) / 2 do
+  if redis.call('ZCOUNT', KEYS[2 * i], ARGV[1], '+inf') > 0 then
+    local len = redis.call('XLEN', KEYS[2 * i + 1])
+    if best == 0 or len < best_len then best, best_len = i, len end
+  end
+end
+if best == 0 then return 0 end
+if best_len >= tonumber(ARGV[2]) then return -1 end
+redis.call('HSET', KEYS[1], 'status', 'queued', 'created', ARGV[4])
+redis.call('EXPIRE', KEYS[1], ARGV[3])
+redis.call('XADD', KEYS[2 * best + 1], '*', 'job', ARGV[4 + best])
+return best
+"""
+
+
 @dataclass
-class Route:
-    card: ModelCard
-    stream: str
+class Servable:
+    model: str
+    cards: dict[str, ModelCard]
+
+    @property
+    def card(self) -> ModelCard:
+        """The first announced device's card: what requests are validated and rendered with."""
+        return next(iter(self.cards.values()))
 
 
 class Registry:
@@ -25,6 +52,7 @@ class Registry:
         self.redis, self.keys, self.settings = redis, keys, settings
         self.expected = expected
         self._cards: dict[str, tuple[float, dict[str, ModelCard]]] = {}
+        self._enqueue = redis.register_script(ENQUEUE)
 
     async def cards(self, model: str) -> dict[str, ModelCard]:
         """Device -> card, as the model's workers last announced it (cached for a second)."""
@@ -52,29 +80,33 @@ class Registry:
             pipe.zcount(self.keys.workers(model, device), since, "+inf")
         return dict(zip(devices, await pipe.execute(), strict=False))
 
-    async def route(self, model: str) -> Route:
-        """The device stream with the shortest backlog among those with a live worker (ties: first announced)."""
+    async def servable(self, model: str) -> Servable:
+        """The model's announced cards; 404 for a model nobody announced, 503 for an expected one."""
         cards = await self.cards(model)
         if not cards:
             if model in self.expected:
                 raise unavailable(f"The model `{model}` is not being served by any worker right now")
             raise not_found(f"The model `{model}` does not exist")
-        devices = list(cards)
+        return Servable(model, cards)
+
+    async def enqueue(self, servable: Servable, job: Job) -> str:
+        """Put the job on the live device stream with the shortest backlog, in one atomic round trip.
+
+        Returns the device; 503 when no device has a live worker, 429 when the chosen backlog is full.
+        """
+        devices = list(servable.cards)
+        keys = [k for d in devices for k in (self.keys.workers(servable.model, d), self.keys.jobs(servable.model, d))]
+        jobs = [orjson.dumps(job.model_copy(update={"device": d}).model_dump()) for d in devices]
         since = time.time() - self.settings.worker_ttl_s
-        pipe = self.redis.pipeline(transaction=False)
-        for device in devices:
-            pipe.zcount(self.keys.workers(model, device), since, "+inf")
-            pipe.xlen(self.keys.jobs(model, device))
-        replies = await pipe.execute()
-        candidates = [(replies[2 * i + 1], i, d) for i, d in enumerate(devices) if replies[2 * i]]
-        if not candidates:
-            raise unavailable(f"The model `{model}` is not being served by any worker right now")
-        backlog, _, device = min(candidates)
-        if backlog >= self.settings.max_queue_depth:
-            error = OvqError(f"The model `{model}` is overloaded; retry later", 429, "rate_limit_error",
-                             code="queue_full")
-            raise error
-        return Route(cards[device], self.keys.jobs(model, device))
+        args = [since, self.settings.max_queue_depth, self.settings.job_ttl_s, job.created, *jobs]
+        chosen = await self._enqueue(keys=[self.keys.job(job.id), *keys], args=args)
+        if chosen == 0:
+            raise unavailable(f"The model `{servable.model}` is not being served by any worker right now")
+        if chosen < 0:
+            raise OvqError(f"The model `{servable.model}` is overloaded; retry later", 429, "rate_limit_error",
+                           code="queue_full")
+        job.device = devices[chosen - 1]
+        return job.device
 
     async def ready(self) -> dict[str, bool]:
         names = self.expected or sorted(m.decode() for m in await self.redis.smembers(self.keys.models))

@@ -16,7 +16,7 @@ from api.formats import ChatFormat, CompletionFormat, Format
 from api.jobs import ClientGone, Generation, JobClient, wait_disconnect
 from api.metrics import Metrics
 from api.protocol import ChatCompletionRequest, CompletionRequest, SamplingRequest, UsageInfo
-from api.registry import Registry, Route
+from api.registry import Registry, Servable
 from api.templates import render
 from common.errors import OvqError
 from common.jobs import Job, SamplingParams
@@ -45,8 +45,8 @@ async def parse_body(request: Request, model: type[M]) -> M:
         raise OvqError(f"{param}: {first['msg']}" if param else first["msg"], param=param) from exc
 
 
-def sampling_params(body: SamplingRequest, route: Route) -> SamplingParams:
-    limit = route.card.max_tokens_limit
+def sampling_params(body: SamplingRequest, servable: Servable) -> SamplingParams:
+    limit = servable.card.max_tokens_limit
     if limit is not None and body.max_tokens is not None and body.max_tokens > limit:
         raise OvqError(f"max_tokens value {body.max_tokens} exceeds the limit {limit}", param="max_tokens")
     values = body.model_dump(include=set(SamplingParams.model_fields))
@@ -60,35 +60,36 @@ class Serving:
     def __init__(self, jobs: JobClient, registry: Registry, metrics: Metrics) -> None:
         self.jobs, self.registry, self.metrics = jobs, registry, metrics
 
-    async def _route(self, model: str) -> Route:
-        route = await self.registry.route(model)
-        if route.card.servable_type not in TEXT_SERVABLES:
+    async def _servable(self, model: str) -> Servable:
+        servable = await self.registry.servable(model)
+        if servable.card.servable_type not in TEXT_SERVABLES:
             raise OvqError(f"The model `{model}` does not generate text", param="model")
-        return route
+        return servable
 
     async def chat(self, request: Request) -> Response:
         body = await parse_body(request, ChatCompletionRequest)
-        route = await self._route(body.model)
-        card = route.card
+        servable = await self._servable(body.model)
+        card = servable.card
         messages = [{**m.model_dump(exclude_none=True), "content": m.text()} for m in body.messages]
         prompt = render(card.chat_template, messages, card.bos_token, card.eos_token, body.chat_template_kwargs)
-        job = self._job(body, route, "chat", prompt, add_special_tokens=False)
-        return await self._respond(request, body, route, job, ChatFormat(f"chatcmpl-{job.id}", body.model, 0))
+        job = self._job(body, servable, "chat", prompt, add_special_tokens=False)
+        return await self._respond(request, body, servable, job, ChatFormat(f"chatcmpl-{job.id}", body.model, 0))
 
     async def completions(self, request: Request) -> Response:
         body = await parse_body(request, CompletionRequest)
-        route = await self._route(body.model)
-        job = self._job(body, route, "completion", body.prompt, add_special_tokens=True)
-        return await self._respond(request, body, route, job, CompletionFormat(f"cmpl-{job.id}", body.model, 0))
+        servable = await self._servable(body.model)
+        job = self._job(body, servable, "completion", body.prompt, add_special_tokens=True)
+        return await self._respond(request, body, servable, job, CompletionFormat(f"cmpl-{job.id}", body.model, 0))
 
-    def _job(self, body: SamplingRequest, route: Route, kind: str, prompt: Any, add_special_tokens: bool) -> Job:
-        return Job(model=body.model, device=route.card.device, kind=kind, prompt=prompt,
-                   add_special_tokens=add_special_tokens, params=sampling_params(body, route),
+    def _job(self, body: SamplingRequest, servable: Servable, kind: str, prompt: Any, add_special_tokens: bool) -> Job:
+        return Job(model=body.model, device=servable.card.device, kind=kind, prompt=prompt,
+                   add_special_tokens=add_special_tokens, params=sampling_params(body, servable),
                    reply_to=self.jobs.hub.reply_to)
 
-    async def _respond(self, request: Request, body: SamplingRequest, route: Route, job: Job, fmt: Format) -> Response:
+    async def _respond(self, request: Request, body: SamplingRequest, servable: Servable, job: Job,
+                       fmt: Format) -> Response:
         fmt.created = int(time.time())
-        generation = await self.jobs.submit(job, route)
+        generation = await self.jobs.submit(job, servable)
         disconnect = asyncio.ensure_future(wait_disconnect(request))
         try:
             await generation.start(disconnect)

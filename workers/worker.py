@@ -54,6 +54,7 @@ class Worker:
         self.capacity = model.max_num_seqs
         self.running: dict[str, RunningJob] = {}
         self._cancelled_early: dict[str, float] = {}
+        self._cancels_heard_ms: int | None = None
         self._slot_free = asyncio.Event()
         self._stopping = asyncio.Event()
         self.info = ServableInfo.load(Path(model.path), model, device)
@@ -129,10 +130,7 @@ class Worker:
                 log.exception("unreadable job %s moved to the dead-letter stream", entry_id)
                 await self.redis.xadd(self.keys.dead, {**fields, b"reason": b"unreadable"})
                 outbox.ack(entry_id)
-        pipe = self.redis.pipeline(transaction=False)
-        for _, job in jobs:
-            pipe.exists(self.keys.cancel(job.id))
-        cancelled = {job.id for (_, job), hit in zip(jobs, await pipe.execute(), strict=False) if hit}
+        cancelled = await self._flagged([(e, j) for e, j in jobs if not self._heard_since(e)])
         for entry_id, job in jobs:
             if job.id in cancelled or self._cancelled_early.pop(job.id, None):
                 outbox.publish(job.reply_to, Cancelled(job=job.id, seq=1))
@@ -141,6 +139,19 @@ class Worker:
                 continue
             self._start(entry_id, job, outbox)
         self.publisher.put(outbox)
+
+    def _heard_since(self, entry_id: bytes) -> bool:
+        """Whether the job was queued after this worker began hearing cancels (stream ids are Redis time):
+        then a cancel for it reaches `cancel()` and no flag lookup is needed."""
+        return self._cancels_heard_ms is not None and int(entry_id.split(b"-")[0]) > self._cancels_heard_ms
+
+    async def _flagged(self, jobs: list[tuple[bytes, Job]]) -> set[str]:
+        if not jobs:
+            return set()
+        pipe = self.redis.pipeline(transaction=False)
+        for _, job in jobs:
+            pipe.exists(self.keys.cancel(job.id))
+        return {job.id for (_, job), hit in zip(jobs, await pipe.execute(), strict=True) if hit}
 
     def _start(self, entry_id: bytes, job: Job, outbox: Outbox) -> None:
         """Hand the job to the engine; it answers `accepted` (prompt tokens) or an error right away."""
@@ -223,10 +234,14 @@ class Worker:
 
     # ---- cancellation ----------------------------------------------------------------------------------
     async def _cancel_loop(self) -> None:
-        pubsub = self.redis.pubsub(ignore_subscribe_messages=True)
+        pubsub = self.redis.pubsub()
         await pubsub.subscribe(self.keys.cancel_channel)
         async for message in pubsub.listen():
-            self.cancel(message["data"].decode())
+            if message["type"] == "subscribe":
+                seconds, micros = await self.redis.time()
+                self._cancels_heard_ms = seconds * 1000 + micros // 1000
+            elif message["type"] == "message":
+                self.cancel(message["data"].decode())
 
     def cancel(self, job_id: str) -> None:
         if job_id in self.running:

@@ -1,19 +1,18 @@
-"""Routing rules on fakeredis: pure key logic."""
+"""Routing and enqueueing: one Lua script on the real redis-server (fakeredis has no Lua here)."""
 from __future__ import annotations
 
 import time
 
-import fakeredis
 import pytest
+import redis.asyncio as aioredis
 
 from api.registry import Registry
 from common.errors import OvqError
+from common.jobs import Job, SamplingParams
 from common.keys import Keys
 from common.modelcard import ModelCard
 from common.servable import ServableType
 from common.settings import Settings
-
-KEYS = Keys("t")
 
 
 def card(device: str) -> str:
@@ -21,45 +20,58 @@ def card(device: str) -> str:
                      chat_template="x", created=0).model_dump_json()
 
 
+def job() -> Job:
+    return Job(model="m", device="", kind="completion", prompt="x", add_special_tokens=True,
+               params=SamplingParams(), reply_to="api")
+
+
 @pytest.fixture()
-async def registry():
-    redis = fakeredis.FakeAsyncRedis()
-    yield redis, Registry(redis, KEYS, Settings(max_queue_depth=3), expected=["expected"])
+async def setup(redis_url: str):
+    keys = Keys(f"unit{time.time_ns()}")
+    redis = aioredis.Redis.from_url(redis_url)
+    yield redis, keys, Registry(redis, keys, Settings(max_queue_depth=3), expected=["expected"])
     await redis.aclose()
 
 
-async def test_unknown_model_is_404_and_expected_but_unserved_is_503(registry) -> None:
-    _, reg = registry
+async def test_unknown_model_is_404_and_expected_but_unserved_is_503(setup) -> None:
+    _, _, reg = setup
     with pytest.raises(OvqError) as caught:
-        await reg.route("nope")
+        await reg.servable("nope")
     assert caught.value.status == 404
     with pytest.raises(OvqError) as caught:
-        await reg.route("expected")
+        await reg.servable("expected")
     assert caught.value.status == 503
 
 
-async def test_shortest_backlog_among_live_devices_wins(registry) -> None:
-    redis, reg = registry
-    await redis.hset(KEYS.model("m"), mapping={"GPU": card("GPU"), "CPU": card("CPU"), "NPU": card("NPU")})
+async def test_shortest_backlog_among_live_devices_wins(setup) -> None:
+    redis, keys, reg = setup
+    await redis.hset(keys.model("m"), mapping={"GPU": card("GPU"), "CPU": card("CPU"), "NPU": card("NPU")})
     now = time.time()
-    await redis.zadd(KEYS.workers("m", "GPU"), {"g": now})
-    await redis.zadd(KEYS.workers("m", "CPU"), {"c": now})
-    await redis.zadd(KEYS.workers("m", "NPU"), {"n": now - 600})  # dead: its backlog does not matter
-    await redis.xadd(KEYS.jobs("m", "GPU"), {"job": b"1"})
-    assert (await reg.route("m")).stream == KEYS.jobs("m", "CPU")
-    await redis.xadd(KEYS.jobs("m", "CPU"), {"job": b"1"})
-    assert (await reg.route("m")).stream == KEYS.jobs("m", "GPU")  # a tie: the first announced
+    await redis.zadd(keys.workers("m", "GPU"), {"g": now})
+    await redis.zadd(keys.workers("m", "CPU"), {"c": now})
+    await redis.zadd(keys.workers("m", "NPU"), {"n": now - 600})  # dead: its empty backlog does not count
+    servable = await reg.servable("m")
+    assert [await reg.enqueue(servable, job()) for _ in range(3)] == ["GPU", "CPU", "GPU"]
+    first = job()
+    assert await reg.enqueue(servable, first) == "CPU"
+    assert first.device == "CPU"
+    entries = await redis.xrange(keys.jobs("m", "CPU"))
+    assert Job.from_fields(entries[-1][1]).device == "CPU"
+    assert await redis.hget(keys.job(first.id), "status") == b"queued"
+    assert 0 < await redis.ttl(keys.job(first.id))
 
 
-async def test_full_backlog_is_429_and_no_live_worker_is_503(registry) -> None:
-    redis, reg = registry
-    await redis.hset(KEYS.model("m"), "CPU", card("CPU"))
+async def test_full_backlog_is_429_and_no_live_worker_is_503(setup) -> None:
+    redis, keys, reg = setup
+    await redis.hset(keys.model("m"), "CPU", card("CPU"))
+    servable = await reg.servable("m")
     with pytest.raises(OvqError) as caught:
-        await reg.route("m")
+        await reg.enqueue(servable, job())
     assert caught.value.status == 503
-    await redis.zadd(KEYS.workers("m", "CPU"), {"c": time.time()})
+    await redis.zadd(keys.workers("m", "CPU"), {"c": time.time()})
     for _ in range(3):
-        await redis.xadd(KEYS.jobs("m", "CPU"), {"job": b"1"})
+        await reg.enqueue(servable, job())
     with pytest.raises(OvqError) as caught:
-        await reg.route("m")
+        await reg.enqueue(servable, job())
     assert caught.value.status == 429
+    assert await redis.xlen(keys.jobs("m", "CPU")) == 3
