@@ -7,9 +7,22 @@ import sys
 
 import uvloop
 
-from common.config import find_model
+from common.config import ModelConfig, find_model
+from common.servable import ServableType, infer_servable
 from common.settings import Settings
 from workers.prepare import prepare
+
+
+def worker_class(model: ModelConfig, device: str) -> type:
+    """The servable type (from the directory and the device) says which worker runs the model."""
+    kind = infer_servable(model.path, device, model.pipeline_type)
+    if kind is ServableType.IMAGE:
+        from workers.image_worker import ImageWorker
+
+        return ImageWorker
+    from workers.text_worker import TextWorker
+
+    return TextWorker
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -27,10 +40,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"ovq worker: no model named {args.model!r} in the models file", file=sys.stderr)
         return 2
     prepare(model)
-    from workers.worker import Worker
-
+    device = args.device.upper()
     try:
-        uvloop.run(Worker(settings, model, args.device.upper()).run())
+        uvloop.run(worker_class(model, device)(settings, model, device).run())
     except RuntimeError as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else repr(exc)
         print(f"ovq worker: device {args.device} unavailable for {model.name}: {first}", file=sys.stderr)

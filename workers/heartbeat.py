@@ -6,7 +6,7 @@ import time
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from workers.worker import Worker
+    from workers.base import BaseWorker
 
 # The card outlives its workers by far, so the API can tell "model not served right now" (503) from
 # "no such model" (404).
@@ -14,7 +14,7 @@ CARD_TTL_S = 86_400
 
 
 class Heartbeat:
-    def __init__(self, worker: Worker) -> None:
+    def __init__(self, worker: BaseWorker) -> None:
         self.worker = worker
 
     async def beat(self) -> None:
@@ -23,13 +23,13 @@ class Heartbeat:
         ttl_ms = int(w.settings.worker_ttl_s * 1000)
         pipe = w.redis.pipeline(transaction=False)
         pipe.hset(keys.worker(w.id), mapping={
-            "model": w.model.name, "device": w.device, "servable_type": w.info.card.servable_type.value,
+            "model": w.model.name, "device": w.device, "servable_type": w.card.servable_type.value,
             "capacity": w.capacity, "running": len(w.running), "stream": w.stream, "heartbeat": now,
         })
         pipe.pexpire(keys.worker(w.id), ttl_ms)
         pipe.zadd(keys.workers(w.model.name, w.device), {w.id: now})
         pipe.zremrangebyscore(keys.workers(w.model.name, w.device), "-inf", now - 10 * w.settings.worker_ttl_s)
-        pipe.hset(keys.model(w.model.name), w.device, w.info.card.model_dump_json())
+        pipe.hset(keys.model(w.model.name), w.device, w.card.model_dump_json())
         pipe.expire(keys.model(w.model.name), CARD_TTL_S)
         pipe.sadd(keys.models, w.model.name)
         await pipe.execute()

@@ -13,13 +13,13 @@ from common.keys import GROUP
 from workers.publisher import Outbox
 
 if TYPE_CHECKING:
-    from workers.worker import Worker
+    from workers.base import BaseWorker
 
 log = logging.getLogger("ovq.reclaim")
 
 
 class Reclaimer:
-    def __init__(self, worker: Worker) -> None:
+    def __init__(self, worker: BaseWorker) -> None:
         self.worker = worker
 
     async def run(self) -> None:

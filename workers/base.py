@@ -1,4 +1,8 @@
-"""The worker's I/O half: reads jobs from its stream, feeds the engine process, publishes what it makes."""
+"""A worker's I/O half, whatever its pipeline: reads jobs from its stream (only as many as it has room for),
+skips the cancelled, hears cancels, heartbeats, reclaims jobs of dead workers, shuts down gracefully.
+
+Subclasses say how a job runs: `start_backend`, `_start`, `cancel_running`, `stop_backend`.
+"""
 from __future__ import annotations
 
 import asyncio
@@ -8,62 +12,70 @@ import signal
 import socket
 import time
 import uuid
-from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import redis.asyncio as aioredis
 from redis.exceptions import ResponseError
 
 from common.config import ModelConfig
-from common.errors import ErrorBody, OvqError
-from common.events import Accepted, Cancelled, Error
+from common.errors import OvqError
+from common.events import Cancelled, Error
 from common.jobs import Job
 from common.keys import GROUP, Keys
+from common.modelcard import ModelCard
 from common.settings import Settings
-from workers.detokenizer import ByteTable, Detokenizer
-from workers.engine import EngineSpec
-from workers.engine_client import EngineClient
 from workers.heartbeat import Heartbeat
-from workers.jobstate import RunningJob
 from workers.publisher import Outbox, Publisher
 from workers.reclaim import Reclaimer
-from workers.servable_info import ServableInfo
 
 log = logging.getLogger("ovq.worker")
 
 
-def engine_spec(model: ModelConfig, device: str, info: ServableInfo) -> EngineSpec:
-    scheduler = {
-        "max_num_batched_tokens": model.max_num_batched_tokens,
-        "cache_size": model.cache_size,
-        "max_num_seqs": model.max_num_seqs,
-        "dynamic_split_fuse": model.dynamic_split_fuse,
-        "enable_prefix_caching": model.enable_prefix_caching,
-    }
-    eviction = model.cache_eviction_config.model_dump() if model.cache_eviction_config else None
-    return EngineSpec(str(model.path), device, scheduler, dict(model.plugin_config), info.card.context_length,
-                      eviction, info.defaults, info.vocab_size)
+class JobState(Protocol):
+    job: Job
+    entry_id: bytes
+
+    def next_seq(self) -> int: ...
 
 
-class Worker:
+class BaseWorker:
+    card: ModelCard
+    capacity: int
+
     def __init__(self, settings: Settings, model: ModelConfig, device: str) -> None:
         self.settings, self.model, self.device = settings, model, device
         self.id = f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
         self.keys = Keys(settings.key_prefix)
         self.stream = self.keys.jobs(model.name, device)
-        self.capacity = model.max_num_seqs
-        self.running: dict[str, RunningJob] = {}
+        self.running: dict[str, Any] = {}
         self._cancelled_early: dict[str, float] = {}
         self._cancels_heard_ms: int | None = None
         self._slot_free = asyncio.Event()
         self._stopping = asyncio.Event()
-        self.info = ServableInfo.load(Path(model.path), model, device)
         self.redis = aioredis.Redis.from_url(settings.redis_url or "redis://127.0.0.1:6379/0")
         self.publisher = Publisher(self.redis, self.keys, self.stream, settings.job_ttl_s)
-        self.detokenizer = Detokenizer(self.info.decode, ByteTable.build(self.info.tokenizer))
-        self.engine = EngineClient(engine_spec(model, device, self.info), self._on_outputs, self._on_engine_exit)
         self.heartbeat = Heartbeat(self)
         self.reclaimer = Reclaimer(self)
+
+    # ---- what a kind of worker provides -----------------------------------------------------------------
+    async def start_backend(self) -> None:
+        raise NotImplementedError
+
+    async def stop_backend(self) -> None:
+        raise NotImplementedError
+
+    @property
+    def backend_alive(self) -> bool:
+        return True
+
+    def _start(self, entry_id: bytes, job: Job, outbox: Outbox) -> None:
+        raise NotImplementedError
+
+    def cancel_running(self, job_id: str) -> None:
+        raise NotImplementedError
+
+    def describe(self) -> str:
+        return self.card.servable_type.value
 
     # ---- lifecycle -------------------------------------------------------------------------------------
     async def run(self) -> None:
@@ -72,13 +84,12 @@ class Worker:
         except ResponseError as exc:
             if "BUSYGROUP" not in str(exc):
                 raise
-        await self.engine.start()
+        await self.start_backend()
         self.publisher.start()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self._stopping.set)
-        log.info("worker %s serving %s on %s (%s, %s detokenizer)", self.id, self.model.name, self.device,
-                 self.info.card.servable_type.value, "byte-table" if self.detokenizer.table else "window")
+        log.info("worker %s serving %s on %s (%s)", self.id, self.model.name, self.device, self.describe())
         tasks = [
             asyncio.create_task(self._read_loop(), name="read"),
             asyncio.create_task(self._cancel_loop(), name="cancel"),
@@ -96,14 +107,14 @@ class Worker:
         """Stop reading, let running jobs finish for a grace period, end the rest with an error."""
         tasks[0].cancel()
         deadline = time.monotonic() + self.settings.shutdown_grace_s
-        while self.running and time.monotonic() < deadline and self.engine.alive:
+        while self.running and time.monotonic() < deadline and self.backend_alive:
             await asyncio.sleep(0.05)
         self._fail_all(503, "the worker shut down before the job finished")
         await self.publisher.drain()
         for task in tasks:
             task.cancel()
         await self.heartbeat.leave()
-        await self.engine.stop()
+        await self.stop_backend()
         await self.publisher.stop()
         await self.redis.aclose()
 
@@ -153,64 +164,9 @@ class Worker:
             pipe.exists(self.keys.cancel(job.id))
         return {job.id for (_, job), hit in zip(jobs, await pipe.execute(), strict=True) if hit}
 
-    def _start(self, entry_id: bytes, job: Job, outbox: Outbox) -> None:
-        """Hand the job to the engine; it answers `accepted` (prompt tokens) or an error right away."""
-        self.running[job.id] = RunningJob(job, entry_id, self.detokenizer.stream())
-        self.engine.send(["add", job.id, job.prompt, job.add_special_tokens, job.params.model_dump()])
-
-    def _accepted(self, state: RunningJob, prompt_tokens: int, outbox: Outbox) -> None:
-        job = state.job
-        state.prompt_tokens = prompt_tokens
-        queue_ms = (state.received - job.created) * 1000
-        accepted = Accepted(job=job.id, seq=state.next_seq(), worker=self.id, prompt_tokens=prompt_tokens,
-                            queue_ms=queue_ms)
-        outbox.publish(job.reply_to, accepted)
-        outbox.set_status(job.id, status="running", worker=self.id, prompt_tokens=prompt_tokens, streamed=0)
-
-    # ---- engine output ---------------------------------------------------------------------------------
-    def _on_outputs(self, outputs: list[list[Any]]) -> None:
-        outbox = Outbox()
-        # Jobs absent from `running` finished here already (a stop string the engine had not seen yet).
-        live = [(self.running[u[0]], u[1], u[2], u[3]) for u in outputs if u[0] in self.running]
-        texts = self.detokenizer.step([(state.detok, ids) for state, ids, _, _ in live])
-        for (state, ids, finish, extra), text in zip(live, texts, strict=True):
-            job_id = state.job.id
-            if finish == "accepted":
-                self._accepted(state, extra, outbox)
-                continue
-            was_streamed = state.streamed
-            delta = state.delta(ids, text)
-            if delta:
-                outbox.publish(state.job.reply_to, delta)
-                if not was_streamed:
-                    outbox.set_status(job_id, streamed=1)
-            if state.stops.stopped and finish is None:
-                self.engine.send(["cancel", job_id])
-                finish = "stop"
-            if finish is not None:
-                self._finish(state, finish, outbox, extra)
-        self.publisher.put(outbox)
-
-    def _finish(self, state: RunningJob, finish: str, outbox: Outbox, extra: Any = None) -> None:
-        job = state.job
-        del self.running[job.id]
+    def _job_done(self, state: JobState, outbox: Outbox) -> None:
+        del self.running[state.job.id]
         self._slot_free.set()
-        if finish == "cancelled":
-            outbox.publish(job.reply_to, Cancelled(job=job.id, seq=state.next_seq()))
-            outbox.set_status(job.id, status="cancelled")
-        elif finish == "error":
-            status = extra.pop("status")
-            error = ErrorBody.model_validate(extra)
-            outbox.publish(job.reply_to, Error(job=job.id, seq=state.next_seq(), status=status, error=error))
-            outbox.set_status(job.id, status="error", error=error.model_dump())
-        else:
-            tail = state.flush()
-            if tail:
-                outbox.publish(job.reply_to, tail)
-            done = state.done(finish)
-            outbox.publish(job.reply_to, done)
-            outbox.set_status(job.id, status="done", text="".join(state.text),
-                              result=done.model_dump(mode="json"))
         outbox.ack(state.entry_id)
 
     def _fail_all(self, status: int, message: str) -> None:
@@ -225,13 +181,6 @@ class Worker:
         self._slot_free.set()
         self.publisher.put(outbox)
 
-    def _on_engine_exit(self) -> None:
-        if self._stopping.is_set():
-            return
-        log.error("engine process died; failing %d running jobs and restarting it", len(self.running))
-        self._fail_all(500, "the inference engine crashed while running this job")
-        asyncio.get_running_loop().create_task(self.engine.start())
-
     # ---- cancellation ----------------------------------------------------------------------------------
     async def _cancel_loop(self) -> None:
         pubsub = self.redis.pubsub()
@@ -245,7 +194,7 @@ class Worker:
 
     def cancel(self, job_id: str) -> None:
         if job_id in self.running:
-            self.engine.send(["cancel", job_id])
+            self.cancel_running(job_id)
             return
         now = time.monotonic()
         # Remember briefly: the job may be between its cancel-flag check and its start.
