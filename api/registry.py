@@ -60,7 +60,8 @@ class Registry:
         if cached and time.monotonic() - cached[0] < CARD_CACHE_S:
             return cached[1]
         raw = await self.redis.hgetall(self.keys.model(model))
-        cards = {d.decode(): ModelCard.model_validate_json(v) for d, v in raw.items()}
+        parsed = [ModelCard.model_validate_json(v) for v in raw.values()]
+        cards = {c.device: c for c in sorted(parsed, key=lambda c: (c.preference, c.device))}
         self._cards[model] = (time.monotonic(), cards)
         return cards
 

@@ -18,4 +18,6 @@ class ModelCard(BaseModel):
     bos_token: str = ""
     eos_token: str = ""
     capabilities: list[str] = []
+    # Position of this device in the model's `devices` list: breaks ties between equally busy devices.
+    preference: int = 0
     created: int

@@ -43,6 +43,7 @@ class ServableInfo:
             bos_token=bos,
             eos_token=eos,
             created=int(path.stat().st_mtime) if path.exists() else int(time.time()),
+            preference=model.devices.index(device) if device in model.devices else len(model.devices),
         )
         return cls(tokenizer, card, generation_defaults(path), vocab_size(path))
 

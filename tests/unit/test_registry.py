@@ -15,9 +15,9 @@ from common.servable import ServableType
 from common.settings import Settings
 
 
-def card(device: str) -> str:
+def card(device: str, preference: int = 0) -> str:
     return ModelCard(name="m", device=device, servable_type=ServableType.LM_CB, context_length=64,
-                     chat_template="x", created=0).model_dump_json()
+                     chat_template="x", created=0, preference=preference).model_dump_json()
 
 
 def job() -> Job:
@@ -45,15 +45,17 @@ async def test_unknown_model_is_404_and_expected_but_unserved_is_503(setup) -> N
 
 async def test_shortest_backlog_among_live_devices_wins(setup) -> None:
     redis, keys, reg = setup
-    await redis.hset(keys.model("m"), mapping={"GPU": card("GPU"), "CPU": card("CPU"), "NPU": card("NPU")})
+    cards = {"CPU": card("CPU", 1), "NPU": card("NPU", 2), "GPU": card("GPU", 0)}
+    await redis.hset(keys.model("m"), mapping=cards)
     now = time.time()
     await redis.zadd(keys.workers("m", "GPU"), {"g": now})
     await redis.zadd(keys.workers("m", "CPU"), {"c": now})
     await redis.zadd(keys.workers("m", "NPU"), {"n": now - 600})  # dead: its empty backlog does not count
     servable = await reg.servable("m")
+    assert list(servable.cards) == ["GPU", "CPU", "NPU"]  # the models file's order of preference
     assert [await reg.enqueue(servable, job()) for _ in range(3)] == ["GPU", "CPU", "GPU"]
     first = job()
-    assert await reg.enqueue(servable, first) == "CPU"
+    assert await reg.enqueue(servable, first) == "CPU"  # GPU 2, CPU 1 waiting
     assert first.device == "CPU"
     entries = await redis.xrange(keys.jobs("m", "CPU"))
     assert Job.from_fields(entries[-1][1]).device == "CPU"
