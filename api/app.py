@@ -14,6 +14,7 @@ from starlette.exceptions import HTTPException
 from starlette.responses import JSONResponse, Response
 
 from api.hub import EventHub
+from api.images import ImageServing
 from api.jobs import JobClient
 from api.metrics import Metrics
 from api.protocol import ModelList, ModelObject
@@ -49,7 +50,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         registry = Registry(redis, keys, settings, expected_models(settings))
         metrics = Metrics(redis, keys, settings.worker_ttl_s)
         app.state.registry, app.state.metrics = registry, metrics
-        app.state.serving = Serving(JobClient(redis, keys, hub, registry, settings), registry, metrics)
+        jobs = JobClient(redis, keys, hub, registry, settings)
+        app.state.serving = Serving(jobs, registry, metrics)
+        app.state.images = ImageServing(jobs, registry, settings)
         yield
         await hub.stop()
         await redis.aclose()
@@ -89,6 +92,12 @@ def _install_routes(app: FastAPI) -> None:
     async def completions(request: Request) -> Response:
         return await _counted(request, "completions", request.app.state.serving.completions)
 
+    async def image_generations(request: Request) -> Response:
+        return await _counted(request, "images", request.app.state.images.generations)
+
+    async def image_edits(request: Request) -> Response:
+        return await _counted(request, "image_edits", request.app.state.images.edits)
+
     async def list_models(request: Request) -> ModelList:
         listed = await request.app.state.registry.models()
         return ModelList(data=[_model_object(name, card) for name, card in listed.items()])
@@ -102,6 +111,8 @@ def _install_routes(app: FastAPI) -> None:
     for prefix in ("/v3", "/v1"):
         app.add_api_route(f"{prefix}/chat/completions", chat, methods=["POST"])
         app.add_api_route(f"{prefix}/completions", completions, methods=["POST"])
+        app.add_api_route(f"{prefix}/images/generations", image_generations, methods=["POST"])
+        app.add_api_route(f"{prefix}/images/edits", image_edits, methods=["POST"])
         app.add_api_route(f"{prefix}/models", list_models, methods=["GET"])
         app.add_api_route(f"{prefix}/models/{{model:path}}", get_model, methods=["GET"])
 

@@ -5,7 +5,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from common.errors import OvqError
+from common.errors import ErrorBody, OvqError
 
 UINT32_MAX = 4_294_967_295
 
@@ -212,3 +212,71 @@ class ModelObject(BaseModel):
 class ModelList(BaseModel):
     object: Literal["list"] = "list"
     data: list[ModelObject]
+
+
+# ---- images -------------------------------------------------------------------------------------------------
+
+
+class ImageRequest(BaseModel):
+    """Fields of /images/generations and /images/edits; OVMS's extensions included. Anything else is a 400."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    model: str
+    prompt: str = Field(min_length=1)
+    n: int = Field(default=1, ge=1)
+    size: str | None = None
+    response_format: Literal["b64_json"] | None = None
+    output_format: Literal["png"] | None = None
+    quality: Literal["auto"] | None = None
+    background: Literal["auto", "opaque"] | None = None
+    stream: bool = False
+    partial_images: int | None = Field(default=None, ge=0)
+    user: str | None = None
+    num_inference_steps: int | None = Field(default=None, ge=1)
+    guidance_scale: float | None = Field(default=None, ge=0.0)
+    negative_prompt: str | None = None
+    prompt_2: str | None = None
+    prompt_3: str | None = None
+    negative_prompt_2: str | None = None
+    negative_prompt_3: str | None = None
+    max_sequence_length: int | None = Field(default=None, ge=1)
+    rng_seed: int | None = Field(default=None, ge=0)
+
+
+class ImageEditRequest(ImageRequest):
+    strength: float | None = Field(default=None, ge=0.0, le=1.0)
+
+
+class ImageData(BaseModel):
+    b64_json: str
+
+
+class ImagesResponse(BaseModel):
+    created: int
+    data: list[ImageData]
+    size: str | None = None
+    output_format: Literal["png"] = "png"
+
+
+class StreamError(BaseModel):
+    type: Literal["error"] = "error"
+    error: ErrorBody
+
+
+class ImageStreamEvent(BaseModel):
+    """OpenAI's image streaming events (`*.partial_image` per denoising step, `*.completed` per image)."""
+
+    type: str
+    b64_json: str
+    created_at: int
+    size: str
+    quality: Literal["auto"] = "auto"
+    background: Literal["opaque"] = "opaque"
+    output_format: Literal["png"] = "png"
+    partial_image_index: int | None = None
+    # ovq: which denoising step this progress is, of how many, and for which image of the request.
+    step: int | None = None
+    total_steps: int | None = None
+    index: int | None = None
+    usage: dict[str, Any] | None = None

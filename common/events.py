@@ -41,12 +41,25 @@ class Delta(_Event):
     tokens: int
 
 
+class Progress(_Event):
+    """Image jobs: one denoising step done (of `total` for image `index`), with an optional small preview."""
+
+    type: Literal["progress"] = "progress"
+    index: int = 0
+    step: int
+    total: int
+    preview: str | None = None  # base64 PNG, at most 128 px a side: small enough to travel in the event
+
+
 class Done(_Event):
     type: Literal["done"] = "done"
     index: int = 0
-    finish_reason: Literal["stop", "length"]
-    usage: Usage
+    finish_reason: Literal["stop", "length"] = "stop"
+    usage: Usage | None = None
     timings: Timings
+    # Image jobs: Redis keys of the PNGs (short-lived; the API reads and deletes them).
+    images: list[str] = []
+    size: str | None = None
 
 
 class Error(_Event):
@@ -59,7 +72,7 @@ class Cancelled(_Event):
     type: Literal["cancelled"] = "cancelled"
 
 
-Event = Annotated[Accepted | Delta | Done | Error | Cancelled, Field(discriminator="type")]
+Event = Annotated[Accepted | Delta | Progress | Done | Error | Cancelled, Field(discriminator="type")]
 TERMINAL = ("done", "error", "cancelled")
 
 

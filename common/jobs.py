@@ -26,16 +26,40 @@ class SamplingParams(BaseModel):
     frequency_penalty: float | None = None
 
 
+class ImageParams(BaseModel):
+    """An image job's settings, limits already checked by the API; `None` means the worker's default."""
+
+    n: int = 1
+    width: int | None = None
+    height: int | None = None
+    num_inference_steps: int | None = None
+    guidance_scale: float | None = None
+    negative_prompt: str | None = None
+    prompt_2: str | None = None
+    prompt_3: str | None = None
+    negative_prompt_2: str | None = None
+    negative_prompt_3: str | None = None
+    max_sequence_length: int | None = None
+    rng_seed: int | None = None
+    strength: float | None = None
+    # Edits: Redis keys of the uploaded image and mask (bytes with a TTL), not the bytes themselves.
+    image_key: str | None = None
+    mask_key: str | None = None
+    # Whether the client wants a preview image with each step's progress event.
+    previews: bool = False
+
+
 class Job(BaseModel):
     v: int = JOB_VERSION
     id: str = Field(default_factory=lambda: uuid.uuid4().hex)
     model: str
     device: str
-    kind: Literal["chat", "completion"]
+    kind: Literal["chat", "completion", "image"]
     prompt: str | list[int]
     # Completions get the tokenizer's special tokens (BOS); a rendered chat template already has its own.
-    add_special_tokens: bool
-    params: SamplingParams
+    add_special_tokens: bool = False
+    params: SamplingParams = Field(default_factory=SamplingParams)
+    image: ImageParams | None = None
     reply_to: str
     created: float = Field(default_factory=time.time)
 

@@ -44,6 +44,10 @@ class Keys:
         """Set of every model name a worker has announced."""
         return f"{self.prefix}:models"
 
+    def blob(self, job_id: str, name: str) -> str:
+        """Bytes a job needs or made (uploads, PNGs), with a short TTL: never in the stream or on pub/sub."""
+        return f"{self.prefix}:blob:{job_id}:{name}"
+
     @property
     def dead(self) -> str:
         return f"{self.prefix}:dead"

@@ -6,15 +6,26 @@ from pydantic import BaseModel
 from common.servable import ServableType
 
 
+class ImageLimits(BaseModel):
+    max_resolution: str
+    default_resolution: str | None = None
+    max_num_images_per_prompt: int
+    default_num_inference_steps: int
+    max_num_inference_steps: int
+    pipeline: str = ""  # model_index.json's _class_name
+    edits: bool = True
+
+
 class ModelCard(BaseModel):
     v: int = 1
     name: str
     device: str
     servable_type: ServableType
-    context_length: int
+    context_length: int = 0
     max_tokens_limit: int | None = None
     best_of_limit: int = 20
-    chat_template: str
+    chat_template: str = ""
+    image: ImageLimits | None = None
     bos_token: str = ""
     eos_token: str = ""
     capabilities: list[str] = []

@@ -33,6 +33,11 @@ class Settings(BaseSettings):
     worker_ttl_s: float = 5.0
     job_ttl_s: int = 3600
     cancel_ttl_s: int = 3600
+    # Uploaded images and generated PNGs live this long in Redis at most (the API deletes them once read).
+    blob_ttl_s: int = 600
+    # Largest upload /images/edits accepts (bytes), and the most pixels an uploaded image may decode to.
+    max_upload_bytes: int = 20 * 1024 * 1024
+    max_upload_pixels: int = 4096 * 4096
     # Backlog (waiting + in flight) of one stream above which the API answers 429.
     max_queue_depth: int = 4096
     # A job delivered more often than this is poison and goes to the dead-letter stream.

@@ -22,6 +22,8 @@ from common.settings import Settings
 ROOT = Path(__file__).resolve().parent.parent
 MODEL = "smollm2-135m-instruct"
 SINGLE = "smollm2-single"  # the same weights with max_num_seqs 1: observable queueing
+IMAGE = "tiny-sd"  # random-weight Stable Diffusion built by tests/models/build_tiny_models.py
+MODELS = ROOT / "tests" / "models"
 
 
 def free_port() -> int:
@@ -89,7 +91,9 @@ def stack(model_dir: Path, redis_url: str, tmp_path_factory: pytest.TempPathFact
     work = tmp_path_factory.mktemp("stack")
     config = work / "models.json"
     common = {"path": str(model_dir), "cache_size": 0, "max_tokens_limit": 4096}
-    config.write_text(json.dumps({"models": {MODEL: common, SINGLE: {**common, "max_num_seqs": 1}}}))
+    image = {"path": str(MODELS / "tiny-sd"), "max_resolution": "256x256", "max_num_images_per_prompt": 3,
+             "default_num_inference_steps": 4, "max_num_inference_steps": 100}
+    config.write_text(json.dumps({"models": {MODEL: common, SINGLE: {**common, "max_num_seqs": 1}, IMAGE: image}}))
     port = free_port()
     env = {**os.environ, "REDIS_URL": redis_url, "OVQ_CONFIG": str(config), "OVQ_PORT": str(port),
            "OVQ_KEY_PREFIX": "ovqtest", "OVQ_LOG_LEVEL": "warning", "OVQ_RECLAIM_INTERVAL_S": "1",
@@ -97,6 +101,7 @@ def stack(model_dir: Path, redis_url: str, tmp_path_factory: pytest.TempPathFact
     procs = [
         _spawn(["workers", "--model", MODEL], env, work / "worker.log"),
         _spawn(["workers", "--model", SINGLE], env, work / "single.log"),
+        _spawn(["workers", "--model", IMAGE], env, work / "image.log"),
         _spawn(["api"], env, work / "api.log"),
     ]
     base = f"http://127.0.0.1:{port}"

@@ -1,0 +1,205 @@
+"""/images/generations and /images/edits: limits checked here, the work done by an image worker.
+
+Uploads go to Redis as short-lived blobs the job names; results come back the same way (the Done event names
+the keys; this process reads them once and deletes them).
+"""
+from __future__ import annotations
+
+import asyncio
+import base64
+import io
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+from PIL import Image
+from pydantic import ValidationError
+from sse_starlette import EventSourceResponse, ServerSentEvent
+from starlette.datastructures import UploadFile
+from starlette.requests import Request
+from starlette.responses import Response
+
+from api.jobs import ClientGone, Generation, JobClient, wait_disconnect
+from api.protocol import ImageData, ImageEditRequest, ImageRequest, ImagesResponse, ImageStreamEvent, StreamError
+from api.registry import Registry, Servable
+from api.serving import CLIENT_CLOSED, parse_body, validation_error
+from common.config import parse_size
+from common.errors import OvqError, internal
+from common.jobs import ImageParams, Job
+from common.modelcard import ImageLimits
+from common.servable import ServableType
+from common.settings import Settings
+
+NO_USAGE = {"input_tokens": 0, "output_tokens": 0, "total_tokens": 0,
+            "input_tokens_details": {"image_tokens": 0, "text_tokens": 0}}
+
+
+def check_limits(body: ImageRequest, limits: ImageLimits) -> tuple[int | None, int | None]:
+    """OVMS's image node limits; returns the requested (width, height) or (None, None) for the default."""
+    if body.n > limits.max_num_images_per_prompt:
+        raise OvqError(f"n value {body.n} exceeds max_num_images_per_prompt ({limits.max_num_images_per_prompt})",
+                       param="n")
+    steps = body.num_inference_steps
+    if steps is not None and steps > limits.max_num_inference_steps:
+        raise OvqError(f"num_inference_steps value {steps} exceeds max_num_inference_steps "
+                       f"({limits.max_num_inference_steps})", param="num_inference_steps")
+    if body.size in (None, "auto"):
+        return None, None
+    try:
+        width, height = parse_size(body.size)
+    except ValueError as exc:
+        raise OvqError(str(exc), param="size") from exc
+    max_width, max_height = parse_size(limits.max_resolution)
+    if width > max_width or height > max_height:
+        raise OvqError(f"size {body.size} exceeds max_resolution {limits.max_resolution}", param="size")
+    return width, height
+
+
+class ImageServing:
+    def __init__(self, jobs: JobClient, registry: Registry, settings: Settings) -> None:
+        self.jobs, self.registry, self.settings = jobs, registry, settings
+
+    async def _servable(self, model: str) -> tuple[Servable, ImageLimits]:
+        servable = await self.registry.servable(model)
+        limits = servable.card.image
+        if servable.card.servable_type is not ServableType.IMAGE or limits is None:
+            raise OvqError(f"The model `{model}` does not generate images", param="model")
+        return servable, limits
+
+    async def generations(self, request: Request) -> Response:
+        body = await parse_body(request, ImageRequest)
+        servable, limits = await self._servable(body.model)
+        job = self._job(body, limits)
+        return await self._respond(request, body, servable, job, "image_generation")
+
+    async def edits(self, request: Request) -> Response:
+        form = await self._form(request)
+        try:
+            body = ImageEditRequest.model_validate({k: v for k, v in form.items() if k not in ("image", "mask")})
+        except ValidationError as exc:
+            raise validation_error(exc) from exc
+        servable, limits = await self._servable(body.model)
+        if not limits.edits:
+            raise OvqError(f"The model `{body.model}` cannot edit images (it has no VAE encoder)", param="model")
+        job = self._job(body, limits)
+        uploads = {"input": await self._upload(form.get("image"), "image", required=True),
+                   "mask": await self._upload(form.get("mask"), "mask", required=False)}
+        keys = {name: self.jobs.keys.blob(job.id, name) for name, data in uploads.items() if data}
+        pipe = self.jobs.redis.pipeline(transaction=False)
+        for name, key in keys.items():
+            pipe.set(key, uploads[name], ex=self.settings.blob_ttl_s)
+        await pipe.execute()
+        assert job.image is not None
+        job.image.strength = body.strength
+        job.image.image_key, job.image.mask_key = keys.get("input"), keys.get("mask")
+        return await self._respond(request, body, servable, job, "image_edit")
+
+    async def _form(self, request: Request) -> dict[str, Any]:
+        if "multipart/form-data" not in request.headers.get("content-type", ""):
+            raise OvqError("/images/edits takes multipart/form-data", 415)
+        try:
+            form = await request.form(max_part_size=self.settings.max_upload_bytes)
+        except Exception as exc:  # malformed multipart, or a part over the size limit
+            raise OvqError(f"could not read the form: {exc}") from exc
+        # OpenAI's SDK names a list of images `image[]`; one image is what the pipelines take.
+        images = form.getlist("image") + form.getlist("image[]")
+        if len(images) > 1:
+            raise OvqError("only one image can be edited per request", param="image")
+        fields = {k: v for k, v in form.multi_items() if k not in ("image", "image[]")}
+        if images:
+            fields["image"] = images[0]
+        return fields
+
+    async def _upload(self, part: Any, name: str, required: bool) -> bytes | None:
+        if part is None:
+            if required:
+                raise OvqError(f"{name} is required", param=name)
+            return None
+        if not isinstance(part, UploadFile):
+            raise OvqError(f"{name} must be a file", param=name)
+        data = await part.read(self.settings.max_upload_bytes + 1)
+        if len(data) > self.settings.max_upload_bytes:
+            raise OvqError(f"{name} is over {self.settings.max_upload_bytes} bytes", param=name)
+        try:
+            with Image.open(io.BytesIO(data)) as probe:
+                width, height = probe.size  # read from the header: nothing decoded yet
+                if width * height > self.settings.max_upload_pixels:
+                    raise OvqError(f"{name} has {width}x{height} pixels, over the limit of "
+                                   f"{self.settings.max_upload_pixels}", param=name)
+                probe.verify()
+        except OvqError:
+            raise
+        except Exception as exc:
+            raise OvqError(f"{name} is not an image Pillow can read: {exc}", param=name) from exc
+        return data
+
+    def _job(self, body: ImageRequest, limits: ImageLimits) -> Job:
+        width, height = check_limits(body, limits)
+        fields = body.model_dump(include=set(ImageParams.model_fields) - {"width", "height"}, exclude_none=True)
+        params = ImageParams(**fields, width=width, height=height, previews=body.stream)
+        return Job(model=body.model, device="", kind="image", prompt=body.prompt, image=params,
+                   reply_to=self.jobs.hub.reply_to)
+
+    async def _respond(self, request: Request, body: ImageRequest, servable: Servable, job: Job,
+                       kind: str) -> Response:
+        generation = await self.jobs.submit(job, servable)
+        disconnect = asyncio.ensure_future(wait_disconnect(request))
+        try:
+            await generation.start(disconnect)
+            if body.stream:
+                disconnect.cancel()
+                return EventSourceResponse(self._stream(generation, kind), ping=15, sep="\n")
+            return await self._whole(generation, disconnect)
+        except ClientGone:
+            await generation.close()
+            return Response(status_code=CLIENT_CLOSED)
+        except BaseException:
+            await generation.close()
+            raise
+        finally:
+            disconnect.cancel()
+
+    async def _images(self, keys: list[str]) -> list[str]:
+        pipe = self.jobs.redis.pipeline(transaction=False)
+        pipe.mget(keys)
+        pipe.delete(*keys)
+        blobs, _ = await pipe.execute()
+        if any(b is None for b in blobs):
+            raise internal("the generated images expired before they could be read")
+        return [base64.b64encode(b).decode() for b in blobs]
+
+    async def _whole(self, generation: Generation, disconnect: asyncio.Future[None]) -> Response:
+        async for event in generation.events(disconnect):
+            if event.type == "done":
+                data = [ImageData(b64_json=b) for b in await self._images(event.images)]
+                await generation.close()
+                answer = ImagesResponse(created=int(time.time()), data=data, size=event.size)
+                return Response(answer.model_dump_json(exclude_none=True), media_type="application/json")
+            if event.type == "error":
+                await generation.close()
+                raise OvqError(event.error.message, event.status, event.error.type, event.error.param)
+        raise ClientGone()
+
+    async def _stream(self, generation: Generation, kind: str) -> AsyncIterator[ServerSentEvent]:
+        size = "auto"
+        try:
+            async for event in generation.events():
+                now = int(time.time())
+                if event.type == "progress":
+                    partial = ImageStreamEvent(
+                        type=f"{kind}.partial_image", b64_json=event.preview or "", created_at=now, size=size,
+                        partial_image_index=event.step - 1, step=event.step, total_steps=event.total,
+                        index=event.index)
+                    yield ServerSentEvent(partial.model_dump_json(exclude_none=True), event=partial.type)
+                elif event.type == "done":
+                    for index, b64 in enumerate(await self._images(event.images)):
+                        completed = ImageStreamEvent(type=f"{kind}.completed", b64_json=b64, created_at=now,
+                                                     size=event.size or size, index=index, usage=NO_USAGE)
+                        yield ServerSentEvent(completed.model_dump_json(exclude_none=True), event=completed.type)
+                elif event.type == "error":
+                    yield ServerSentEvent(
+                        StreamError(error=event.error).model_dump_json(), event="error")
+        except OvqError as exc:
+            yield ServerSentEvent(StreamError(error=exc.body).model_dump_json(), event="error")
+        finally:
+            await generation.close()
