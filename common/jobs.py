@@ -45,7 +45,7 @@ class ImageParams(BaseModel):
     # Edits: Redis keys of the uploaded image and mask (bytes with a TTL), not the bytes themselves.
     image_key: str | None = None
     mask_key: str | None = None
-    # Whether the client wants a preview image with each step's progress event.
+    # Whether the client streams: then each denoising step sends a progress event with a preview image.
     previews: bool = False
 
 

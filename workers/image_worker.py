@@ -93,13 +93,14 @@ class ImageWorker(BaseWorker):
 
     async def _generate(self, state: ImageJob) -> None:
         job, loop = state.job, asyncio.get_running_loop()
-        previews = bool(job.image and job.image.previews)
+        streamed = bool(job.image and job.image.previews)
 
         def on_step(step: int, total: int, latent: Any) -> bool:
             if state.cancelled:
                 return True
-            preview = base64.b64encode(latent_preview(latent)).decode() if previews else None
-            loop.call_soon_threadsafe(self._progress, state, step, total, preview)
+            if streamed:  # a unary client sees no progress: publish none
+                preview = base64.b64encode(latent_preview(latent)).decode()
+                loop.call_soon_threadsafe(self._progress, state, step, total, preview)
             return False
 
         try:
