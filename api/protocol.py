@@ -14,11 +14,17 @@ class StreamOptions(BaseModel):
     include_usage: bool = False
 
 
+class ImageURL(BaseModel):
+    url: str
+    detail: str | None = None
+
+
 class ContentPart(BaseModel):
     model_config = ConfigDict(extra="allow")
 
     type: str
     text: str | None = None
+    image_url: ImageURL | None = None
 
 
 class ChatMessage(BaseModel):
@@ -42,6 +48,26 @@ class ChatMessage(BaseModel):
             if part.type != "text":
                 raise OvqError(f"content part type {part.type!r} is not supported by this model", param="messages")
         return "".join(part.text or "" for part in self.content)
+
+    def image_urls(self) -> list[str]:
+        if not isinstance(self.content, list):
+            return []
+        urls = []
+        for part in self.content:
+            if part.type == "image_url":
+                if part.image_url is None:
+                    raise OvqError("an image_url part needs image_url.url", param="messages")
+                urls.append(part.image_url.url)
+            elif part.type != "text":
+                raise OvqError(f"content part type {part.type!r} is not supported", param="messages")
+        return urls
+
+    def template_content(self) -> str | list[dict[str, Any]] | None:
+        """Content as vision chat templates expect it: text parts, and `{"type": "image"}` where images go."""
+        if not isinstance(self.content, list):
+            return self.content
+        return [{"type": "text", "text": p.text or ""} if p.type == "text" else {"type": "image"}
+                for p in self.content]
 
 
 class SamplingRequest(BaseModel):

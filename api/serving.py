@@ -14,6 +14,7 @@ from starlette.responses import JSONResponse, Response
 
 from api.formats import ChatFormat, CompletionFormat, Format
 from api.jobs import ClientGone, Generation, JobClient, wait_disconnect
+from api.media import load_image
 from api.metrics import Metrics
 from api.protocol import ChatCompletionRequest, CompletionRequest, SamplingRequest, UsageInfo
 from api.registry import Registry, Servable
@@ -25,6 +26,7 @@ from common.servable import ServableType
 M = TypeVar("M", bound=BaseModel)
 CLIENT_CLOSED = 499
 TEXT_SERVABLES = (ServableType.LM_CB, ServableType.LM, ServableType.VLM_CB, ServableType.VLM)
+VISION_SERVABLES = (ServableType.VLM_CB, ServableType.VLM)
 
 
 async def parse_body(request: Request, model: type[M]) -> M:
@@ -76,14 +78,36 @@ class Serving:
         body = await parse_body(request, ChatCompletionRequest)
         servable = await self._servable(body.model)
         card = servable.card
-        messages = [{**m.model_dump(exclude_none=True), "content": m.text()} for m in body.messages]
+        vision = card.servable_type in VISION_SERVABLES
+        urls = [url for m in body.messages for url in m.image_urls()] if vision else []
+        if vision and card.device.startswith("NPU") and len(urls) != 1:
+            raise OvqError("this NPU vision servable takes exactly one image per request", param="messages")
+        messages = [{**m.model_dump(exclude_none=True), "content": m.template_content() if vision else m.text()}
+                    for m in body.messages]
         prompt = render(card.chat_template, messages, card.bos_token, card.eos_token, body.chat_template_kwargs)
         job = self._job(body, servable, "chat", prompt, add_special_tokens=False)
+        job.images = await self._store_images(job.id, urls)
         return await self._respond(request, body, servable, job, ChatFormat(f"chatcmpl-{job.id}", body.model, 0))
+
+    async def _store_images(self, job_id: str, urls: list[str]) -> list[str]:
+        """Fetch and check every image now (a bad one is the request's 400); the worker reads them by key."""
+        if not urls:
+            return []
+        settings = self.jobs.settings
+        images = [await load_image(url, settings) for url in urls]
+        keys = [self.jobs.keys.blob(job_id, f"chat{i}") for i in range(len(images))]
+        pipe = self.jobs.redis.pipeline(transaction=False)
+        for key, data in zip(keys, images, strict=True):
+            pipe.set(key, data, ex=settings.blob_ttl_s)
+        await pipe.execute()
+        return keys
 
     async def completions(self, request: Request) -> Response:
         body = await parse_body(request, CompletionRequest)
         servable = await self._servable(body.model)
+        if servable.card.servable_type in VISION_SERVABLES:
+            raise OvqError(f"The model `{body.model}` is a vision-language model: use /chat/completions",
+                           param="model")
         job = self._job(body, servable, "completion", body.prompt, add_special_tokens=True)
         return await self._respond(request, body, servable, job, CompletionFormat(f"cmpl-{job.id}", body.model, 0))
 

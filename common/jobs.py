@@ -60,6 +60,8 @@ class Job(BaseModel):
     add_special_tokens: bool = False
     params: SamplingParams = Field(default_factory=SamplingParams)
     image: ImageParams | None = None
+    # Vision-language chat: Redis keys of the message images, in prompt order (short-lived blobs).
+    images: list[str] = Field(default_factory=list)
     reply_to: str
     created: float = Field(default_factory=time.time)
 

@@ -38,6 +38,10 @@ class Settings(BaseSettings):
     # Largest upload /images/edits accepts (bytes), and the most pixels an uploaded image may decode to.
     max_upload_bytes: int = 20 * 1024 * 1024
     max_upload_pixels: int = 4096 * 4096
+    # Chat images (`image_url` parts): http(s) only from these exact hosts, files only under this directory.
+    allowed_media_domains: list[str] = Field(default_factory=list)
+    allowed_local_media_path: Path | None = None
+    media_timeout_s: float = 10.0
     # Backlog (waiting + in flight) of one stream above which the API answers 429.
     max_queue_depth: int = 4096
     # A job delivered more often than this is poison and goes to the dead-letter stream.

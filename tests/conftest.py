@@ -23,6 +23,7 @@ ROOT = Path(__file__).resolve().parent.parent
 MODEL = "smollm2-135m-instruct"
 SINGLE = "smollm2-single"  # the same weights with max_num_seqs 1: observable queueing
 IMAGE = "tiny-sd"  # random-weight Stable Diffusion built by tests/models/build_tiny_models.py
+VLM = "tiny-llava"  # random-weight LLaVA, continuous batching
 MODELS = ROOT / "tests" / "models"
 
 
@@ -93,15 +94,20 @@ def stack(model_dir: Path, redis_url: str, tmp_path_factory: pytest.TempPathFact
     common = {"path": str(model_dir), "cache_size": 0, "max_tokens_limit": 4096}
     image = {"path": str(MODELS / "tiny-sd"), "max_resolution": "256x256", "max_num_images_per_prompt": 3,
              "default_num_inference_steps": 4, "max_num_inference_steps": 100}
-    config.write_text(json.dumps({"models": {MODEL: common, SINGLE: {**common, "max_num_seqs": 1}, IMAGE: image}}))
+    vlm = {"path": str(MODELS / "tiny-llava"), "cache_size": 0}
+    models = {MODEL: common, SINGLE: {**common, "max_num_seqs": 1}, IMAGE: image, VLM: vlm}
+    config.write_text(json.dumps({"models": models}))
     port = free_port()
-    env = {**os.environ, "REDIS_URL": redis_url, "OVQ_CONFIG": str(config), "OVQ_PORT": str(port),
+    media = work / "media"
+    media.mkdir()
+    env = {**os.environ, "REDIS_URL": redis_url, "OVQ_ALLOWED_LOCAL_MEDIA_PATH": str(media), "OVQ_CONFIG": str(config), "OVQ_PORT": str(port),
            "OVQ_KEY_PREFIX": "ovqtest", "OVQ_LOG_LEVEL": "warning", "OVQ_RECLAIM_INTERVAL_S": "1",
            "OVQ_WORKER_TTL_S": "3", "OVQ_FIRST_EVENT_CHECK_S": "1"}
     procs = [
         _spawn(["workers", "--model", MODEL], env, work / "worker.log"),
         _spawn(["workers", "--model", SINGLE], env, work / "single.log"),
         _spawn(["workers", "--model", IMAGE], env, work / "image.log"),
+        _spawn(["workers", "--model", VLM], env, work / "vlm.log"),
         _spawn(["api"], env, work / "api.log"),
     ]
     base = f"http://127.0.0.1:{port}"

@@ -3,7 +3,8 @@
 `step()` holds the GIL for the whole step, so the engine runs in its own process and talks to the worker's
 I/O process over a pipe in small batched messages:
 
-  in  (list of commands): ["add", job, prompt, add_special_tokens, sampling params] | ["cancel", job] | ["stop"]
+  in  (list of commands): ["add", job, prompt, add_special_tokens, sampling params, images] | ["cancel", job]
+                          | ["stop"]; images: base64 image files for vision-language models, in prompt order
   out (list of updates):  [job, new_token_ids, state, extra] with state None while running, else
                           "accepted" (extra: prompt tokens) | "stop" | "length" | "cancelled"
                           | "error" (extra: {status, message, param, code})
@@ -56,6 +57,19 @@ def _scheduler_config(spec: EngineSpec) -> Any:
     return config
 
 
+def image_tensor(encoded: str) -> Any:
+    """A base64 image file as the uint8 [1, H, W, 3] tensor vision pipelines take."""
+    import base64
+    import io
+
+    import numpy as np
+    import openvino as ov
+    from PIL import Image
+
+    with Image.open(io.BytesIO(base64.b64decode(encoded))) as image:
+        return ov.Tensor(np.asarray(image.convert("RGB"), dtype=np.uint8)[None])
+
+
 def _generation_config(values: dict[str, Any]) -> Any:
     import openvino_genai as g
 
@@ -88,7 +102,7 @@ class Engine:
         return prompt
 
     def add(self, job: str, prompt: str | list[int], add_special: bool, params: dict[str, Any],
-            out: list[list[Any]]) -> None:
+            images: list[str], out: list[list[Any]]) -> None:
         import numpy as np
         import openvino as ov
 
@@ -99,7 +113,11 @@ class Engine:
             config = _generation_config(engine_config(sampling, self.spec.defaults, budget))
             tensor = ov.Tensor(np.asarray([ids], dtype=np.int64))
             self.next_id += 1
-            self.handles[job] = self.pipe.add_request(self.next_id, tensor, config)
+            if images:  # GenAI puts the image tokens where the rendered prompt has its image tags
+                tensors = [image_tensor(b) for b in images]
+                self.handles[job] = self.pipe.add_request(self.next_id, prompt, tensors, config)
+            else:
+                self.handles[job] = self.pipe.add_request(self.next_id, tensor, config)
         except OvqError as exc:
             out.append([job, [], "error", {"status": exc.status, **exc.body.model_dump()}])
             return
@@ -180,7 +198,7 @@ def run(conn: Connection, spec: EngineSpec) -> None:
                 return
             for command in commands:
                 if command[0] == "add":
-                    engine.add(command[1], command[2], command[3], command[4], out)
+                    engine.add(command[1], command[2], command[3], command[4], command[5], out)
                 elif command[0] == "cancel":
                     engine.cancel(command[1], out)
                 elif command[0] == "stop":

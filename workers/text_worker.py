@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import asyncio
+import base64
 import logging
 from pathlib import Path
 from typing import Any
@@ -44,6 +45,7 @@ class TextWorker(BaseWorker):
         self.info = ServableInfo.load(Path(model.path), model, device)
         self.card = self.info.card
         self.detokenizer = Detokenizer(self.info.decode, ByteTable.build(self.info.tokenizer))
+        self._pending: set[asyncio.Task[None]] = set()
         self.engine = EngineClient(engine_spec(model, device, self.info), self._on_outputs, self._on_engine_exit)
 
     async def start_backend(self) -> None:
@@ -67,7 +69,23 @@ class TextWorker(BaseWorker):
     def _start(self, entry_id: bytes, job: Job, outbox: Outbox) -> None:
         """Hand the job to the engine; it answers `accepted` (prompt tokens) or an error right away."""
         self.running[job.id] = RunningJob(job, entry_id, self.detokenizer.stream())
-        self.engine.send(["add", job.id, job.prompt, job.add_special_tokens, job.params.model_dump()])
+        if job.images:
+            task = asyncio.create_task(self._add_with_images(job))
+            self._pending.add(task)
+            task.add_done_callback(self._pending.discard)
+            return
+        self.engine.send(["add", job.id, job.prompt, job.add_special_tokens, job.params.model_dump(), []])
+
+    async def _add_with_images(self, job: Job) -> None:
+        blobs = await self.redis.mget(job.images)
+        if job.id not in self.running:  # cancelled meanwhile
+            return
+        if any(b is None for b in blobs):
+            extra = {"status": 400, "message": "the request's images expired before the job started"}
+            self._on_outputs([[job.id, [], "error", extra]])
+            return
+        images = [base64.b64encode(b).decode() for b in blobs]
+        self.engine.send(["add", job.id, job.prompt, job.add_special_tokens, job.params.model_dump(), images])
 
     def _accepted(self, state: RunningJob, prompt_tokens: int, outbox: Outbox) -> None:
         job = state.job

@@ -1,0 +1,80 @@
+"""Vision-language chat: image_url parts through the queue to a continuous-batching VLM worker."""
+from __future__ import annotations
+
+import base64
+import io
+
+import httpx
+import openai
+import pytest
+from openai import OpenAI
+from PIL import Image
+
+from tests.conftest import MODEL, VLM, Stack
+
+
+def data_url(colour: tuple[int, int, int], size: tuple[int, int] = (40, 40)) -> str:
+    buffer = io.BytesIO()
+    Image.new("RGB", size, colour).save(buffer, format="PNG")
+    return "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode()
+
+
+def ask(client: OpenAI, url: str, **extra: object):
+    content = [{"type": "image_url", "image_url": {"url": url}}, {"type": "text", "text": "Describe this image."}]
+    return client.chat.completions.create(model=VLM, messages=[{"role": "user", "content": content}],
+                                          max_tokens=8, temperature=0, **extra)
+
+
+def test_chat_with_a_base64_image(client: OpenAI) -> None:
+    red = ask(client, data_url((255, 0, 0)))
+    blue = ask(client, data_url((0, 0, 255)))
+    assert red.usage.completion_tokens == 8 and red.choices[0].finish_reason == "length"
+    assert red.choices[0].message.content != blue.choices[0].message.content  # the image reached the model
+    assert ask(client, data_url((255, 0, 0))).choices[0].message.content == red.choices[0].message.content
+
+
+def test_streamed_vision_chat_equals_unary(client: OpenAI) -> None:
+    url = data_url((0, 200, 0))
+    unary = ask(client, url).choices[0].message.content
+    stream = ask(client, url, stream=True)
+    assert "".join(c.choices[0].delta.content or "" for c in stream if c.choices) == unary
+
+
+def test_local_file_inside_the_allowed_path(stack: Stack, client: OpenAI) -> None:
+    media = stack.logs / "media"
+    Image.new("RGB", (30, 30), (9, 9, 9)).save(media / "dark.png")
+    assert ask(client, str(media / "dark.png")).usage.completion_tokens == 8
+    assert ask(client, f"file://{media / 'dark.png'}").usage.completion_tokens == 8
+
+
+@pytest.mark.parametrize(
+    ("url", "text"),
+    [
+        ("http://example.com/cat.png", "not in allowed_media_domains"),
+        ("ftp://x/cat.png", "scheme"),
+        ("data:image/png;base64,!!!", "base64"),
+        ("data:text/plain;base64,aGk=", "data:image"),
+        ("data:image/png;base64," + base64.b64encode(b"not a png").decode(), "could not be read"),
+        ("../../etc/passwd", "outside allowed_local_media_path"),
+        ("/etc/passwd", "outside allowed_local_media_path"),
+    ],
+)
+def test_rejected_images_are_400s(client: OpenAI, url: str, text: str) -> None:
+    with pytest.raises(openai.BadRequestError, match=text):
+        ask(client, url)
+
+
+def test_decompression_bomb_is_a_400(client: OpenAI) -> None:
+    buffer = io.BytesIO()
+    Image.new("L", (5000, 5000)).save(buffer, format="PNG")
+    with pytest.raises(openai.BadRequestError, match="pixels"):
+        ask(client, "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode())
+
+
+def test_vision_servable_refuses_completions_and_text_model_refuses_images(stack: Stack, client: OpenAI) -> None:
+    with pytest.raises(openai.BadRequestError, match="vision-language"):
+        client.completions.create(model=VLM, prompt="hi", max_tokens=2)
+    content = [{"type": "image_url", "image_url": {"url": data_url((1, 2, 3))}}]
+    response = httpx.post(f"{stack.base_url}/chat/completions", timeout=30,
+                          json={"model": MODEL, "messages": [{"role": "user", "content": content}]})
+    assert response.status_code == 400
