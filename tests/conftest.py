@@ -24,6 +24,7 @@ MODEL = "smollm2-135m-instruct"
 SINGLE = "smollm2-single"  # the same weights with max_num_seqs 1: observable queueing
 IMAGE = "tiny-sd"  # random-weight Stable Diffusion built by tests/models/build_tiny_models.py
 VLM = "tiny-llava"  # random-weight LLaVA, continuous batching
+STATEFUL = "smollm2-stateful"  # SmolLM2 as OVMS's stateful (NPU-style) servable, run on CPU
 MODELS = ROOT / "tests" / "models"
 
 
@@ -95,7 +96,9 @@ def stack(model_dir: Path, redis_url: str, tmp_path_factory: pytest.TempPathFact
     image = {"path": str(MODELS / "tiny-sd"), "max_resolution": "256x256", "max_num_images_per_prompt": 3,
              "default_num_inference_steps": 4, "max_num_inference_steps": 100}
     vlm = {"path": str(MODELS / "tiny-llava"), "cache_size": 0}
-    models = {MODEL: common, SINGLE: {**common, "max_num_seqs": 1}, IMAGE: image, VLM: vlm}
+    stateful = {**common, "pipeline_type": "LM", "max_num_seqs": 8,
+                "plugin_config": {"ATTENTION_BACKEND": "SDPA", "MAX_PROMPT_LEN": 96}}
+    models = {MODEL: common, SINGLE: {**common, "max_num_seqs": 1}, IMAGE: image, VLM: vlm, STATEFUL: stateful}
     config.write_text(json.dumps({"models": models}))
     port = free_port()
     media = work / "media"
@@ -109,6 +112,7 @@ def stack(model_dir: Path, redis_url: str, tmp_path_factory: pytest.TempPathFact
         _spawn(["workers", "--model", SINGLE], env, work / "single.log"),
         _spawn(["workers", "--model", IMAGE], env, work / "image.log"),
         _spawn(["workers", "--model", VLM], env, work / "vlm.log"),
+        _spawn(["workers", "--model", STATEFUL], env, work / "stateful.log"),
         _spawn(["api"], env, work / "api.log"),
     ]
     base = f"http://127.0.0.1:{port}"

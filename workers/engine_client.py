@@ -8,9 +8,10 @@ from typing import Any
 
 import orjson
 
-from workers.engine import EngineSpec, run
+from workers.engine import EngineSpec
 
 Outputs = list[list[Any]]
+Target = Callable[[Any, EngineSpec], None]
 
 
 class EngineError(RuntimeError):
@@ -18,8 +19,9 @@ class EngineError(RuntimeError):
 
 
 class EngineClient:
-    def __init__(self, spec: EngineSpec, on_outputs: Callable[[Outputs], None], on_exit: Callable[[], None]) -> None:
-        self.spec = spec
+    def __init__(self, spec: EngineSpec, target: Target, on_outputs: Callable[[Outputs], None],
+                 on_exit: Callable[[], None]) -> None:
+        self.spec, self.target = spec, target
         self._on_outputs = on_outputs
         self._on_exit = on_exit
         self._ctx = mp.get_context("spawn")
@@ -30,7 +32,8 @@ class EngineClient:
 
     async def start(self) -> None:
         parent, child = self._ctx.Pipe()
-        self._process = self._ctx.Process(target=run, args=(child, self.spec), daemon=True, name="ovq-engine")
+        self._process = self._ctx.Process(target=self.target, args=(child, self.spec), daemon=True,
+                                          name="ovq-engine")
         self._process.start()
         child.close()
         self._conn = parent

@@ -11,11 +11,12 @@ from common.config import ModelConfig
 from common.errors import ErrorBody
 from common.events import Accepted, Cancelled, Error
 from common.jobs import Job
+from common.servable import ServableType
 from common.settings import Settings
 from workers.base import BaseWorker
 from workers.detokenizer import ByteTable, Detokenizer
 from workers.engine import EngineSpec
-from workers.engine_client import EngineClient
+from workers.engine_client import EngineClient, Target
 from workers.jobstate import RunningJob
 from workers.publisher import Outbox
 from workers.servable_info import ServableInfo
@@ -36,17 +37,37 @@ def engine_spec(model: ModelConfig, device: str, info: ServableInfo) -> EngineSp
                       eviction, info.defaults, info.vocab_size)
 
 
+CB_ONLY = ("cache_size", "dynamic_split_fuse", "max_num_batched_tokens", "max_num_seqs", "enable_prefix_caching",
+           "cache_eviction_config")
+
+
+def engine_target(kind: ServableType) -> Target:
+    """Continuous batching steps many jobs in one pipeline; a stateful servable runs one job at a time."""
+    if kind in (ServableType.LM, ServableType.VLM):
+        from workers.stateful_engine import run as stateful
+
+        return stateful
+    from workers.engine import run as batching
+
+    return batching
+
+
 class TextWorker(BaseWorker):
-    """Continuous batching: up to `max_num_seqs` jobs in one pipeline, stepped by the engine process."""
+    """Text out, from a continuous-batching engine (up to `max_num_seqs` jobs at once) or a stateful one (one)."""
 
     def __init__(self, settings: Settings, model: ModelConfig, device: str) -> None:
         super().__init__(settings, model, device)
-        self.capacity = model.max_num_seqs
         self.info = ServableInfo.load(Path(model.path), model, device)
         self.card = self.info.card
+        stateful = self.card.servable_type in (ServableType.LM, ServableType.VLM)
+        self.capacity = 1 if stateful else model.max_num_seqs
+        ignored = sorted(set(CB_ONLY) & model.model_fields_set) if stateful else []
+        if ignored:
+            log.warning("%s is a stateful servable: ignoring %s", model.name, ", ".join(ignored))
         self.detokenizer = Detokenizer(self.info.decode, ByteTable.build(self.info.tokenizer))
         self._pending: set[asyncio.Task[None]] = set()
-        self.engine = EngineClient(engine_spec(model, device, self.info), self._on_outputs, self._on_engine_exit)
+        self.engine = EngineClient(engine_spec(model, device, self.info), engine_target(self.card.servable_type),
+                                   self._on_outputs, self._on_engine_exit)
 
     async def start_backend(self) -> None:
         await self.engine.start()

@@ -10,7 +10,7 @@ from openai import OpenAI
 
 from common.jobs import Job, SamplingParams
 from common.keys import GROUP, Keys
-from tests.conftest import IMAGE, MODEL, SINGLE, VLM, Stack
+from tests.conftest import IMAGE, MODEL, SINGLE, STATEFUL, VLM, Stack
 
 KEYS = Keys("ovqtest")
 
@@ -19,7 +19,7 @@ def test_health_reports_ready(stack: Stack) -> None:
     assert httpx.get(stack.url("/v2/health/live")).json() == {"live": True}
     ready = httpx.get(stack.url("/v2/health/ready"))
     assert ready.status_code == 200
-    assert ready.json()["models"] == {MODEL: True, SINGLE: True, IMAGE: True, VLM: True}
+    assert ready.json()["models"] == {MODEL: True, SINGLE: True, IMAGE: True, VLM: True, STATEFUL: True}
     assert httpx.get(stack.url("/health")).status_code == 200
 
 

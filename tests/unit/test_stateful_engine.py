@@ -5,6 +5,7 @@ import multiprocessing as mp
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from functools import cache
 from pathlib import Path
 from typing import Any
 
@@ -114,10 +115,15 @@ def reference_text(path: Path, prompt: str, max_new_tokens: int) -> str:
     return str(pipe.generate(prompt, config))
 
 
-def decode(path: Path, ids: list[int]) -> str:
+@cache
+def tokenizer(path: Path) -> Any:
     import openvino_genai as g
 
-    return g.Tokenizer(str(path)).decode(ids)
+    return g.Tokenizer(str(path))
+
+
+def decode(path: Path, ids: list[int]) -> str:
+    return tokenizer(path).decode(ids)
 
 
 def test_accepted_then_tokens_then_length_with_exactly_max_tokens(engine: EngineProcess) -> None:
@@ -133,6 +139,17 @@ def test_streamed_ids_give_the_text_llmpipeline_generates(engine: EngineProcess)
     engine.add("a", prompt, {"max_tokens": 30})
     result = engine.finish("a")["a"]
     assert decode(TINY, result.ids) == reference_text(TINY, prompt, 30)
+
+
+def test_a_stop_string_ends_with_stop_and_every_id_counted(engine: EngineProcess) -> None:
+    engine.add("full", "the quick brown fox", {"max_tokens": 30})
+    full = engine.finish("full")["full"].ids
+    stop = decode(TINY, full[:12])[-4:]
+    # GenAI stops at the first id whose text holds the stop string, and keeps it (include_stop_str_in_output).
+    expected = next(full[:k] for k in range(1, 31) if stop in decode(TINY, full[:k]))
+    engine.add("stopped", "the quick brown fox", {"max_tokens": 30, "stop": [stop]})
+    result = engine.finish("stopped")["stopped"]
+    assert result.finish == "stop" and result.ids == expected
 
 
 def test_token_id_prompts_are_checked_against_the_vocabulary(engine: EngineProcess) -> None:

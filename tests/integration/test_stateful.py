@@ -1,0 +1,84 @@
+"""A stateful servable (LLMPipeline, as OVMS runs on NPU) on CPU: one job at a time, the rest wait in Redis."""
+from __future__ import annotations
+
+import threading
+import time
+
+import httpx
+import openai
+import pytest
+import redis
+from openai import OpenAI
+
+from common.keys import GROUP, Keys
+from tests.conftest import MODEL, STATEFUL, Stack
+
+KEYS = Keys("ovqtest")
+QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
+
+
+def test_stateful_answer_matches_continuous_batching(client: OpenAI) -> None:
+    stateful = client.chat.completions.create(model=STATEFUL, messages=QUESTION, temperature=0, max_tokens=30)
+    batching = client.chat.completions.create(model=MODEL, messages=QUESTION, temperature=0, max_tokens=30)
+    assert "Paris" in stateful.choices[0].message.content
+    assert stateful.choices[0].message.content == batching.choices[0].message.content
+    assert stateful.choices[0].finish_reason == "stop"
+
+
+def test_stateful_stream_has_real_finish_reason_and_usage(client: OpenAI) -> None:
+    stream = client.chat.completions.create(model=STATEFUL, messages=QUESTION, max_tokens=6, stream=True,
+                                            stream_options={"include_usage": True}, extra_body={"ignore_eos": True})
+    chunks = list(stream)
+    assert chunks[-2].choices[0].finish_reason == "length"
+    assert chunks[-1].usage.completion_tokens == 6
+
+
+def test_concurrent_jobs_run_strictly_one_after_another(stack: Stack, client: OpenAI,
+                                                       redis_client: redis.Redis) -> None:
+    spans: dict[int, tuple[float, float]] = {}
+    depths: list[int] = []
+
+    def one(i: int) -> None:
+        stream = client.chat.completions.create(
+            model=STATEFUL, messages=[{"role": "user", "content": f"Count to {i + 5}."}], max_tokens=24,
+            stream=True, extra_body={"ignore_eos": True})
+        first = last = 0.0
+        for _ in stream:
+            last = time.monotonic()
+            first = first or last
+        spans[i] = (first, last)
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(3)]
+    for thread in threads:
+        thread.start()
+    while any(t.is_alive() for t in threads):
+        text = httpx.get(stack.url("/metrics")).text
+        line = next(ln for ln in text.splitlines()
+                    if ln.startswith("ovq_queue_waiting_jobs") and f'model="{STATEFUL}"' in ln)
+        depths.append(int(float(line.rsplit(" ", 1)[1])))
+        time.sleep(0.05)
+    ordered = sorted(spans.values())
+    for (_, end), (start, _) in zip(ordered, ordered[1:], strict=False):
+        assert start >= end, "a job started before the previous one ended"
+    assert max(depths) >= 1, "waiting jobs were not visible as queue depth"
+    assert redis_client.xpending(KEYS.jobs(STATEFUL, "CPU"), GROUP)["pending"] == 0
+
+
+def test_cancel_on_a_stateful_worker(client: OpenAI, redis_client: redis.Redis) -> None:
+    stream = client.chat.completions.create(model=STATEFUL, messages=QUESTION, max_tokens=2000, stream=True,
+                                            extra_body={"ignore_eos": True})
+    for i, _ in enumerate(stream):
+        if i == 3:
+            break
+    stream.close()
+    deadline = time.monotonic() + 1.0
+    while time.monotonic() < deadline and redis_client.xpending(KEYS.jobs(STATEFUL, "CPU"), GROUP)["pending"]:
+        time.sleep(0.02)
+    assert redis_client.xpending(KEYS.jobs(STATEFUL, "CPU"), GROUP)["pending"] == 0
+    assert client.chat.completions.create(model=STATEFUL, messages=QUESTION, max_tokens=2).usage.completion_tokens
+
+
+def test_max_prompt_len_is_enforced_with_a_400(client: OpenAI) -> None:
+    with pytest.raises(openai.BadRequestError, match="MAX_PROMPT_LEN"):
+        client.chat.completions.create(model=STATEFUL, messages=[{"role": "user", "content": "word " * 200}],
+                                       max_tokens=2)
