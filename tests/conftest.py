@@ -25,6 +25,7 @@ SINGLE = "smollm2-single"  # the same weights with max_num_seqs 1: observable qu
 IMAGE = "tiny-sd"  # random-weight Stable Diffusion built by tests/models/build_tiny_models.py
 VLM = "tiny-llava"  # random-weight LLaVA, continuous batching
 STATEFUL = "smollm2-stateful"  # SmolLM2 as OVMS's stateful (NPU-style) servable, run on CPU
+STATEFUL_VLM = "tiny-llava-stateful"  # the tiny LLaVA in VLMPipeline
 MODELS = ROOT / "tests" / "models"
 
 
@@ -98,7 +99,8 @@ def stack(model_dir: Path, redis_url: str, tmp_path_factory: pytest.TempPathFact
     vlm = {"path": str(MODELS / "tiny-llava"), "cache_size": 0}
     stateful = {**common, "pipeline_type": "LM", "max_num_seqs": 8,
                 "plugin_config": {"ATTENTION_BACKEND": "SDPA", "MAX_PROMPT_LEN": 96}}
-    models = {MODEL: common, SINGLE: {**common, "max_num_seqs": 1}, IMAGE: image, VLM: vlm, STATEFUL: stateful}
+    models = {MODEL: common, SINGLE: {**common, "max_num_seqs": 1}, IMAGE: image, VLM: vlm, STATEFUL: stateful,
+              STATEFUL_VLM: {**vlm, "pipeline_type": "VLM"}}
     config.write_text(json.dumps({"models": models}))
     port = free_port()
     media = work / "media"
@@ -113,6 +115,7 @@ def stack(model_dir: Path, redis_url: str, tmp_path_factory: pytest.TempPathFact
         _spawn(["workers", "--model", IMAGE], env, work / "image.log"),
         _spawn(["workers", "--model", VLM], env, work / "vlm.log"),
         _spawn(["workers", "--model", STATEFUL], env, work / "stateful.log"),
+        _spawn(["workers", "--model", STATEFUL_VLM], env, work / "stateful_vlm.log"),
         _spawn(["api"], env, work / "api.log"),
     ]
     base = f"http://127.0.0.1:{port}"

@@ -10,6 +10,7 @@ import uvloop
 from common.config import ModelConfig, find_model
 from common.servable import ServableType, infer_servable
 from common.settings import Settings
+from workers.engine import error_message
 from workers.prepare import prepare
 
 
@@ -44,8 +45,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         uvloop.run(worker_class(model, device)(settings, model, device).run())
     except RuntimeError as exc:
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else repr(exc)
-        print(f"ovq worker: device {args.device} unavailable for {model.name}: {first}", file=sys.stderr)
+        print(f"ovq worker: device {args.device} unavailable for {model.name}: {error_message(exc)}",
+              file=sys.stderr)
         return 1
     return 0
 

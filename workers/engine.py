@@ -15,6 +15,7 @@ where a tokenizer in the I/O process pays a cold start on every sparse call (1-5
 from __future__ import annotations
 
 import logging
+import re
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from typing import Any
@@ -27,6 +28,18 @@ from workers.generation import engine_config, token_budget
 
 log = logging.getLogger("ovq.engine")
 
+# OpenVINO messages start with "Exception from <file>:<line>:" / "Check '<expr>' failed at <file>:<line>:" lines.
+_LOCATION = re.compile(r"^(Exception from \S+:\d+:|Check '.*' failed at \S+:\d+:)$")
+
+
+def error_message(exc: BaseException) -> str:
+    """The first line of an OpenVINO error that says what went wrong, not where (else the first line)."""
+    lines = [line.strip() for line in str(exc).strip().splitlines() if line.strip()]
+    for line in lines:
+        if not _LOCATION.match(line):
+            return line
+    return lines[0] if lines else repr(exc)
+
 
 @dataclass
 class EngineSpec:
@@ -38,6 +51,7 @@ class EngineSpec:
     cache_eviction: dict[str, Any] | None = None
     defaults: dict[str, Any] = field(default_factory=dict)
     vocab_size: int | None = None
+    vision: bool = False  # a vision-language model directory: prompts come with images
 
 
 def _scheduler_config(spec: EngineSpec) -> Any:
@@ -122,8 +136,7 @@ class Engine:
             out.append([job, [], "error", {"status": exc.status, **exc.body.model_dump()}])
             return
         except Exception as exc:  # a config GenAI refuses is the request's fault
-            message = str(exc).strip().splitlines()[0] if str(exc).strip() else repr(exc)
-            out.append([job, [], "error", {"status": 400, "message": message}])
+            out.append([job, [], "error", {"status": 400, "message": error_message(exc)}])
             return
         self.budgets[job] = config.max_new_tokens
         self.generated[job] = 0
@@ -185,7 +198,7 @@ def run(conn: Connection, spec: EngineSpec) -> None:
     try:
         engine = Engine(spec)
     except Exception as exc:
-        conn.send_bytes(orjson.dumps({"ready": False, "error": str(exc)}))
+        conn.send_bytes(orjson.dumps({"ready": False, "error": error_message(exc)}))
         return
     conn.send_bytes(orjson.dumps({"ready": True}))
     while True:

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import logging
 import os
-import re
 import threading
 from collections import deque
 from dataclasses import dataclass, field
@@ -35,7 +34,7 @@ import orjson
 
 from common.errors import OvqError
 from common.jobs import SamplingParams
-from workers.engine import EngineSpec, _generation_config
+from workers.engine import EngineSpec, _generation_config, error_message, image_tensor
 from workers.generation import engine_config, token_budget
 
 log = logging.getLogger("ovq.stateful_engine")
@@ -46,19 +45,6 @@ NPU_ONLY = ("MAX_PROMPT_LEN", "MIN_RESPONSE_LEN")
 # Request values asking for several sequences; SamplingParams drops unknown keys, so look at the raw dict.
 MULTI_SEQUENCE = ("n", "best_of", "num_return_sequences", "num_beams")
 STOP_JOIN_S = 30.0
-
-# OpenVINO messages start with "Exception from <file>:<line>:" / "Check '<expr>' failed at <file>:<line>:" lines.
-_LOCATION = re.compile(r"^(Exception from \S+:\d+:|Check '.*' failed at \S+:\d+:)$")
-
-
-def error_message(exc: BaseException) -> str:
-    """The first line of an OpenVINO error that says what went wrong, not where (else the first line)."""
-    lines = [line.strip() for line in str(exc).strip().splitlines() if line.strip()]
-    for line in lines:
-        if not _LOCATION.match(line):
-            return line
-    return lines[0] if lines else repr(exc)
-
 
 def is_npu(device: str) -> bool:
     return device.split(":")[0].split(".")[0].upper() == "NPU"
@@ -123,6 +109,8 @@ class Pending:
     ids: list[int]
     config: Any
     budget: int
+    prompt: str = ""  # vision: GenAI places the images at the image tags of the rendered prompt
+    images: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -148,7 +136,8 @@ class StatefulEngine:
         self._g = g
         self.spec = spec
         properties, self.max_prompt_len, self.context = pipeline_properties(spec)
-        self.pipe = g.LLMPipeline(spec.path, spec.device, **properties)
+        pipeline = g.VLMPipeline if spec.vision else g.LLMPipeline
+        self.pipe = pipeline(spec.path, spec.device, **properties)
         self.tokenizer = self.pipe.get_tokenizer()
         self.queue: deque[Pending] = deque()
         self.running: Running | None = None
@@ -175,9 +164,11 @@ class StatefulEngine:
 
     # ---- commands ------------------------------------------------------------------------------------
     def add(self, job: str, prompt: str | list[int], add_special: bool, params: dict[str, Any],
-            out: list[list[Any]]) -> None:
+            images: list[str], out: list[list[Any]]) -> None:
         try:
             pending = self._prepare(job, prompt, add_special, params)
+            if self.spec.vision:
+                pending.prompt, pending.images = str(prompt), images
         except OvqError as exc:
             out.append([job, [], "error", {"status": exc.status, **exc.body.model_dump()}])
             return
@@ -245,7 +236,7 @@ class StatefulEngine:
 
         pending = self.queue.popleft()
         running = Running(pending, _streamer_class()(self._wake))
-        inputs = ov.Tensor(np.asarray([pending.ids], dtype=np.int64))
+        inputs = ov.Tensor(np.asarray([pending.ids], dtype=np.int64)) if not self.spec.vision else None
         running.thread = threading.Thread(target=self._generate, args=(running, inputs), daemon=True,
                                           name=f"generate-{pending.job}")
         self.running = running
@@ -253,7 +244,13 @@ class StatefulEngine:
 
     def _generate(self, running: Running, inputs: Any) -> None:
         try:
-            running.result = self.pipe.generate(inputs, running.pending.config, running.streamer)
+            pending = running.pending
+            if self.spec.vision:
+                images = [image_tensor(b) for b in pending.images]
+                running.result = self.pipe.generate(pending.prompt, images=images, generation_config=pending.config,
+                                                    streamer=running.streamer)
+            else:
+                running.result = self.pipe.generate(inputs, pending.config, running.streamer)
         except BaseException as exc:  # reported by the main loop, which owns the pipe
             running.error = exc
         finally:
@@ -294,6 +291,8 @@ class StatefulEngine:
 
     def _unstreamed(self, running: Running) -> list[int]:
         """Ids in the result the streamer never saw, so that usage counts what was generated."""
+        if not hasattr(running.result, "tokens"):  # VLMPipeline returns text only: the streamer saw every id
+            return []
         tokens = list(running.result.tokens[0]) if running.result.tokens else []
         sent = running.sent
         if tokens[: len(sent)] == sent:
@@ -324,7 +323,7 @@ def _handle(engine: StatefulEngine, commands: list[list[Any]], out: list[list[An
     """Apply one message's commands; False on "stop"."""
     for command in commands:
         if command[0] == "add":
-            engine.add(command[1], command[2], command[3], command[4], out)
+            engine.add(command[1], command[2], command[3], command[4], command[5], out)
         elif command[0] == "cancel":
             engine.cancel(command[1], out)
         elif command[0] == "stop":

@@ -33,8 +33,14 @@ def engine_spec(model: ModelConfig, device: str, info: ServableInfo) -> EngineSp
         "enable_prefix_caching": model.enable_prefix_caching,
     }
     eviction = model.cache_eviction_config.model_dump() if model.cache_eviction_config else None
-    return EngineSpec(str(model.path), device, scheduler, dict(model.plugin_config), info.card.context_length,
-                      eviction, info.defaults, info.vocab_size)
+    plugin_config = dict(model.plugin_config)
+    kind = info.card.servable_type
+    if kind in (ServableType.LM, ServableType.VLM) and device == "CPU":
+        # On CPU the default attention is paged (continuous batching inside); SDPA is the stateful pipeline.
+        plugin_config.setdefault("ATTENTION_BACKEND", "SDPA")
+    vision = kind in (ServableType.VLM, ServableType.VLM_CB)
+    return EngineSpec(str(model.path), device, scheduler, plugin_config, info.card.context_length,
+                      eviction, info.defaults, info.vocab_size, vision)
 
 
 CB_ONLY = ("cache_size", "dynamic_split_fuse", "max_num_batched_tokens", "max_num_seqs", "enable_prefix_caching",

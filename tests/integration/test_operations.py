@@ -10,7 +10,7 @@ from openai import OpenAI
 
 from common.jobs import Job, SamplingParams
 from common.keys import GROUP, Keys
-from tests.conftest import IMAGE, MODEL, SINGLE, STATEFUL, VLM, Stack
+from tests.conftest import IMAGE, MODEL, SINGLE, STATEFUL, STATEFUL_VLM, VLM, Stack
 
 KEYS = Keys("ovqtest")
 
@@ -19,7 +19,7 @@ def test_health_reports_ready(stack: Stack) -> None:
     assert httpx.get(stack.url("/v2/health/live")).json() == {"live": True}
     ready = httpx.get(stack.url("/v2/health/ready"))
     assert ready.status_code == 200
-    assert ready.json()["models"] == {MODEL: True, SINGLE: True, IMAGE: True, VLM: True, STATEFUL: True}
+    assert ready.json()["models"] == {name: True for name in (MODEL, SINGLE, IMAGE, VLM, STATEFUL, STATEFUL_VLM)}
     assert httpx.get(stack.url("/health")).status_code == 200
 
 
@@ -77,3 +77,16 @@ def test_dead_workers_half_streamed_job_ends_with_an_error(stack: Stack, redis_c
     assert [e["type"] for e in events] == ["error"]
     assert "died" in events[0]["error"]["message"]
     assert redis_client.xlen(stream) == 0
+
+
+def test_a_device_that_cannot_open_fails_the_worker_with_one_line(stack: Stack) -> None:
+    import subprocess
+    import sys
+
+    from tests.conftest import ROOT
+
+    result = subprocess.run([sys.executable, "-m", "workers", "--model", MODEL, "--device", "GPU"], env=stack.env,
+                            cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 1
+    last = result.stderr.strip().splitlines()[-1]
+    assert last.startswith(f"ovq worker: device GPU unavailable for {MODEL}: ") and "\n" not in last

@@ -10,7 +10,7 @@ import pytest
 from openai import OpenAI
 from PIL import Image
 
-from tests.conftest import MODEL, VLM, Stack
+from tests.conftest import MODEL, STATEFUL_VLM, VLM, Stack
 
 
 def data_url(colour: tuple[int, int, int], size: tuple[int, int] = (40, 40)) -> str:
@@ -19,10 +19,10 @@ def data_url(colour: tuple[int, int, int], size: tuple[int, int] = (40, 40)) -> 
     return "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode()
 
 
-def ask(client: OpenAI, url: str, **extra: object):
+def ask(client: OpenAI, url: str, model: str = VLM, **extra: object):
     content = [{"type": "image_url", "image_url": {"url": url}}, {"type": "text", "text": "Describe this image."}]
-    return client.chat.completions.create(model=VLM, messages=[{"role": "user", "content": content}],
-                                          max_tokens=8, temperature=0, **extra)
+    return client.chat.completions.create(model=model, messages=[{"role": "user", "content": content}],
+                                          max_tokens=8, temperature=0, extra_body={"ignore_eos": True}, **extra)
 
 
 def test_chat_with_a_base64_image(client: OpenAI) -> None:
@@ -31,6 +31,19 @@ def test_chat_with_a_base64_image(client: OpenAI) -> None:
     assert red.usage.completion_tokens == 8 and red.choices[0].finish_reason == "length"
     assert red.choices[0].message.content != blue.choices[0].message.content  # the image reached the model
     assert ask(client, data_url((255, 0, 0))).choices[0].message.content == red.choices[0].message.content
+
+
+def test_chat_with_a_base64_image_on_a_stateful_vlm(client: OpenAI) -> None:
+    url = data_url((120, 40, 200))
+    stateful = ask(client, url, model=STATEFUL_VLM)
+    assert stateful.usage.completion_tokens == 8 and stateful.choices[0].finish_reason == "length"
+    # Random weights: SDPA (stateful) and paged attention (batching) drift apart, so compare the servable
+    # with itself: the same image gives the same text, another image another text.
+    assert ask(client, url, model=STATEFUL_VLM).choices[0].message.content == stateful.choices[0].message.content
+    other = ask(client, data_url((0, 255, 0)), model=STATEFUL_VLM).choices[0].message.content
+    assert other != stateful.choices[0].message.content
+    stream = ask(client, url, model=STATEFUL_VLM, stream=True)
+    assert "".join(c.choices[0].delta.content or "" for c in stream if c.choices) == stateful.choices[0].message.content
 
 
 def test_streamed_vision_chat_equals_unary(client: OpenAI) -> None:
@@ -78,3 +91,30 @@ def test_vision_servable_refuses_completions_and_text_model_refuses_images(stack
     response = httpx.post(f"{stack.base_url}/chat/completions", timeout=30,
                           json={"model": MODEL, "messages": [{"role": "user", "content": content}]})
     assert response.status_code == 400
+
+
+def test_npu_vision_servable_takes_exactly_one_image(stack: Stack) -> None:
+    """OVMS's NPU VLM rule, checked in the API before queueing (no NPU here: the card is announced by hand)."""
+    import time
+
+    import redis
+
+    from common.keys import Keys
+    from common.modelcard import ModelCard
+    from common.servable import ServableType
+
+    keys, r = Keys("ovqtest"), redis.Redis.from_url(stack.redis_url)
+    card = ModelCard(name="npu-vlm", device="NPU", servable_type=ServableType.VLM, context_length=64,
+                     chat_template="{{ messages[0]['content'] }}", created=0)
+    r.hset(keys.model("npu-vlm"), "NPU", card.model_dump_json())
+    r.zadd(keys.workers("npu-vlm", "NPU"), {"ghost": time.time() + 60})
+    try:
+        for count in (0, 2):
+            content = [{"type": "image_url", "image_url": {"url": data_url((1, 1, 1))}}] * count
+            content.append({"type": "text", "text": "hi"})
+            response = httpx.post(f"{stack.base_url}/chat/completions", timeout=30,
+                                  json={"model": "npu-vlm", "messages": [{"role": "user", "content": content}]})
+            assert response.status_code == 400 and "exactly one image" in response.json()["error"]["message"]
+        assert r.xlen(keys.jobs("npu-vlm", "NPU")) == 0
+    finally:
+        r.delete(keys.model("npu-vlm"), keys.workers("npu-vlm", "NPU"))

@@ -12,8 +12,8 @@ from typing import Any
 import orjson
 import pytest
 
-from workers.engine import EngineSpec
-from workers.stateful_engine import error_message, pipeline_properties, run
+from workers.engine import EngineSpec, error_message
+from workers.stateful_engine import pipeline_properties, run
 
 TINY = Path(__file__).resolve().parent.parent / "models" / "tiny-llama"
 TINY_PROMPT_LIMIT = 64
@@ -50,7 +50,7 @@ class EngineProcess:
         self.conn.send_bytes(orjson.dumps(list(commands)))
 
     def add(self, job: str, prompt: str | list[int], params: dict[str, Any], special: bool = True) -> None:
-        self.send(["add", job, prompt, special, {**GREEDY, **params}])
+        self.send(["add", job, prompt, special, {**GREEDY, **params}, []])
 
     def until(self, done: Any, timeout: float = 30) -> None:
         """Read updates until `done(log)` holds."""
