@@ -106,6 +106,7 @@ def stack(model_dir: Path, redis_url: str, tmp_path_factory: pytest.TempPathFact
     media = work / "media"
     media.mkdir()
     env = {**os.environ, "REDIS_URL": redis_url, "OVQ_ALLOWED_LOCAL_MEDIA_PATH": str(media),
+           "OVQ_ALLOWED_MEDIA_DOMAINS": '["localhost"]',
            "OVQ_CONFIG": str(config), "OVQ_PORT": str(port),
            "OVQ_KEY_PREFIX": "ovqtest", "OVQ_LOG_LEVEL": "warning", "OVQ_RECLAIM_INTERVAL_S": "1",
            "OVQ_WORKER_TTL_S": "3", "OVQ_FIRST_EVENT_CHECK_S": "1"}

@@ -118,3 +118,45 @@ def test_npu_vision_servable_takes_exactly_one_image(stack: Stack) -> None:
         assert r.xlen(keys.jobs("npu-vlm", "NPU")) == 0
     finally:
         r.delete(keys.model("npu-vlm"), keys.workers("npu-vlm", "NPU"))
+
+
+@pytest.fixture()
+def media_server():
+    """A local HTTP server: /cat.png, /moved (a redirect to it), /huge (over the size cap)."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    buffer = io.BytesIO()
+    Image.new("RGB", (20, 20), (10, 200, 10)).save(buffer, format="PNG")
+    png = buffer.getvalue()
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802
+            if self.path == "/moved":
+                self.send_response(302)
+                self.send_header("Location", "/cat.png")
+                self.end_headers()
+                return
+            body = png if self.path == "/cat.png" else b"\0" * (21 * 1024 * 1024)
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield server.server_address[1]
+    server.shutdown()
+
+
+def test_http_images_only_from_allowed_hosts_without_redirects(client: OpenAI, media_server: int) -> None:
+    assert ask(client, f"http://localhost:{media_server}/cat.png").usage.completion_tokens == 8
+    with pytest.raises(openai.BadRequestError, match="HTTP 302"):
+        ask(client, f"http://localhost:{media_server}/moved")
+    with pytest.raises(openai.BadRequestError, match="not in allowed_media_domains"):
+        ask(client, f"http://127.0.0.1:{media_server}/cat.png")  # the same server, but not an allowed name
+    with pytest.raises(openai.BadRequestError, match="bytes"):
+        ask(client, f"http://localhost:{media_server}/huge")
