@@ -1,7 +1,8 @@
 """How one generation looks on the wire: chat or text completion, whole or as stream chunks."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+import time
+from dataclasses import dataclass, field
 
 from api.protocol import (
     AssistantMessage,
@@ -20,7 +21,7 @@ from api.protocol import (
 class ChatFormat:
     id: str
     model: str
-    created: int
+    created: int = field(default_factory=lambda: int(time.time()))
 
     def whole(self, text: str, finish_reason: str, usage: UsageInfo) -> ChatCompletion:
         choice = ChatChoice(message=AssistantMessage(content=text), finish_reason=finish_reason)
@@ -39,7 +40,7 @@ class ChatFormat:
 class CompletionFormat:
     id: str
     model: str
-    created: int
+    created: int = field(default_factory=lambda: int(time.time()))
 
     def whole(self, text: str, finish_reason: str, usage: UsageInfo) -> Completion:
         choice = CompletionChoice(text=text, finish_reason=finish_reason)

@@ -7,22 +7,21 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import io
 import time
 from collections.abc import AsyncIterator
 from typing import Any
 
-from PIL import Image
 from pydantic import ValidationError
-from sse_starlette import EventSourceResponse, ServerSentEvent
+from sse_starlette import ServerSentEvent
 from starlette.datastructures import UploadFile
 from starlette.requests import Request
 from starlette.responses import Response
 
-from api.jobs import ClientGone, Generation, JobClient, wait_disconnect
+from api.jobs import ClientGone, Generation, JobClient
+from api.media import check_image
 from api.protocol import ImageData, ImageEditRequest, ImageRequest, ImagesResponse, ImageStreamEvent, StreamError
 from api.registry import Registry, Servable
-from api.serving import CLIENT_CLOSED, parse_body, validation_error
+from api.serving import parse_body, validation_error
 from common.config import parse_size
 from common.errors import OvqError, internal
 from common.jobs import ImageParams, Job
@@ -117,21 +116,7 @@ class ImageServing:
             return None
         if not isinstance(part, UploadFile):
             raise OvqError(f"{name} must be a file", param=name)
-        data = await part.read(self.settings.max_upload_bytes + 1)
-        if len(data) > self.settings.max_upload_bytes:
-            raise OvqError(f"{name} is over {self.settings.max_upload_bytes} bytes", param=name)
-        try:
-            with Image.open(io.BytesIO(data)) as probe:
-                width, height = probe.size  # read from the header: nothing decoded yet
-                if width * height > self.settings.max_upload_pixels:
-                    raise OvqError(f"{name} has {width}x{height} pixels, over the limit of "
-                                   f"{self.settings.max_upload_pixels}", param=name)
-                probe.verify()
-        except OvqError:
-            raise
-        except Exception as exc:
-            raise OvqError(f"{name} is not an image Pillow can read: {exc}", param=name) from exc
-        return data
+        return check_image(await part.read(self.settings.max_upload_bytes + 1), self.settings, name, name)
 
     def _job(self, body: ImageRequest, limits: ImageLimits) -> Job:
         width, height = check_limits(body, limits)
@@ -142,22 +127,8 @@ class ImageServing:
 
     async def _respond(self, request: Request, body: ImageRequest, servable: Servable, job: Job,
                        kind: str) -> Response:
-        generation = await self.jobs.submit(job, servable)
-        disconnect = asyncio.ensure_future(wait_disconnect(request))
-        try:
-            await generation.start(disconnect)
-            if body.stream:
-                disconnect.cancel()
-                return EventSourceResponse(self._stream(generation, kind), ping=15, sep="\n")
-            return await self._whole(generation, disconnect)
-        except ClientGone:
-            await generation.close()
-            return Response(status_code=CLIENT_CLOSED)
-        except BaseException:
-            await generation.close()
-            raise
-        finally:
-            disconnect.cancel()
+        stream = (lambda generation: self._stream(generation, kind)) if body.stream else None
+        return await self.jobs.respond(request, job, servable, stream, self._whole)
 
     async def _images(self, keys: list[str]) -> list[str]:
         pipe = self.jobs.redis.pipeline(transaction=False)

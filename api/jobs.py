@@ -3,11 +3,13 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import redis.asyncio as aioredis
+from sse_starlette import EventSourceResponse
 from starlette.requests import Request
+from starlette.responses import Response
 
 from api.hub import EventHub
 from api.registry import Registry, Servable
@@ -17,9 +19,15 @@ from common.jobs import Job
 from common.keys import Keys
 from common.settings import Settings
 
+CLIENT_CLOSED = 499  # nginx's "client closed request": nobody reads it, but logs and metrics do
+
 
 class ClientGone(Exception):
     pass
+
+
+Streamer = Callable[["Generation"], AsyncIterator[Any]]
+Whole = Callable[["Generation", "asyncio.Future[None]"], Awaitable[Response]]
 
 
 async def wait_disconnect(request: Request) -> None:
@@ -40,6 +48,29 @@ class JobClient:
             self.hub.unregister(job.id)
             raise
         return Generation(self, job, queue)
+
+    async def respond(self, request: Request, job: Job, servable: Servable, stream: Streamer | None,
+                      whole: Whole) -> Response:
+        """Queue the job, hold the status until the worker's verdict, then answer as SSE or whole.
+
+        The client leaving at any point (queued, running, mid-stream) cancels the job at its worker.
+        """
+        generation = await self.submit(job, servable)
+        disconnect = asyncio.ensure_future(wait_disconnect(request))
+        try:
+            await generation.start(disconnect)
+            if stream is not None:
+                disconnect.cancel()  # the SSE response watches the connection from here on
+                return EventSourceResponse(stream(generation), ping=15, sep="\n")
+            return await whole(generation, disconnect)
+        except ClientGone:
+            await generation.close()
+            return Response(status_code=CLIENT_CLOSED)
+        except BaseException:
+            await generation.close()
+            raise
+        finally:
+            disconnect.cancel()
 
     async def cancel(self, job_id: str) -> None:
         pipe = self.redis.pipeline(transaction=False)

@@ -20,21 +20,21 @@ from common.settings import Settings
 PARAM = "messages"
 
 
-def check_image(data: bytes, settings: Settings) -> bytes:
+def check_image(data: bytes, settings: Settings, name: str = "image", param: str = PARAM) -> bytes:
     """The bytes, once Pillow has read the header (pixel cap, before decoding) and verified the file."""
     if len(data) > settings.max_upload_bytes:
-        raise OvqError(f"image is over {settings.max_upload_bytes} bytes", param=PARAM)
+        raise OvqError(f"{name} is over {settings.max_upload_bytes} bytes", param=param)
     try:
         with Image.open(io.BytesIO(data)) as probe:
             width, height = probe.size
             if width * height > settings.max_upload_pixels:
-                raise OvqError(f"image has {width}x{height} pixels, over the limit of {settings.max_upload_pixels}",
-                               param=PARAM)
+                raise OvqError(f"{name} has {width}x{height} pixels, over the limit of {settings.max_upload_pixels}",
+                               param=param)
             probe.verify()
     except OvqError:
         raise
     except Exception as exc:
-        raise OvqError(f"image could not be read: {exc}", param=PARAM) from exc
+        raise OvqError(f"{name} could not be read: {exc}", param=param) from exc
     return data
 
 

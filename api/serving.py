@@ -2,18 +2,16 @@
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import AsyncIterator
 from typing import Any, TypeVar
 
 import orjson
 from pydantic import BaseModel, ValidationError
-from sse_starlette import EventSourceResponse
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from api.formats import ChatFormat, CompletionFormat, Format
-from api.jobs import ClientGone, Generation, JobClient, wait_disconnect
+from api.jobs import ClientGone, Generation, JobClient
 from api.media import load_image
 from api.metrics import Metrics
 from api.protocol import ChatCompletionRequest, CompletionRequest, SamplingRequest, UsageInfo
@@ -24,7 +22,6 @@ from common.jobs import Job, SamplingParams
 from common.servable import ServableType
 
 M = TypeVar("M", bound=BaseModel)
-CLIENT_CLOSED = 499
 TEXT_SERVABLES = (ServableType.LM_CB, ServableType.LM, ServableType.VLM_CB, ServableType.VLM)
 VISION_SERVABLES = (ServableType.VLM_CB, ServableType.VLM)
 
@@ -87,7 +84,7 @@ class Serving:
         prompt = render(card.chat_template, messages, card.bos_token, card.eos_token, body.chat_template_kwargs)
         job = self._job(body, servable, "chat", prompt, add_special_tokens=False)
         job.images = await self._store_images(job.id, urls)
-        return await self._respond(request, body, servable, job, ChatFormat(f"chatcmpl-{job.id}", body.model, 0))
+        return await self._respond(request, body, servable, job, ChatFormat(f"chatcmpl-{job.id}", body.model))
 
     async def _store_images(self, job_id: str, urls: list[str]) -> list[str]:
         """Fetch and check every image now (a bad one is the request's 400); the worker reads them by key."""
@@ -109,7 +106,7 @@ class Serving:
             raise OvqError(f"The model `{body.model}` is a vision-language model: use /chat/completions",
                            param="model")
         job = self._job(body, servable, "completion", body.prompt, add_special_tokens=True)
-        return await self._respond(request, body, servable, job, CompletionFormat(f"cmpl-{job.id}", body.model, 0))
+        return await self._respond(request, body, servable, job, CompletionFormat(f"cmpl-{job.id}", body.model))
 
     def _job(self, body: SamplingRequest, servable: Servable, kind: str, prompt: Any, add_special_tokens: bool) -> Job:
         return Job(model=body.model, device=servable.card.device, kind=kind, prompt=prompt,
@@ -118,24 +115,8 @@ class Serving:
 
     async def _respond(self, request: Request, body: SamplingRequest, servable: Servable, job: Job,
                        fmt: Format) -> Response:
-        fmt.created = int(time.time())
-        generation = await self.jobs.submit(job, servable)
-        disconnect = asyncio.ensure_future(wait_disconnect(request))
-        try:
-            await generation.start(disconnect)
-            if body.stream:
-                disconnect.cancel()  # the SSE response watches the connection from here on
-                stream = self._stream(generation, body, fmt)
-                return EventSourceResponse(stream, ping=15, sep="\n")
-            return await self._whole(generation, fmt, disconnect)
-        except ClientGone:
-            await generation.close()
-            return Response(status_code=CLIENT_CLOSED)
-        except BaseException:
-            await generation.close()
-            raise
-        finally:
-            disconnect.cancel()
+        stream = (lambda generation: self._stream(generation, body, fmt)) if body.stream else None
+        return await self.jobs.respond(request, job, servable, stream, lambda g, d: self._whole(g, fmt, d))
 
     async def _whole(self, generation: Generation, fmt: Format, disconnect: asyncio.Future[None]) -> Response:
         text: list[str] = []

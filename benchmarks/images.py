@@ -11,10 +11,7 @@ from __future__ import annotations
 
 import argparse
 import io
-import json
-import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -27,9 +24,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from serving import free_port  # noqa: E402
-
-from common.redis_server import EmbeddedRedis  # noqa: E402
+from serving import Stack  # noqa: E402
 
 PROMPT = "a lighthouse on a cliff at sunset"
 
@@ -50,41 +45,11 @@ def direct(model_dir: Path, size: tuple[int, int], steps: int):
     return run
 
 
-class Stack:
-    def __init__(self, model_dir: Path, work: Path) -> None:
-        self.redis = EmbeddedRedis(work / "redis", port=free_port())
-        url = self.redis.start()
-        config = work / "models.json"
-        config.write_text(json.dumps({"models": {"img": {"path": str(model_dir)}}}))
-        port = free_port()
-        env = {**os.environ, "REDIS_URL": url, "OVQ_CONFIG": str(config), "OVQ_PORT": str(port),
-               "OVQ_LOG_LEVEL": "warning", "OVQ_KEY_PREFIX": "ovqbenchimg"}
-        self.procs = [subprocess.Popen([sys.executable, "-m", mod, *args], env=env, cwd=ROOT)
-                      for mod, args in (("workers", ["--model", "img"]), ("api", []))]
-        self.base = f"http://127.0.0.1:{port}"
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
-            try:
-                if httpx.get(f"{self.base}/health", timeout=2).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.25)
-        raise RuntimeError("ovq did not become ready")
-
-    def run(self, client: httpx.Client, size: str, steps: int) -> float:
-        body = {"model": "img", "prompt": PROMPT, "size": size, "num_inference_steps": steps, "rng_seed": 42}
-        start = time.perf_counter()
-        response = client.post(f"{self.base}/v3/images/generations", json=body)
-        response.raise_for_status()
-        return time.perf_counter() - start
-
-    def stop(self) -> None:
-        for proc in self.procs:
-            proc.terminate()
-        for proc in self.procs:
-            proc.wait(30)
-        self.redis.stop()
+def ovq(stack: Stack, client: httpx.Client, size: str, steps: int) -> float:
+    body = {"model": "img", "prompt": PROMPT, "size": size, "num_inference_steps": steps, "rng_seed": 42}
+    start = time.perf_counter()
+    client.post(f"{stack.base}/v3/images/generations", json=body).raise_for_status()
+    return time.perf_counter() - start
 
 
 def main() -> None:
@@ -99,12 +64,12 @@ def main() -> None:
     raw()  # warm-up
     times: dict[str, list[float]] = {"direct": [], "ovq": []}
     with tempfile.TemporaryDirectory() as tmp, httpx.Client(timeout=600) as client:
-        stack = Stack(args.model, Path(tmp))
+        stack = Stack({"img": {"path": str(args.model)}}, Path(tmp))
         try:
-            stack.run(client, args.size, args.steps)  # warm-up
+            ovq(stack, client, args.size, args.steps)  # warm-up
             for _ in range(args.requests):
                 times["direct"].append(raw())
-                times["ovq"].append(stack.run(client, args.size, args.steps))
+                times["ovq"].append(ovq(stack, client, args.size, args.steps))
         finally:
             stack.stop()
     d, o = statistics.median(times["direct"]), statistics.median(times["ovq"])

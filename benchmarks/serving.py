@@ -137,16 +137,18 @@ def free_port() -> int:
 
 
 class Stack:
-    def __init__(self, model_dir: Path, work: Path) -> None:
+    """The real processes: a private redis-server, one worker per model, the API."""
+
+    def __init__(self, models: dict[str, dict], work: Path) -> None:
         self.redis = EmbeddedRedis(work / "redis", port=free_port())
         url = self.redis.start()
         config = work / "models.json"
-        config.write_text(json.dumps({"models": {MODEL: {"path": str(model_dir), "cache_size": 0}}}))
+        config.write_text(json.dumps({"models": models}))
         port = free_port()
         env = {**os.environ, "REDIS_URL": url, "OVQ_CONFIG": str(config), "OVQ_PORT": str(port),
                "OVQ_LOG_LEVEL": "warning", "OVQ_KEY_PREFIX": "ovqbench"}
-        self.procs = [subprocess.Popen([sys.executable, "-m", mod, *args], env=env, cwd=ROOT)
-                      for mod, args in (("workers", ["--model", MODEL]), ("api", []))]
+        commands = [["workers", "--model", name] for name in models] + [["api"]]
+        self.procs = [subprocess.Popen([sys.executable, "-m", *args], env=env, cwd=ROOT) for args in commands]
         self.base = f"http://127.0.0.1:{port}"
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline:
@@ -237,12 +239,28 @@ def report(results: dict[tuple[str, int], list[Level]], levels: list[int]) -> st
     return "\n".join(lines)
 
 
+def ttft_pairs(raw: Raw, base: str, pairs: int) -> str:
+    """TTFT overhead alone: single requests, raw and ovq alternating, the median of per-pair differences."""
+    diffs, raws, ovqs = [], [], []
+    for _ in range(pairs):
+        r = raw.run(1, 1, 1)
+        o = ovq_level(base, 1, 1, 1)
+        if r.ttft and o.ttft:
+            raws.append(r.ttft[0])
+            ovqs.append(o.ttft[0])
+            diffs.append(o.ttft[0] - r.ttft[0])
+    return (f"TTFT at concurrency 1, {len(diffs)} alternating single requests: raw p50 {pct(raws, 50) * 1e3:.1f} ms, "
+            f"ovq p50 {pct(ovqs, 50) * 1e3:.1f} ms, overhead p50 {pct(diffs, 50) * 1e3:+.1f} ms "
+            f"(p25 {pct(diffs, 25) * 1e3:+.1f}, p75 {pct(diffs, 75) * 1e3:+.1f})")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--concurrency", default="1,4,16,64")
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--waves", type=int, default=2, help="requests per level = waves * concurrency (>= 4)")
     parser.add_argument("--reps", type=int, default=1)
+    parser.add_argument("--ttft-pairs", type=int, default=30, help="single-request pairs for the TTFT overhead")
     parser.add_argument("--out", type=Path, help="also write the raw numbers as JSON")
     args = parser.parse_args()
     levels = [int(c) for c in args.concurrency.split(",")]
@@ -251,7 +269,7 @@ def main() -> None:
     raw.run(1, 1, 8)  # warm-up
     results: dict[tuple[str, int], list[Level]] = {}
     with tempfile.TemporaryDirectory() as tmp:
-        stack = Stack(model_dir, Path(tmp))
+        stack = Stack({MODEL: {"path": str(model_dir), "cache_size": 0}}, Path(tmp))
         try:
             ovq_level(stack.base, 1, 1, 8)  # warm-up
             for _ in range(args.reps):
@@ -263,9 +281,11 @@ def main() -> None:
                         results.setdefault((system, c), []).append(level)
                         print(f"{system} c={c}: {level.tok_s:.0f} tok/s, TTFT p50 {pct(level.ttft, 50) * 1e3:.0f} ms",
                               file=sys.stderr)
+            overhead = ttft_pairs(raw, stack.base, args.ttft_pairs) if args.ttft_pairs else ""
         finally:
             stack.stop()
     print(report(results, levels))
+    print(overhead)
     if args.out:
         args.out.write_text(json.dumps({f"{s}@{c}": [vars(lv) for lv in lvs] for (s, c), lvs in results.items()}))
 

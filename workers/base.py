@@ -14,11 +14,12 @@ import time
 import uuid
 from typing import Any, Protocol
 
+import orjson
 import redis.asyncio as aioredis
 from redis.exceptions import ResponseError
 
 from common.config import ModelConfig
-from common.errors import OvqError
+from common.errors import ErrorBody, OvqError
 from common.events import Cancelled, Error
 from common.jobs import Job
 from common.keys import GROUP, Keys
@@ -141,6 +142,7 @@ class BaseWorker:
                 log.exception("unreadable job %s moved to the dead-letter stream", entry_id)
                 await self.redis.xadd(self.keys.dead, {**fields, b"reason": b"unreadable"})
                 outbox.ack(entry_id)
+                self._refuse_unreadable(fields.get(b"job", b""), outbox)
         cancelled = await self._flagged([(e, j) for e, j in jobs if not self._heard_since(e)])
         for entry_id, job in jobs:
             if job.id in cancelled or self._cancelled_early.pop(job.id, None):
@@ -150,6 +152,17 @@ class BaseWorker:
                 continue
             self._start(entry_id, job, outbox)
         self.publisher.put(outbox)
+
+    @staticmethod
+    def _refuse_unreadable(raw: bytes, outbox: Outbox) -> None:
+        """A job this worker cannot read (another version?) still gets its one terminal event, if it says where."""
+        try:
+            data = orjson.loads(raw)
+            job_id, reply_to = str(data["id"]), str(data["reply_to"])
+        except Exception:
+            return
+        body = ErrorBody(message="the worker could not read this job (incompatible versions?)", type="server_error")
+        outbox.publish(reply_to, Error(job=job_id, seq=1, status=500, error=body))
 
     def _heard_since(self, entry_id: bytes) -> bool:
         """Whether the job was queued after this worker began hearing cancels (stream ids are Redis time):

@@ -16,9 +16,10 @@ from __future__ import annotations
 
 import logging
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
-from typing import Any
+from typing import Any, TypeVar
 
 import orjson
 
@@ -71,6 +72,15 @@ def _scheduler_config(spec: EngineSpec) -> Any:
     return config
 
 
+def tokenize(tokenizer: Any, prompt: str | list[int], add_special_tokens: bool, vocab_size: int | None) -> list[int]:
+    """A prompt's ids: text through the tokenizer, ids checked against the vocabulary (a 400, not a crash)."""
+    if isinstance(prompt, str):
+        return tokenizer.encode(prompt, add_special_tokens=add_special_tokens).input_ids.data[0].tolist()
+    if vocab_size and any(not 0 <= i < vocab_size for i in prompt):
+        raise OvqError(f"prompt token ids must be in [0, {vocab_size})", param="prompt")
+    return prompt
+
+
 def image_tensor(encoded: str) -> Any:
     """A base64 image file as the uint8 [1, H, W, 3] tensor vision pipelines take."""
     import base64
@@ -108,12 +118,7 @@ class Engine:
         self.next_id = 0
 
     def tokenize(self, prompt: str | list[int], add_special_tokens: bool) -> list[int]:
-        if isinstance(prompt, str):
-            return self.tokenizer.encode(prompt, add_special_tokens=add_special_tokens).input_ids.data[0].tolist()
-        size = self.spec.vocab_size
-        if size and any(not 0 <= i < size for i in prompt):
-            raise OvqError(f"prompt token ids must be in [0, {size})", param="prompt")
-        return prompt
+        return tokenize(self.tokenizer, prompt, add_special_tokens, self.spec.vocab_size)
 
     def add(self, job: str, prompt: str | list[int], add_special: bool, params: dict[str, Any],
             images: list[str], out: list[list[Any]]) -> None:
@@ -193,14 +198,25 @@ class Engine:
         self.generated.pop(job, None)
 
 
-def run(conn: Connection, spec: EngineSpec) -> None:
-    """Entry point of the engine process."""
+E = TypeVar("E")
+
+
+def handshake(conn: Connection, factory: Callable[[], E]) -> E | None:
+    """Build the engine and tell the I/O half it is ready, or why not (a device that cannot open)."""
     try:
-        engine = Engine(spec)
+        engine = factory()
     except Exception as exc:
         conn.send_bytes(orjson.dumps({"ready": False, "error": error_message(exc)}))
-        return
+        return None
     conn.send_bytes(orjson.dumps({"ready": True}))
+    return engine
+
+
+def run(conn: Connection, spec: EngineSpec) -> None:
+    """Entry point of the engine process."""
+    engine = handshake(conn, lambda: Engine(spec))
+    if engine is None:
+        return
     while True:
         out: list[list[Any]] = []
         timeout = 0 if engine.handles else None

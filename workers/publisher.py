@@ -6,6 +6,7 @@ slower than the engine, the batches waiting are merged into one round trip.
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections import defaultdict
 from dataclasses import dataclass, field
@@ -13,8 +14,11 @@ from typing import Any
 
 import orjson
 import redis.asyncio as aioredis
+from redis.exceptions import RedisError
 
 from common.keys import GROUP, Keys
+
+log = logging.getLogger("ovq.publisher")
 
 
 @dataclass
@@ -72,10 +76,22 @@ class Publisher:
                 batch.merge(self._queue.get_nowait())
                 merged += 1
             try:
-                await self._send(batch)
+                await self._send_until_sent(batch)
             finally:
                 for _ in range(merged):
                     self._queue.task_done()
+
+    async def _send_until_sent(self, batch: Outbox) -> None:
+        """Redis away for a moment must not lose a terminal event: retry, newest batches wait behind."""
+        delay = 0.1
+        while True:
+            try:
+                await self._send(batch)
+                return
+            except (ConnectionError, OSError, RedisError) as exc:
+                log.warning("publishing to Redis failed (%s); retrying in %.1fs", exc, delay)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 5.0)
 
     async def _send(self, batch: Outbox) -> None:
         pipe = self.redis.pipeline(transaction=False)

@@ -34,7 +34,7 @@ import orjson
 
 from common.errors import OvqError
 from common.jobs import SamplingParams
-from workers.engine import EngineSpec, _generation_config, error_message, image_tensor
+from workers.engine import EngineSpec, _generation_config, error_message, handshake, image_tensor, tokenize
 from workers.generation import engine_config, token_budget
 
 log = logging.getLogger("ovq.stateful_engine")
@@ -183,7 +183,7 @@ class StatefulEngine:
         for name in MULTI_SEQUENCE:
             if (params.get(name) or 1) > 1:
                 raise _one_sequence(name)
-        ids = self._tokenize(prompt, add_special)
+        ids = tokenize(self.tokenizer, prompt, add_special, self.spec.vocab_size)
         if self.max_prompt_len is not None and len(ids) > self.max_prompt_len:
             raise OvqError(
                 f"prompt is {len(ids)} tokens, over MAX_PROMPT_LEN {self.max_prompt_len} of this stateful servable",
@@ -196,14 +196,6 @@ class StatefulEngine:
             raise _one_sequence("n")
         config.apply_chat_template = False  # input ids bypass it anyway; say so in case a string ever gets here
         return Pending(job, ids, config, config.max_new_tokens)
-
-    def _tokenize(self, prompt: str | list[int], add_special_tokens: bool) -> list[int]:
-        if isinstance(prompt, str):
-            return self.tokenizer.encode(prompt, add_special_tokens=add_special_tokens).input_ids.data[0].tolist()
-        size = self.spec.vocab_size
-        if size and any(not 0 <= i < size for i in prompt):
-            raise OvqError(f"prompt token ids must be in [0, {size})", param="prompt")
-        return prompt
 
     def cancel(self, job: str, out: list[list[Any]]) -> None:
         running = self.running
@@ -355,12 +347,9 @@ def serve(conn: Connection, engine: StatefulEngine) -> None:
 
 def run(conn: Connection, spec: EngineSpec) -> None:
     """Entry point of the engine process."""
-    try:
-        engine = StatefulEngine(spec)
-    except Exception as exc:
-        conn.send_bytes(orjson.dumps({"ready": False, "error": error_message(exc)}))
+    engine = handshake(conn, lambda: StatefulEngine(spec))
+    if engine is None:
         return
-    conn.send_bytes(orjson.dumps({"ready": True}))
     try:
         serve(conn, engine)
     finally:

@@ -90,3 +90,17 @@ def test_a_device_that_cannot_open_fails_the_worker_with_one_line(stack: Stack) 
     assert result.returncode == 1
     last = result.stderr.strip().splitlines()[-1]
     assert last.startswith(f"ovq worker: device GPU unavailable for {MODEL}: ") and "\n" not in last
+
+
+def test_an_unreadable_job_still_gets_its_terminal_event(stack: Stack, redis_client: redis.Redis) -> None:
+    """A job from an incompatible API (here: no prompt) goes to the dead-letter stream, and its client hears so."""
+    reply_to = f"test-{time.time_ns()}"
+    listener = redis_client.pubsub()
+    listener.subscribe(KEYS.events(reply_to))
+    listener.get_message(timeout=2)
+    dead_before = redis_client.xlen(KEYS.dead) if redis_client.exists(KEYS.dead) else 0
+    raw = orjson.dumps({"v": 99, "id": "broken-job", "reply_to": reply_to, "model": MODEL})
+    redis_client.xadd(KEYS.jobs(MODEL, "CPU"), {"job": raw})
+    events = _events(listener, 10)
+    assert [(e["type"], e["job"], e["status"]) for e in events] == [("error", "broken-job", 500)]
+    assert redis_client.xlen(KEYS.dead) == dead_before + 1
