@@ -34,6 +34,11 @@ def _module(name: str, *args: str) -> list[str]:
     return [sys.executable, "-m", name, *args]
 
 
+def _child(args: list[str], env: dict[str, str]) -> subprocess.Popen[bytes]:
+    # Its own session, so a Ctrl-C reaches only `ovq serve`, which stops the tiers in order: API, workers, Redis.
+    return subprocess.Popen(args, env=env, start_new_session=True)
+
+
 def serve(args: argparse.Namespace) -> int:
     """Everything on one machine: embedded Redis (unless REDIS_URL), a worker per model and device, the API."""
     if args.host:
@@ -61,9 +66,9 @@ def serve(args: argparse.Namespace) -> int:
         for model in models:
             for device in model.devices:
                 args = _module("workers", "--model", model.name, "--device", device)
-                children.append(subprocess.Popen(args, env=_env(settings, url)))
+                children.append(_child(args, _env(settings, url)))
         api_env = _env(settings, url, OVQ_MODELS=json.dumps([m.name for m in models]))
-        children.append(subprocess.Popen(_module("api"), env=api_env))
+        children.append(_child(_module("api"), api_env))
         print(f"ovq: serving {', '.join(m.name for m in models)} on http://{settings.host}:{settings.port}/v3 "
               f"(Redis: {'embedded' if redis else url}); Ctrl-C stops", file=sys.stderr)
         while not stopping:

@@ -53,6 +53,9 @@ class ModelConfig(BaseModel):
     plugin_config: dict[str, Any] = Field(default_factory=dict)
     best_of_limit: int = 20
     max_tokens_limit: int | None = None
+    # Sampling defaults (request field names) for requests that set none, below the directory's own
+    # generation_config.json: for models whose source carries none, as a GGUF does.
+    sampling_defaults: dict[str, Any] = Field(default_factory=dict)
     tool_parser: str | None = None
     reasoning_parser: str | None = None
     enable_tool_guided_generation: bool = False
@@ -84,11 +87,14 @@ class ModelConfig(BaseModel):
 
 def default_model(settings: Settings) -> ModelConfig:
     # cache_size 0 (grow as needed) rather than OVMS's 8 GB up front: the default model is 135M parameters.
+    # Sampling as SmolLM2's model card recommends (its GGUF has no generation_config.json): at OpenAI's
+    # default temperature 1.0 a 135M model rambles.
     return ModelConfig(
         name=DEFAULT_MODEL,
         path=settings.models_dir / DEFAULT_MODEL,
         source=DEFAULT_SOURCE,
         cache_size=0,
+        sampling_defaults={"temperature": 0.2, "top_p": 0.9},
     )
 
 

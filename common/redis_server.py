@@ -35,7 +35,9 @@ class EmbeddedRedis:
         args += ["--save", "", "--appendonly", "no", "--daemonize", "no", "--loglevel", "warning"]
         if not self.port:
             args += ["--unixsocket", str(self.socket), "--unixsocketperm", "700"]
-        self.process = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        # Its own session: a Ctrl-C meant for `ovq serve` must not stop Redis before the workers have drained.
+        self.process = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                                        start_new_session=True)
         client = redis.Redis.from_url(self.url)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:

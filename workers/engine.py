@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 import re
+import signal
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
@@ -203,6 +204,8 @@ E = TypeVar("E")
 
 def handshake(conn: Connection, factory: Callable[[], E]) -> E | None:
     """Build the engine and tell the I/O half it is ready, or why not (a device that cannot open)."""
+    # The I/O half decides when the engine stops (after draining); a terminal's Ctrl-C is for it, not for us.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
         engine = factory()
     except Exception as exc:

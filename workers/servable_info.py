@@ -45,7 +45,8 @@ class ServableInfo:
             created=int(path.stat().st_mtime) if path.exists() else int(time.time()),
             preference=model.devices.index(device) if device in model.devices else len(model.devices),
         )
-        return cls(tokenizer, card, generation_defaults(path), vocab_size(path))
+        defaults = {**model.sampling_defaults, **generation_defaults(path)}
+        return cls(tokenizer, card, defaults, vocab_size(path))
 
     def decode(self, sequences: list[list[int]]) -> list[str]:
         return self.tokenizer.decode(sequences, skip_special_tokens=True)

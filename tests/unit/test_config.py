@@ -42,3 +42,13 @@ def test_default_model_without_a_file(tmp_path: Path, monkeypatch: pytest.Monkey
     assert settings.redis_url == "redis://example:1/0"
     (model,) = configured_models(settings)
     assert model.name == DEFAULT_MODEL and model.path == tmp_path / "models" / DEFAULT_MODEL
+
+
+def test_sampling_defaults_sit_below_the_directory_generation_config() -> None:
+    from common.config import ModelConfig
+    from workers.servable_info import ServableInfo
+
+    tiny = Path(__file__).resolve().parent.parent / "models" / "tiny-llama"  # generation_config: max_new_tokens 32
+    model = ModelConfig(name="m", path=tiny, sampling_defaults={"temperature": 0.2, "max_tokens": 99})
+    info = ServableInfo.load(tiny, model, "CPU")
+    assert info.defaults == {"temperature": 0.2, "max_tokens": 32}
