@@ -29,6 +29,7 @@ class EngineClient:
         self._conn: Any = None
         self._pending: list[list[Any]] = []
         self._flush_scheduled = False
+        self._ready = False  # commands wait in `_pending` while the engine (re)starts
 
     async def start(self) -> None:
         parent, child = self._ctx.Pipe()
@@ -42,6 +43,8 @@ class EngineClient:
         if not ready["ready"]:
             raise EngineError(ready["error"])
         loop.add_reader(parent.fileno(), self._readable)
+        self._ready = True
+        self._flush()
 
     def send(self, command: list[Any]) -> None:
         """Queue a command; all commands of one event-loop turn go to the engine as one message."""
@@ -52,9 +55,16 @@ class EngineClient:
 
     def _flush(self) -> None:
         self._flush_scheduled = False
+        if not self._ready or not self._pending:
+            return
         commands, self._pending = self._pending, []
-        if commands and self.alive:
+        try:
             self._conn.send_bytes(orjson.dumps(commands))
+        except OSError:  # the engine just died: its jobs are failed by on_exit; these go to the next one
+            self._pending = commands + self._pending
+
+    def drop_pending(self) -> None:
+        self._pending = []
 
     def _readable(self) -> None:
         try:
@@ -70,6 +80,7 @@ class EngineClient:
         return self._process is not None and self._process.is_alive()
 
     def _detach(self) -> None:
+        self._ready = False
         if self._conn is not None:
             asyncio.get_running_loop().remove_reader(self._conn.fileno())
             self._conn.close()

@@ -171,6 +171,14 @@ class TextWorker(BaseWorker):
         if self._stopping.is_set():
             return
         log.error("engine process died; failing %d running jobs and restarting it", len(self.running))
+        self.engine.drop_pending()  # commands of the jobs failed just below
         self._fail_all(500, "the inference engine crashed while running this job")
-        asyncio.get_running_loop().create_task(self.engine.start())
+        self._restart = asyncio.get_running_loop().create_task(self._restart_engine())
+
+    async def _restart_engine(self) -> None:
+        try:
+            await self.engine.start()
+        except Exception:
+            log.exception("the engine could not be restarted; stopping the worker")
+            self._stopping.set()
 

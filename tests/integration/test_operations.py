@@ -5,6 +5,7 @@ import time
 
 import httpx
 import orjson
+import pytest
 import redis
 from openai import OpenAI
 
@@ -104,3 +105,34 @@ def test_an_unreadable_job_still_gets_its_terminal_event(stack: Stack, redis_cli
     events = _events(listener, 10)
     assert [(e["type"], e["job"], e["status"]) for e in events] == [("error", "broken-job", 500)]
     assert redis_client.xlen(KEYS.dead) == dead_before + 1
+
+
+def _engine_pid(model: str) -> int:
+    """The engine process of the model's worker: the child of `python -m workers --model <model>`."""
+    import psutil
+
+    for proc in psutil.process_iter(["cmdline"]):
+        cmdline = proc.info["cmdline"] or []
+        if "workers" in cmdline and model in cmdline:
+            # Besides the engine, multiprocessing may run its resource tracker.
+            (engine,) = [c for c in proc.children() if "spawn_main" in " ".join(c.cmdline())]
+            return engine.pid
+    raise LookupError(model)
+
+
+def test_an_engine_crash_fails_its_jobs_and_the_worker_recovers(client: OpenAI) -> None:
+    import os
+    import signal
+
+    import openai
+
+    stream = client.chat.completions.create(model=SINGLE, messages=[{"role": "user", "content": "Go on and on."}],
+                                            max_tokens=3000, stream=True, extra_body={"ignore_eos": True})
+    next(iter(stream))
+    os.kill(_engine_pid(SINGLE), signal.SIGKILL)  # what a native crash looks like from outside
+    with pytest.raises(openai.APIError, match="crashed"):
+        for _ in stream:
+            pass
+    reply = client.chat.completions.create(model=SINGLE, messages=[{"role": "user", "content": "hi"}], max_tokens=3,
+                                           timeout=60)
+    assert reply.usage.completion_tokens <= 3
