@@ -73,6 +73,13 @@ def _scheduler_config(spec: EngineSpec) -> Any:
     return config
 
 
+def refusal(job: str, exc: Exception) -> list[Any]:
+    """The `error` update for a job refused before it ran: ours carry their status, GenAI's are 400s."""
+    if isinstance(exc, OvqError):
+        return [job, [], "error", {"status": exc.status, **exc.body.model_dump()}]
+    return [job, [], "error", {"status": 400, "message": error_message(exc)}]
+
+
 def tokenize(tokenizer: Any, prompt: str | list[int], add_special_tokens: bool, vocab_size: int | None) -> list[int]:
     """A prompt's ids: text through the tokenizer, ids checked against the vocabulary (a 400, not a crash)."""
     if isinstance(prompt, str):
@@ -138,11 +145,8 @@ class Engine:
                 self.handles[job] = self.pipe.add_request(self.next_id, prompt, tensors, config)
             else:
                 self.handles[job] = self.pipe.add_request(self.next_id, tensor, config)
-        except OvqError as exc:
-            out.append([job, [], "error", {"status": exc.status, **exc.body.model_dump()}])
-            return
-        except Exception as exc:  # a config GenAI refuses is the request's fault
-            out.append([job, [], "error", {"status": 400, "message": error_message(exc)}])
+        except Exception as exc:  # a prompt or a config refused is the request's fault
+            out.append(refusal(job, exc))
             return
         self.budgets[job] = config.max_new_tokens
         self.generated[job] = 0

@@ -34,7 +34,15 @@ import orjson
 
 from common.errors import OvqError
 from common.jobs import SamplingParams
-from workers.engine import EngineSpec, _generation_config, error_message, handshake, image_tensor, tokenize
+from workers.engine import (
+    EngineSpec,
+    _generation_config,
+    error_message,
+    handshake,
+    image_tensor,
+    refusal,
+    tokenize,
+)
 from workers.generation import engine_config, token_budget
 
 log = logging.getLogger("ovq.stateful_engine")
@@ -169,11 +177,8 @@ class StatefulEngine:
             pending = self._prepare(job, prompt, add_special, params)
             if self.spec.vision:
                 pending.prompt, pending.images = str(prompt), images
-        except OvqError as exc:
-            out.append([job, [], "error", {"status": exc.status, **exc.body.model_dump()}])
-            return
-        except Exception as exc:  # a config GenAI refuses is the request's fault
-            out.append([job, [], "error", {"status": 400, "message": error_message(exc)}])
+        except Exception as exc:  # a prompt or a config refused is the request's fault
+            out.append(refusal(job, exc))
             return
         out.append([job, [], "accepted", len(pending.ids)])
         self.queue.append(pending)
