@@ -48,10 +48,6 @@ class EventHub:
     def unregister(self, job_id: str) -> None:
         self._queues.pop(job_id, None)
 
-    @property
-    def waiting(self) -> int:
-        return len(self._queues)
-
     async def _run(self) -> None:
         while True:
             try:

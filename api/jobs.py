@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
@@ -85,8 +84,6 @@ class Generation:
     def __init__(self, client: JobClient, job: Job, queue: asyncio.Queue[Any]) -> None:
         self.client, self.job, self.queue = client, job, queue
         self.finished = False
-        self.accepted: Accepted | None = None
-        self.created = int(time.time())
 
     async def _next(self) -> Any:
         """The next event; while waiting, make sure a worker still serves the model."""
@@ -108,7 +105,6 @@ class Generation:
         while True:
             event = await self._race(self._next(), disconnect)
             if event.type == "accepted":
-                self.accepted = event
                 return event
             if isinstance(event, Error):
                 raise OvqError(event.error.message, event.status, event.error.type, event.error.param,

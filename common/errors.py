@@ -11,10 +11,6 @@ class ErrorBody(BaseModel):
     code: str | int | None = None
 
 
-class ErrorEnvelope(BaseModel):
-    error: ErrorBody
-
-
 class OvqError(Exception):
     """An error with an HTTP status that should reach the client as the OpenAI envelope."""
 

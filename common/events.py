@@ -7,8 +7,6 @@ from pydantic import BaseModel, Field, TypeAdapter
 
 from common.errors import ErrorBody
 
-FinishReason = Literal["stop", "length", "cancelled", "error"]
-
 
 class Usage(BaseModel):
     prompt_tokens: int
