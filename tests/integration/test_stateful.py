@@ -6,6 +6,7 @@ import time
 
 import httpx
 import openai
+import orjson
 import pytest
 import redis
 from openai import OpenAI
@@ -35,18 +36,16 @@ def test_stateful_stream_has_real_finish_reason_and_usage(client: OpenAI) -> Non
 
 def test_concurrent_jobs_run_strictly_one_after_another(stack: Stack, client: OpenAI,
                                                        redis_client: redis.Redis) -> None:
-    spans: dict[int, tuple[float, float]] = {}
+    job_ids: list[str] = []
     depths: list[int] = []
 
     def one(i: int) -> None:
         stream = client.chat.completions.create(
             model=STATEFUL, messages=[{"role": "user", "content": f"Count to {i + 5}."}], max_tokens=24,
             stream=True, extra_body={"ignore_eos": True})
-        first = last = 0.0
+        job_ids.append(next(iter(stream)).id.removeprefix("chatcmpl-"))
         for _ in stream:
-            last = time.monotonic()
-            first = first or last
-        spans[i] = (first, last)
+            pass
 
     threads = [threading.Thread(target=one, args=(i,)) for i in range(3)]
     for thread in threads:
@@ -57,7 +56,15 @@ def test_concurrent_jobs_run_strictly_one_after_another(stack: Stack, client: Op
                     if ln.startswith("ovq_queue_waiting_jobs") and f'model="{STATEFUL}"' in ln)
         depths.append(int(float(line.rsplit(" ", 1)[1])))
         time.sleep(0.05)
-    ordered = sorted(spans.values())
+    # The worker's own clock: a job starts when the worker takes it (queue_ms after creation) and ends at its
+    # done event (total_ms); client-side chunk times of different connections cannot order that finely.
+    spans = []
+    for job_id in job_ids:
+        record = redis_client.hgetall(KEYS.job(job_id))
+        created, timings = float(record[b"created"]), orjson.loads(record[b"result"])["timings"]
+        spans.append((created + timings["queue_ms"] / 1000, created + timings["total_ms"] / 1000))
+    ordered = sorted(spans)
+    assert len(ordered) == 3
     for (_, end), (start, _) in zip(ordered, ordered[1:], strict=False):
         assert start >= end, "a job started before the previous one ended"
     assert max(depths) >= 1, "waiting jobs were not visible as queue depth"
