@@ -10,15 +10,19 @@ from pydantic import BaseModel, ValidationError
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
+from api.checks import check_for_model
+from api.choices import ChoiceState
 from api.formats import ChatFormat, CompletionFormat, Format
+from api.guidance import chat_plan
 from api.jobs import ClientGone, Generation, JobClient
 from api.media import load_image
 from api.metrics import Metrics
-from api.protocol import ChatCompletionRequest, CompletionRequest, SamplingRequest, UsageInfo
+from api.protocol import ChatCompletionRequest, ChatMessage, CompletionRequest, SamplingRequest, UsageInfo
 from api.registry import Registry, Servable
 from api.templates import render
 from common.errors import OvqError
 from common.jobs import Job, SamplingParams
+from common.modelcard import ModelCard
 from common.servable import ServableType
 
 M = TypeVar("M", bound=BaseModel)
@@ -50,14 +54,14 @@ def validation_error(exc: ValidationError) -> OvqError:
     return OvqError(f"{param}: {message}" if param else message, param=param)
 
 
-def sampling_params(body: SamplingRequest, servable: Servable) -> SamplingParams:
-    limit = servable.card.max_tokens_limit
-    if limit is not None and body.max_tokens is not None and body.max_tokens > limit:
-        raise OvqError(f"max_tokens value {body.max_tokens} exceeds the limit {limit}", param="max_tokens")
-    values = body.model_dump(include=set(SamplingParams.model_fields))
-    values["stop"] = body.stop or []
+def sampling_params(body: SamplingRequest, card: ModelCard, structure: dict[str, Any] | None = None,
+                    skip_special_tokens: bool | None = None) -> SamplingParams:
+    values = body.model_dump(include=set(SamplingParams.model_fields) - {"logprobs", "structured"})
+    values.update(stop=body.stop or [], logprobs=body.top_logprobs_asked, structured=structure)
     if values["max_tokens"] is None:
-        values["max_tokens"] = limit
+        values["max_tokens"] = card.max_tokens_limit
+    if skip_special_tokens is not None:
+        values["skip_special_tokens"] = skip_special_tokens
     return SamplingParams.model_validate(values)
 
 
@@ -65,26 +69,34 @@ class Serving:
     def __init__(self, jobs: JobClient, registry: Registry, metrics: Metrics) -> None:
         self.jobs, self.registry, self.metrics = jobs, registry, metrics
 
-    async def _servable(self, model: str) -> Servable:
-        servable = await self.registry.servable(model)
+    async def _servable(self, body: SamplingRequest) -> Servable:
+        servable = await self.registry.servable(body.model)
         if servable.card.servable_type not in TEXT_SERVABLES:
-            raise OvqError(f"The model `{model}` does not generate text", param="model")
+            raise OvqError(f"The model `{body.model}` does not generate text", param="model")
+        check_for_model(body, servable.card)
         return servable
 
     async def chat(self, request: Request) -> Response:
         body = await parse_body(request, ChatCompletionRequest)
-        servable = await self._servable(body.model)
+        servable = await self._servable(body)
         card = servable.card
         vision = card.servable_type in VISION_SERVABLES
         urls = [url for m in body.messages for url in m.image_urls()] if vision else []
         if vision and card.device.startswith("NPU") and len(urls) != 1:
             raise OvqError("this NPU vision servable takes exactly one image per request", param="messages")
-        messages = [{**m.model_dump(exclude_none=True), "content": m.template_content() if vision else m.text()}
-                    for m in body.messages]
-        prompt = render(card.chat_template, messages, card.bos_token, card.eos_token, body.chat_template_kwargs)
-        job = self._job(body, servable, "chat", prompt, add_special_tokens=False)
+        plan = chat_plan(body, card)
+        messages = [template_message(m, vision) for m in body.messages]
+        kwargs = {**plan.template_kwargs, **({"tools": plan.tools} if plan.tools else {})}
+        prompt = render(card.chat_template, messages, card.bos_token, card.eos_token, kwargs)
+        plan.opened(prompt)
+        # Tool-call markers are often special tokens (<|python_tag|>, [TOOL_CALLS]): the parser must see them.
+        skip = False if plan.tool_parser else None
+        params = sampling_params(body, card, plan.structure, skip)
+        job = self._job(body, servable, "chat", prompt, params)
         job.images = await self._store_images(job.id, urls)
-        return await self._respond(request, body, servable, job, ChatFormat(f"chatcmpl-{job.id}", body.model))
+        fmt = ChatFormat(f"chatcmpl-{job.id}", body.model)
+        choices = [ChoiceState(i, plan.parser(), params.logprobs) for i in range(body.n)]
+        return await self._respond(request, body, servable, job, fmt, choices)
 
     async def _store_images(self, job_id: str, urls: list[str]) -> list[str]:
         """Fetch and check every image now (a bad one is the request's 400); the worker reads them by key."""
@@ -101,32 +113,36 @@ class Serving:
 
     async def completions(self, request: Request) -> Response:
         body = await parse_body(request, CompletionRequest)
-        servable = await self._servable(body.model)
+        servable = await self._servable(body)
         if servable.card.servable_type in VISION_SERVABLES:
             raise OvqError(f"The model `{body.model}` is a vision-language model: use /chat/completions",
                            param="model")
-        job = self._job(body, servable, "completion", body.prompt, add_special_tokens=True)
-        return await self._respond(request, body, servable, job, CompletionFormat(f"cmpl-{job.id}", body.model))
+        params = sampling_params(body, servable.card)
+        job = self._job(body, servable, "completion", body.prompt, params, add_special_tokens=True)
+        choices = [ChoiceState(i, None, params.logprobs) for i in range(body.n)]
+        fmt = CompletionFormat(f"cmpl-{job.id}", body.model)
+        return await self._respond(request, body, servable, job, fmt, choices)
 
-    def _job(self, body: SamplingRequest, servable: Servable, kind: str, prompt: Any, add_special_tokens: bool) -> Job:
+    def _job(self, body: SamplingRequest, servable: Servable, kind: str, prompt: Any, params: SamplingParams,
+             add_special_tokens: bool = False) -> Job:
         return Job(model=body.model, device=servable.card.device, kind=kind, prompt=prompt,
-                   add_special_tokens=add_special_tokens, params=sampling_params(body, servable),
-                   reply_to=self.jobs.hub.reply_to)
+                   add_special_tokens=add_special_tokens, params=params, reply_to=self.jobs.hub.reply_to)
 
     async def _respond(self, request: Request, body: SamplingRequest, servable: Servable, job: Job,
-                       fmt: Format) -> Response:
-        stream = (lambda generation: self._stream(generation, body, fmt)) if body.stream else None
-        return await self.jobs.respond(request, job, servable, stream, lambda g, d: self._whole(g, fmt, d))
+                       fmt: Format, choices: list[ChoiceState]) -> Response:
+        stream = (lambda generation: self._stream(generation, body, fmt, choices)) if body.stream else None
+        return await self.jobs.respond(request, job, servable, stream, lambda g, d: self._whole(g, fmt, choices, d))
 
-    async def _whole(self, generation: Generation, fmt: Format, disconnect: asyncio.Future[None]) -> Response:
-        text: list[str] = []
+    async def _whole(self, generation: Generation, fmt: Format, choices: list[ChoiceState],
+                     disconnect: asyncio.Future[None]) -> Response:
         async for event in generation.events(disconnect):
             if event.type == "delta":
-                text.append(event.text)
+                choices[event.index].add(event)
             elif event.type == "done":
                 self.metrics.observe_done(generation.job.model, event)
-                usage = UsageInfo(**event.usage.model_dump())
-                answer = fmt.whole("".join(text), event.finish_reason, usage)
+                for choice, reason in zip(choices, event.finish_reasons or [event.finish_reason], strict=False):
+                    choice.finish = choice.finish or reason
+                answer = fmt.whole(choices, UsageInfo(**event.usage.model_dump()))
                 await generation.close()
                 return Response(answer.model_dump_json(), media_type="application/json")
             elif event.type == "error":
@@ -134,17 +150,18 @@ class Serving:
                 return JSONResponse({"error": event.error.model_dump()}, status_code=event.status)
         raise ClientGone()  # cancelled elsewhere
 
-    async def _stream(self, generation: Generation, body: SamplingRequest, fmt: Format) -> AsyncIterator[str]:
+    async def _stream(self, generation: Generation, body: SamplingRequest, fmt: Format,
+                      choices: list[ChoiceState]) -> AsyncIterator[str]:
         try:
-            first = fmt.chunk("", first=True)
-            if first is not None:
+            for first in fmt.first(choices):
                 yield first.model_dump_json()
             async for event in generation.events():
                 if event.type == "delta":
-                    yield fmt.chunk(event.text).model_dump_json()
+                    chunk = fmt.chunk(choices[event.index], event)
+                    if chunk is not None:
+                        yield chunk.model_dump_json()
                 elif event.type == "done":
                     self.metrics.observe_done(generation.job.model, event)
-                    yield fmt.chunk(None if isinstance(fmt, ChatFormat) else "", event.finish_reason).model_dump_json()
                     if body.include_usage:
                         yield fmt.usage_chunk(UsageInfo(**event.usage.model_dump())).model_dump_json()
                 elif event.type == "error":
@@ -154,3 +171,25 @@ class Serving:
             yield orjson.dumps({"error": exc.body.model_dump()}).decode()
         finally:
             await generation.close()
+
+
+def template_message(message: ChatMessage, vision: bool) -> dict[str, Any]:
+    """A message as chat templates expect it: text (or vision parts), and tool-call arguments as objects."""
+    out = {**message.model_dump(exclude_none=True), "content": message.template_content() if vision
+           else message.text()}
+    calls = out.get("tool_calls")
+    if isinstance(calls, list):
+        out["tool_calls"] = [_call_for_template(c) for c in calls]
+    return out
+
+
+def _call_for_template(call: Any) -> Any:
+    # OpenAI sends arguments as a JSON string; templates (as in transformers) index into an object.
+    function = call.get("function") if isinstance(call, dict) else None
+    if isinstance(function, dict) and isinstance(function.get("arguments"), str):
+        try:
+            arguments = orjson.loads(function["arguments"])
+        except orjson.JSONDecodeError:
+            return call
+        return {**call, "function": {**function, "arguments": arguments}}
+    return call

@@ -56,8 +56,8 @@ class ModelConfig(BaseModel):
     # Sampling defaults (request field names) for requests that set none, below the directory's own
     # generation_config.json: for models whose source carries none, as a GGUF does.
     sampling_defaults: dict[str, Any] = Field(default_factory=dict)
-    tool_parser: str | None = None
-    reasoning_parser: str | None = None
+    tool_parser: Literal["hermes3", "llama3", "phi4", "mistral"] | None = None
+    reasoning_parser: Literal["qwen3"] | None = None
     enable_tool_guided_generation: bool = False
     # Image generation servables (a directory with model_index.json): OVMS's image node options.
     max_resolution: str = "4096x4096"

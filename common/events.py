@@ -32,11 +32,22 @@ class Accepted(_Event):
     queue_ms: float
 
 
+class TokenLogprob(BaseModel):
+    token: str
+    logprob: float | None  # None: the first prompt token of an echo, which nothing predicts
+    bytes: list[int]
+
+
 class Delta(_Event):
+    """New text of choice `index`; `finish_reason` set on the choice's last delta (text may then be empty)."""
+
     type: Literal["delta"] = "delta"
     index: int = 0
     text: str
     tokens: int
+    logprobs: list[TokenLogprob] | None = None
+    finish_reason: Literal["stop", "length"] | None = None
+    echo: bool = False  # the prompt, sent back first when the request asked for echo
 
 
 class Progress(_Event):
@@ -53,6 +64,7 @@ class Done(_Event):
     type: Literal["done"] = "done"
     index: int = 0
     finish_reason: Literal["stop", "length"] = "stop"
+    finish_reasons: list[Literal["stop", "length"]] = []  # by choice index, for every choice
     usage: Usage | None = None
     timings: Timings
     # Image jobs: Redis keys of the PNGs (short-lived; the API reads and deletes them).

@@ -3,12 +3,12 @@ from __future__ import annotations
 
 import time
 import uuid
-from typing import Literal
+from typing import Any, Literal
 
 import orjson
 from pydantic import BaseModel, Field
 
-JOB_VERSION = 1
+JOB_VERSION = 2
 
 
 class SamplingParams(BaseModel):
@@ -24,6 +24,21 @@ class SamplingParams(BaseModel):
     repetition_penalty: float | None = None
     presence_penalty: float | None = None
     frequency_penalty: float | None = None
+    min_p: float | None = None
+    min_tokens: int | None = None
+    stop_token_ids: list[int] | None = None
+    n: int = 1
+    best_of: int | None = None  # > 1: beam search with this beam width, the n best beams returned
+    length_penalty: float | None = None
+    # None: no log-probabilities; k >= 0: each token's own, plus the k most likely alternatives (k <= 1).
+    logprobs: int | None = None
+    echo: bool = False
+    skip_special_tokens: bool = True
+    include_stop_str_in_output: bool = False
+    # A `common.structured` tree: JSON schema, regex or structural tags the output must follow.
+    structured: dict[str, Any] | None = None
+    num_assistant_tokens: int | None = None
+    max_ngram_size: int | None = None
 
 
 class ImageParams(BaseModel):

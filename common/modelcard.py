@@ -29,6 +29,11 @@ class ModelCard(BaseModel):
     bos_token: str = ""
     eos_token: str = ""
     capabilities: list[str] = []
+    # Output parsing and guidance (OVMS node options), and prompt lookup decoding (plugin_config).
+    tool_parser: str | None = None
+    reasoning_parser: str | None = None
+    enable_tool_guided_generation: bool = False
+    prompt_lookup: bool = False
     # Position of this device in the model's `devices` list: breaks ties between equally busy devices.
     preference: int = 0
     created: int

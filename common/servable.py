@@ -82,6 +82,13 @@ def vocab_size(path: Path) -> int | None:
     return int(size) if size else None
 
 
+def eos_ids(path: Path) -> list[int]:
+    value = _json(path / "generation_config.json").get("eos_token_id")
+    if value is None:
+        return []
+    return [int(v) for v in value] if isinstance(value, list) else [int(value)]
+
+
 GENERATION_FIELDS = {
     "temperature": "temperature",
     "top_p": "top_p",

@@ -12,11 +12,15 @@ import codecs
 from collections.abc import Callable
 from typing import Any, Protocol
 
-BatchDecode = Callable[[list[list[int]]], list[str]]
+BatchDecode = Callable[[list[list[int]], bool], list[str]]  # (sequences, skip_special_tokens) -> texts
 SAMPLE = "Héllo wörld, naïve café — 東京 🎉🎉\n\tdone. ß∑😀x 123,456"
 
 
 class Stream(Protocol):
+    skip: bool
+    # Characters of the last commit's text that each of its ids made (a token's log-probability goes with them).
+    pieces: list[int]
+
     def windows(self, new_ids: list[int]) -> tuple[list[int], list[int]]: ...
 
     def commit(self, before: str, after: str) -> str: ...
@@ -25,14 +29,22 @@ class Stream(Protocol):
 class ByteStream:
     """Table lookups; the incremental UTF-8 decoder holds back a character split across tokens."""
 
-    def __init__(self, table: ByteTable) -> None:
-        self.table = table
+    def __init__(self, table: ByteTable, skip: bool = True) -> None:
+        self.table, self.skip = table, skip
         self._utf8 = codecs.getincrementaldecoder("utf-8")("replace")
         self._text = ""
+        self.pieces: list[int] = []
 
     def windows(self, new_ids: list[int]) -> tuple[list[int], list[int]]:
-        table, special = self.table.bytes, self.table.special
-        self._text = self._utf8.decode(b"".join(table[i] for i in new_ids if i not in special))
+        table, special, decode = self.table.bytes, self.table.special, self._utf8.decode
+        if len(new_ids) == 1:  # the usual step: one token
+            i = new_ids[0]
+            self._text = "" if self.skip and i in special else decode(table[i])
+            self.pieces = [len(self._text)]
+            return [], []
+        texts = ["" if self.skip and i in special else decode(table[i]) for i in new_ids]
+        self.pieces = [len(t) for t in texts]
+        self._text = "".join(texts)
         return [], []
 
     def commit(self, before: str, after: str) -> str:
@@ -81,46 +93,80 @@ class ByteTable:
 class WindowDetokenizer:
     """Decodes a growing id list through a short window, so each step costs O(window), not O(length)."""
 
-    def __init__(self) -> None:
+    def __init__(self, skip: bool = True) -> None:
+        self.skip = skip
         self.ids: list[int] = []
         self._prefix = 0  # start of the window that gives context to the next tokens
         self._read = 0  # ids before this are already emitted
+        self._new = 0
+        self.pieces: list[int] = []
 
     def windows(self, new_ids: list[int]) -> tuple[list[int], list[int]]:
         self.ids.extend(new_ids)
+        self._new = len(new_ids)
         if len(self.ids) == self._read:
             return [], []
         return self.ids[self._prefix : self._read], self.ids[self._prefix :]
 
     def commit(self, before: str, after: str) -> str:
         # GenAI's decoder drops (or marks) a trailing partial character: wait until it is whole.
+        self.pieces = [0] * self._new
         if len(after) <= len(before) or after.endswith("\ufffd"):
             return ""
         self._prefix, self._read = self._read, len(self.ids)
-        return after[len(before) :]
+        text = after[len(before) :]
+        if self.pieces:  # which token made which character is unknown here: the last one gets them all
+            self.pieces[-1] = len(text)
+        return text
 
 
 class Detokenizer:
-    def __init__(self, decode: BatchDecode, table: ByteTable | None) -> None:
+    def __init__(self, decode: BatchDecode, table: ByteTable | None, hidden: set[int] | None = None) -> None:
         self.decode, self.table = decode, table
+        # End-of-sequence ids: never text, even for jobs that keep special tokens (the answer ends there).
+        self.hidden = hidden or set()
 
-    def stream(self) -> Stream:
-        return ByteStream(self.table) if self.table else WindowDetokenizer()
+    def stream(self, skip_special_tokens: bool = True) -> Stream:
+        return ByteStream(self.table, skip_special_tokens) if self.table else WindowDetokenizer(skip_special_tokens)
 
     def step(self, work: list[tuple[Stream, list[int]]]) -> list[str]:
-        """New text for each (stream, new ids) pair, with at most one decode call for all of them."""
-        sequences: list[list[int]] = []
+        """New text for each (stream, new ids) pair, with at most one decode call per special-token mode."""
+        windows: list[tuple[list[int], list[int]]] = []
         for stream, ids in work:
-            sequences.extend(stream.windows(ids))
-        texts = self.decode(sequences) if any(sequences) else [""] * len(sequences)
-        return [stream.commit(texts[2 * i], texts[2 * i + 1]) for i, (stream, _) in enumerate(work)]
+            if not stream.skip and self.hidden and not self.hidden.isdisjoint(ids):
+                ids = [i for i in ids if i not in self.hidden]
+            windows.append(stream.windows(ids))
+        texts: dict[int, tuple[str, str]] = {}
+        for skip in (True, False):
+            group = [i for i, (stream, _) in enumerate(work) if stream.skip is skip and windows[i][1]]
+            if group:
+                decoded = self._decode([seq for i in group for seq in windows[i]], skip)
+                texts.update((i, (decoded[2 * k], decoded[2 * k + 1])) for k, i in enumerate(group))
+        return [stream.commit(*texts.get(i, ("", ""))) for i, (stream, _) in enumerate(work)]
+
+    def _decode(self, sequences: list[list[int]], skip: bool) -> list[str]:
+        if skip:
+            return self.decode(sequences, True)
+        # A batch is padded with the pad token, which only skip_special_tokens removes again: one at a time.
+        return [self.decode([seq], False)[0] if seq else "" for seq in sequences]
+
+    def token_texts(self, ids: list[int]) -> list[tuple[str, bytes]]:
+        """Each id's own text and bytes, special tokens included (log-probabilities name their tokens)."""
+        if self.table:
+            table = self.table.bytes
+            raw = [table[i] if 0 <= i < len(table) else b"" for i in ids]
+        else:
+            raw = [t.encode() for t in self.decode([[i] for i in ids], False)]
+        return [(b.decode("utf-8", "replace"), b) for b in raw]
 
 
 class StopFilter:
-    """Cuts text at the first stop string and holds back any tail that could still become one."""
+    """Cuts text at the first stop string (after it, if asked to keep it) and holds back any tail that could
+    still become one, so no text of a stop string ever reaches a client that did not ask for it."""
 
-    def __init__(self, stops: list[str]) -> None:
+    def __init__(self, stops: list[str], keep: bool = False) -> None:
         self.stops = [s for s in stops if s]
+        self.keep = keep
         self._held = ""
         self.stopped = False
 
@@ -130,11 +176,12 @@ class StopFilter:
         if not self.stops:
             return text
         buffer = self._held + text
-        cut = min((i for i in (buffer.find(s) for s in self.stops) if i >= 0), default=-1)
-        if cut >= 0:
+        found = [(i, len(s)) for i, s in ((buffer.find(s), s) for s in self.stops) if i >= 0]
+        if found:
+            cut, size = min(found)
             self.stopped = True
             self._held = ""
-            return buffer[:cut]
+            return buffer[: cut + size] if self.keep else buffer[:cut]
         keep = self._partial_tail(buffer)
         self._held = buffer[len(buffer) - keep :] if keep else ""
         return buffer[: len(buffer) - keep]

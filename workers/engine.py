@@ -5,9 +5,11 @@ I/O process over a pipe in small batched messages:
 
   in  (list of commands): ["add", job, prompt, add_special_tokens, sampling params, images] | ["cancel", job]
                           | ["stop"]; images: base64 image files for vision-language models, in prompt order
-  out (list of updates):  [job, new_token_ids, state, extra] with state None while running, else
-                          "accepted" (extra: prompt tokens) | "stop" | "length" | "cancelled"
-                          | "error" (extra: {status, message, param, code})
+  in  ["cancel", job, index]: the I/O half ended choice `index` itself (a stop string): drop it, no answer
+  out (list of updates):  [job, new_token_ids, state, extra, index, logprobs] with state None while running,
+                          else "accepted" (extra: prompt tokens) | "stop" | "length" | "cancelled"
+                          | "error" (extra: {status, message, param, code}) | "prompt" (echo: the prompt's ids)
+                          `index` (choice, default 0) and `logprobs` (one per id, or None) may be left off.
 
 Prompts are tokenized here, as `add_request(prompt)` does in-process: the engine's OpenVINO threads are warm,
 where a tokenizer in the I/O process pays a cold start on every sparse call (1-5 ms measured).
@@ -26,12 +28,15 @@ import orjson
 
 from common.errors import OvqError
 from common.jobs import SamplingParams
-from workers.generation import engine_config, token_budget
+from workers.generation import choice_configs, token_budget
+from workers.structured import structured_config
 
 log = logging.getLogger("ovq.engine")
 
 # OpenVINO messages start with "Exception from <file>:<line>:" / "Check '<expr>' failed at <file>:<line>:" lines.
 _LOCATION = re.compile(r"^(Exception from \S+:\d+:|Check '.*' failed at \S+:\d+:)$")
+# xgrammar prefixes its messages with "[HH:MM:SS] /path/file.cc:123: ".
+_XGRAMMAR = re.compile(r"^\[[\d:]+\] \S+:\d+: ")
 
 
 def error_message(exc: BaseException) -> str:
@@ -39,7 +44,7 @@ def error_message(exc: BaseException) -> str:
     lines = [line.strip() for line in str(exc).strip().splitlines() if line.strip()]
     for line in lines:
         if not _LOCATION.match(line):
-            return line
+            return _XGRAMMAR.sub("", line)
     return lines[0] if lines else repr(exc)
 
 
@@ -102,14 +107,31 @@ def image_tensor(encoded: str) -> Any:
         return ov.Tensor(np.asarray(image.convert("RGB"), dtype=np.uint8)[None])
 
 
-def _generation_config(values: dict[str, Any]) -> Any:
+def _generation_config(values: dict[str, Any], eos: int | None = None) -> Any:
     import openvino_genai as g
 
     config = g.GenerationConfig()
     for name, value in values.items():
-        setattr(config, name, set(value) if name == "stop_strings" else value)
+        setattr(config, name, set(value) if name in ("stop_strings", "stop_token_ids") else value)
+    if values.get("stop_token_ids") and eos is not None:  # extra stop ids, not instead of the end of sequence
+        config.stop_token_ids = {*values["stop_token_ids"], eos}
     config.validate()
     return config
+
+
+@dataclass
+class Request:
+    """One job in the pipeline: a handle per choice, or one handle whose beams are all the choices."""
+
+    handles: dict[int, Any]
+    budget: int
+    prompt_len: int
+    n: int
+    beam: bool
+    echo: bool
+    logprobs: bool
+    generated: dict[int, int] = field(default_factory=dict)
+    structured: bool = False
 
 
 class Engine:
@@ -120,87 +142,163 @@ class Engine:
         self.spec = spec
         self.pipe = g.ContinuousBatchingPipeline(spec.path, _scheduler_config(spec), spec.device, spec.plugin_config)
         self.tokenizer = self.pipe.get_tokenizer()
-        self.handles: dict[str, Any] = {}
-        self.budgets: dict[str, int] = {}
-        self.generated: dict[str, int] = {}
+        self.requests: dict[str, Request] = {}
         self.next_id = 0
+        # Structured jobs added since the last step, with their prompt sizes: a grammar GenAI cannot compile
+        # breaks the step after its add_request, so their `accepted` waits for that step (a 400 stays a 400).
+        self.unstepped: dict[str, int] = {}
 
     def tokenize(self, prompt: str | list[int], add_special_tokens: bool) -> list[int]:
         return tokenize(self.tokenizer, prompt, add_special_tokens, self.spec.vocab_size)
 
     def add(self, job: str, prompt: str | list[int], add_special: bool, params: dict[str, Any],
             images: list[str], out: list[list[Any]]) -> None:
-        import numpy as np
-        import openvino as ov
-
         try:
             ids = self.tokenize(prompt, add_special)
             sampling = SamplingParams.model_validate(params)
             budget = token_budget(sampling, self.spec.defaults, len(ids), self.spec.context_length)
-            config = _generation_config(engine_config(sampling, self.spec.defaults, budget))
-            tensor = ov.Tensor(np.asarray([ids], dtype=np.int64))
-            self.next_id += 1
-            if images:  # GenAI puts the image tokens where the rendered prompt has its image tags
-                tensors = [image_tensor(b) for b in images]
-                self.handles[job] = self.pipe.add_request(self.next_id, prompt, tensors, config)
-            else:
-                self.handles[job] = self.pipe.add_request(self.next_id, tensor, config)
+            configs = [self._config(c, sampling) for c in choice_configs(sampling, self.spec.defaults, budget)]
+            tensors = [image_tensor(b) for b in images]
+            handles = {i: self._add_request(prompt, ids, tensors, config) for i, config in enumerate(configs)}
         except Exception as exc:  # a prompt or a config refused is the request's fault
             out.append(refusal(job, exc))
             return
-        self.budgets[job] = config.max_new_tokens
-        self.generated[job] = 0
-        out.append([job, [], "accepted", len(ids)])
+        beam = (sampling.best_of or 1) > 1
+        self.requests[job] = Request(handles, budget, len(ids), sampling.n, beam, sampling.echo,
+                                     sampling.logprobs is not None, structured=sampling.structured is not None)
+        if sampling.structured is not None:
+            self.unstepped[job] = len(ids)
+        else:
+            out.append([job, [], "accepted", len(ids)])
 
-    def cancel(self, job: str, out: list[list[Any]]) -> None:
-        handle = self.handles.pop(job, None)
+    def _config(self, values: dict[str, Any], sampling: SamplingParams) -> Any:
+        config = _generation_config(values, self.tokenizer.get_eos_token_id())
+        if sampling.structured is not None:
+            config.structured_output_config = structured_config(sampling.structured)
+        if self.spec.plugin_config.get("prompt_lookup"):
+            # GenAI's prompt lookup needs both; these are its samples' values.
+            config.num_assistant_tokens = values.get("num_assistant_tokens") or 5
+            config.max_ngram_size = values.get("max_ngram_size") or 3
+        return config
+
+    def _add_request(self, prompt: str | list[int], ids: list[int], images: list[Any], config: Any) -> Any:
+        import numpy as np
+        import openvino as ov
+
+        self.next_id += 1
+        if images:  # GenAI puts the image tokens where the rendered prompt has its image tags
+            return self.pipe.add_request(self.next_id, prompt, images, config)
+        return self.pipe.add_request(self.next_id, ov.Tensor(np.asarray([ids], dtype=np.int64)), config)
+
+    def cancel(self, job: str, out: list[list[Any]], index: int | None = None) -> None:
+        """Cancel a job (answered `cancelled`), or silently one choice the I/O half has finished already."""
+        request = self.requests.get(job)
+        if index is not None:
+            handle = request.handles.pop(index, None) if request is not None and not request.beam else None
+            if handle is not None:
+                handle.cancel()
+                if not request.handles:
+                    self._forget(job)
+            return
         tokens: list[int] = []
-        if handle is not None:
-            if handle.can_read():  # reading after cancel() raises
-                for output in handle.read().values():
-                    tokens.extend(output.generated_ids)
-            handle.cancel()
+        if request is not None:
+            for handle in request.handles.values():
+                if handle.can_read():  # reading after cancel() raises
+                    for output in handle.read().values():
+                        tokens.extend(output.generated_ids)
+                handle.cancel()
             self._forget(job)
         out.append([job, tokens, "cancelled", None])
 
     def step(self, out: list[list[Any]]) -> None:
-        self.pipe.step()
-        g = self._g
-        finished = []
-        for job, handle in self.handles.items():
-            tokens: list[int] = []
-            reason = g.GenerationFinishReason.NONE
-            if handle.can_read():
-                for output in handle.read().values():
-                    tokens.extend(output.generated_ids)
-                    reason = output.finish_reason
-            self.generated[job] += len(tokens)
-            status = handle.get_status()
-            finish, extra = None, None
-            if status != g.GenerationStatus.RUNNING and not handle.can_read():
-                finish = self._finish(job, status, reason)
-                finished.append(job)
-                if finish == "error":
-                    extra = {"status": 500, "message": "the request did not fit in the KV cache; raise cache_size"}
-            if tokens or finish:
-                out.append([job, tokens, finish, extra])
-        for job in finished:
-            del self.handles[job]
-            self._forget(job)
+        try:
+            self.pipe.step()
+        except Exception as exc:
+            self._broken(exc, out)
+            raise
+        out.extend([job, [], "accepted", prompt_len] for job, prompt_len in self.unstepped.items())
+        self.unstepped.clear()
+        for job, request in list(self.requests.items()):
+            if request.beam:
+                self._read_beams(job, request, out)
+                continue
+            for index, handle in list(request.handles.items()):
+                self._read_choice(job, request, index, handle, out)
+            if not request.handles:
+                self._forget(job)
 
-    def _finish(self, job: str, status: Any, reason: Any) -> str:
+    def _read_choice(self, job: str, request: Request, index: int, handle: Any, out: list[list[Any]]) -> None:
+        g = self._g
+        tokens: list[int] = []
+        logprobs: list[float] = []
+        reason = g.GenerationFinishReason.NONE
+        if handle.can_read():
+            for output in handle.read().values():
+                tokens.extend(output.generated_ids)
+                logprobs.extend(output.generated_log_probs)
+                reason = output.finish_reason
+        if request.echo and index not in request.generated and tokens:
+            # GenAI's echo puts the prompt (with its log-probabilities) before the first generated token.
+            cut = request.prompt_len
+            out.append([job, tokens[:cut], "prompt", None, index, logprobs[:cut] if request.logprobs else None])
+            tokens, logprobs = tokens[cut:], logprobs[cut:]
+        request.generated[index] = request.generated.get(index, 0) + len(tokens)
+        status = handle.get_status()
+        finish, extra = None, None
+        if status != g.GenerationStatus.RUNNING and not handle.can_read():
+            del request.handles[index]
+            finish = self._finish(request, index, status, reason)
+            if finish == "error":
+                extra = {"status": 500, "message": "the request did not fit in the KV cache; raise cache_size"}
+        if tokens or finish:
+            out.append([job, tokens, finish, extra, index, logprobs if request.logprobs else None])
+
+    def _read_beams(self, job: str, request: Request, out: list[list[Any]]) -> None:
+        """Beam search hands out its beams when it ends: the `n` best, by score, are the choices."""
+        g = self._g
+        handle = request.handles[0]
+        status = handle.get_status()
+        if status == g.GenerationStatus.RUNNING:
+            return
+        outputs = list(handle.read().values()) if handle.can_read() else []
+        self._forget(job)
+        if status != g.GenerationStatus.FINISHED or not outputs:
+            out.append([job, [], "error", {"status": 500, "message": "beam search did not finish"}])
+            return
+        best = sorted(outputs, key=lambda o: o.score, reverse=True)[: request.n]
+        for index, output in enumerate(best):
+            ids = list(output.generated_ids)
+            reached = output.finish_reason == g.GenerationFinishReason.LENGTH or len(ids) >= request.budget
+            logprobs = list(output.generated_log_probs) if request.logprobs else None
+            out.append([job, ids, "length" if reached else "stop", None, index, logprobs])
+
+    def _finish(self, request: Request, index: int, status: Any, reason: Any) -> str:
         g = self._g
         if status == g.GenerationStatus.IGNORED:
             return "error"
         if status in (g.GenerationStatus.CANCEL, g.GenerationStatus.STOP):
             return "cancelled"
-        if reason == g.GenerationFinishReason.LENGTH or self.generated[job] >= self.budgets[job]:
+        if reason == g.GenerationFinishReason.LENGTH or request.generated.get(index, 0) >= request.budget:
             return "length"
         return "stop"
 
+    def _broken(self, exc: Exception, out: list[list[Any]]) -> None:
+        """A failed step leaves the pipeline unusable: jobs added since the last step caused it (a grammar
+        GenAI could not compile) and get a 400; the others a 500. The process then exits and is restarted."""
+        message = error_message(exc)
+        log.error("engine step failed: %s", message)
+        for job in list(self.requests):
+            if job in self.unstepped:
+                out.append([job, [], "error", {"status": 400, "message": f"invalid structured output: {message}",
+                                               "param": "response_format"}])
+            else:
+                out.append([job, [], "error", {"status": 500, "message": "the inference engine failed a step "
+                                               "because of another request and was restarted"}])
+        self.requests.clear()
+
     def _forget(self, job: str) -> None:
-        self.budgets.pop(job, None)
-        self.generated.pop(job, None)
+        self.requests.pop(job, None)
+        self.unstepped.pop(job, None)
 
 
 E = TypeVar("E")
@@ -226,7 +324,7 @@ def run(conn: Connection, spec: EngineSpec) -> None:
         return
     while True:
         out: list[list[Any]] = []
-        timeout = 0 if engine.handles else None
+        timeout = 0 if engine.requests else None
         while conn.poll(timeout):
             try:
                 commands = orjson.loads(conn.recv_bytes())
@@ -236,16 +334,18 @@ def run(conn: Connection, spec: EngineSpec) -> None:
                 if command[0] == "add":
                     engine.add(command[1], command[2], command[3], command[4], command[5], out)
                 elif command[0] == "cancel":
-                    engine.cancel(command[1], out)
+                    engine.cancel(command[1], out, command[2] if len(command) > 2 else None)
                 elif command[0] == "stop":
-                    for job in list(engine.handles):
+                    for job in list(engine.requests):
                         engine.cancel(job, out)
                     return
             timeout = 0
         if out:  # accepted / refused / cancelled now, not after a step that may take a second
             conn.send_bytes(orjson.dumps(out))
             out = []
-        if engine.handles:
-            engine.step(out)
-        if out:
-            conn.send_bytes(orjson.dumps(out))
+        if engine.requests:
+            try:
+                engine.step(out)
+            finally:
+                if out:
+                    conn.send_bytes(orjson.dumps(out))

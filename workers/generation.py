@@ -1,6 +1,7 @@
 """From a job's request values and the model's defaults to the engine's generation settings."""
 from __future__ import annotations
 
+import random
 from typing import Any
 
 from common.errors import OvqError
@@ -8,6 +9,7 @@ from common.jobs import SamplingParams
 
 # Used when neither the request nor the model's generation_config.json says: OpenAI's own defaults.
 BUILTIN_DEFAULTS: dict[str, Any] = {"temperature": 1.0, "top_p": 1.0}
+SAMPLING_ONLY = ("temperature", "top_p", "top_k", "min_p", "rng_seed")
 
 
 def token_budget(params: SamplingParams, defaults: dict[str, Any], prompt_tokens: int, context: int) -> int:
@@ -42,13 +44,52 @@ def engine_config(params: SamplingParams, defaults: dict[str, Any], max_new_toke
         config.update(temperature=temperature, top_p=float(merged["top_p"]))
         if (merged.get("top_k") or 0) > 0:
             config["top_k"] = int(merged["top_k"])
+        if merged.get("min_p"):
+            config["min_p"] = float(merged["min_p"])
         if params.seed is not None:
             config["rng_seed"] = params.seed
-    for name in ("repetition_penalty", "presence_penalty", "frequency_penalty", "ignore_eos"):
+    for name in ("repetition_penalty", "presence_penalty", "frequency_penalty", "ignore_eos", "length_penalty",
+                 "num_assistant_tokens", "max_ngram_size"):
         if name in merged:
             config[name] = merged[name]
     if params.stop:
-        # The engine stops on them; the worker's StopFilter removes them from the text.
+        # The engine stops on them; the worker's StopFilter removes them from the text (or keeps them, if asked).
         config["stop_strings"] = list(params.stop)
         config["include_stop_str_in_output"] = True
+    if params.min_tokens:
+        config["min_new_tokens"] = params.min_tokens
+    if params.stop_token_ids:
+        config["stop_token_ids"] = list(params.stop_token_ids)
+    if params.logprobs is not None:
+        config["logprobs"] = 1  # GenAI reports the chosen token's log-probability whatever the number
+    if params.echo:
+        config["echo"] = True
     return config
+
+
+def check_top_logprobs(params: SamplingParams, config: dict[str, Any]) -> None:
+    """GenAI gives only the chosen token's log-probability: it is the most likely one only in greedy decoding."""
+    if (params.logprobs or 0) >= 1 and (config.get("do_sample") or config.get("num_beams", 1) > 1):
+        raise OvqError("top_logprobs 1 needs greedy decoding (temperature 0, no best_of): the engine reports only "
+                       "the chosen token's log-probability", param="top_logprobs")
+
+
+def choice_configs(params: SamplingParams, defaults: dict[str, Any], max_new_tokens: int) -> list[dict[str, Any]]:
+    """One engine request per config: beam search is one request for all `n`; sampling `n` is `n` requests.
+
+    Separate requests (seeds seed, seed+1, ...) stream every choice as it is made; GenAI's own
+    `num_return_sequences` hands them out only when all are finished.
+    """
+    config = engine_config(params, defaults, max_new_tokens)
+    if (params.best_of or 1) > 1:
+        for name in SAMPLING_ONLY:
+            config.pop(name, None)
+        config.update(do_sample=False, num_beams=params.best_of, num_return_sequences=params.n)
+        check_top_logprobs(params, config)
+        return [config]
+    check_top_logprobs(params, config)
+    if not config["do_sample"]:
+        return [dict(config) for _ in range(params.n)]
+    # Unseeded sampling gets a random seed: GenAI's default seed would make equal requests give equal answers.
+    seed = params.seed if params.seed is not None else random.getrandbits(32)
+    return [{**config, "rng_seed": (seed + i) % 2**32} for i in range(params.n)]

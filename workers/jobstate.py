@@ -1,29 +1,45 @@
-"""What the I/O half knows about one running job: its text so far, its event sequence, its timings."""
+"""What the I/O half knows about one running job: each choice's text so far, the event sequence, the timings."""
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
 
-from common.events import Delta, Done, Timings, Usage
+from common.events import Delta, Done, Timings, TokenLogprob, Usage
 from common.jobs import Job
 from workers.detokenizer import StopFilter, Stream
+from workers.logprobs import LogprobAligner
+
+
+@dataclass
+class Choice:
+    index: int
+    detok: Stream
+    stops: StopFilter
+    logprobs: LogprobAligner | None
+    text: list[str] = field(default_factory=list)
+    tokens: int = 0
+    emitted: int = 0  # characters sent (echo excluded): where the log-probabilities are released up to
+    finish: str | None = None
 
 
 @dataclass
 class RunningJob:
     job: Job
     entry_id: bytes
-    detok: Stream
+    streams: list[Stream]  # one per choice
     prompt_tokens: int = 0
     received: float = field(default_factory=time.time)
     first_token: float | None = None
     seq: int = 0
-    completion_tokens: int = 0
-    text: list[str] = field(default_factory=list)
-    stops: StopFilter = field(init=False)
+    choices: list[Choice] = field(init=False)
 
     def __post_init__(self) -> None:
-        self.stops = StopFilter(self.job.params.stop)
+        params = self.job.params
+        self.choices = [
+            Choice(i, stream, StopFilter(params.stop, params.include_stop_str_in_output),
+                   LogprobAligner() if params.logprobs is not None else None)
+            for i, stream in enumerate(self.streams)
+        ]
 
     def next_seq(self) -> int:
         self.seq += 1
@@ -31,36 +47,63 @@ class RunningJob:
 
     @property
     def streamed(self) -> bool:
-        return bool(self.text)
+        return any(choice.text for choice in self.choices)
 
-    def delta(self, ids: list[int], text: str) -> Delta | None:
-        """Account for new tokens and their text; a Delta when some of it may reach the client."""
+    @property
+    def finished(self) -> bool:
+        return all(choice.finish is not None for choice in self.choices)
+
+    def delta(self, choice: Choice, ids: list[int], text: str, entries: list[TokenLogprob] | None) -> Delta | None:
+        """Account for new tokens and their text; a Delta when some of it (or its log-probabilities) may go out."""
         if ids and self.first_token is None:
             self.first_token = time.time()
-        self.completion_tokens += len(ids)
-        return self._emit(self.stops.feed(text), len(ids))
+        choice.tokens += len(ids)
+        if choice.logprobs is not None and entries:
+            pieces = choice.detok.pieces
+            if len(pieces) != len(entries):  # ids the detokenizer dropped (end of sequence): no text of their own
+                pieces = [0] * (len(entries) - 1) + [sum(pieces)]
+            choice.logprobs.add(pieces, entries)
+        return self._emit(choice, choice.stops.feed(text), len(ids))
 
-    def flush(self) -> Delta | None:
-        return self._emit(self.stops.flush(), 0)
+    def echo(self, choice: Choice, text: str, entries: list[TokenLogprob] | None) -> Delta:
+        choice.text.append(text)
+        return Delta(job=self.job.id, seq=self.next_seq(), index=choice.index, text=text, tokens=0,
+                     logprobs=entries, echo=True)
 
-    def _emit(self, text: str, tokens: int) -> Delta | None:
-        if not text:
+    def finish(self, choice: Choice, reason: str) -> Delta:
+        """The choice's last delta: text held back for a stop string that never came, and its finish reason."""
+        choice.finish = "length" if reason == "length" else "stop"
+        delta = self._emit(choice, choice.stops.flush(), 0, final=True)
+        if delta is None:
+            delta = Delta(job=self.job.id, seq=self.next_seq(), index=choice.index, text="", tokens=0)
+        delta.finish_reason = choice.finish
+        return delta
+
+    def _emit(self, choice: Choice, text: str, tokens: int, final: bool = False) -> Delta | None:
+        choice.emitted += len(text)
+        entries = None
+        if choice.logprobs is not None:
+            aligner = choice.logprobs
+            entries = aligner.rest(choice.stops.stopped, choice.emitted) if final else aligner.release(choice.emitted)
+        if not text and not entries:
             return None
-        self.text.append(text)
-        return Delta(job=self.job.id, seq=self.next_seq(), text=text, tokens=tokens)
+        if text:
+            choice.text.append(text)
+        return Delta(job=self.job.id, seq=self.next_seq(), index=choice.index, text=text, tokens=tokens,
+                     logprobs=entries or None)
 
-    def done(self, finish_reason: str) -> Done:
+    def done(self) -> Done:
         now = time.time()
         queue_ms = (self.received - self.job.created) * 1000
         ttft = (self.first_token - self.job.created) * 1000 if self.first_token else None
+        completion = sum(choice.tokens for choice in self.choices)
+        reasons = [choice.finish or "stop" for choice in self.choices]
         return Done(
             job=self.job.id,
             seq=self.next_seq(),
-            finish_reason="length" if finish_reason == "length" else "stop",
-            usage=Usage(
-                prompt_tokens=self.prompt_tokens,
-                completion_tokens=self.completion_tokens,
-                total_tokens=self.prompt_tokens + self.completion_tokens,
-            ),
+            finish_reason=reasons[0],
+            finish_reasons=reasons,
+            usage=Usage(prompt_tokens=self.prompt_tokens, completion_tokens=completion,
+                        total_tokens=self.prompt_tokens + completion),
             timings=Timings(queue_ms=queue_ms, ttft_ms=ttft, total_ms=(now - self.job.created) * 1000),
         )

@@ -11,6 +11,7 @@ from common.modelcard import ModelCard
 from common.servable import (
     chat_template,
     context_length,
+    eos_ids,
     generation_defaults,
     infer_servable,
     special_tokens,
@@ -24,6 +25,7 @@ class ServableInfo:
     card: ModelCard
     defaults: dict[str, Any]
     vocab_size: int | None
+    path: Path
 
     @classmethod
     def load(cls, path: Path, model: ModelConfig, device: str) -> ServableInfo:
@@ -44,9 +46,19 @@ class ServableInfo:
             eos_token=eos,
             created=int(path.stat().st_mtime) if path.exists() else int(time.time()),
             preference=model.devices.index(device) if device in model.devices else len(model.devices),
+            tool_parser=model.tool_parser,
+            reasoning_parser=model.reasoning_parser,
+            enable_tool_guided_generation=model.enable_tool_guided_generation,
+            prompt_lookup=bool(model.plugin_config.get("prompt_lookup")),
         )
         defaults = {**model.sampling_defaults, **generation_defaults(path)}
-        return cls(tokenizer, card, defaults, vocab_size(path))
+        return cls(tokenizer, card, defaults, vocab_size(path), path)
 
-    def decode(self, sequences: list[list[int]]) -> list[str]:
-        return self.tokenizer.decode(sequences, skip_special_tokens=True)
+    def decode(self, sequences: list[list[int]], skip_special_tokens: bool = True) -> list[str]:
+        return self.tokenizer.decode(sequences, skip_special_tokens=skip_special_tokens)
+
+    def end_ids(self) -> set[int]:
+        """Ids that end an answer: the tokenizer's EOS and generation_config.json's `eos_token_id`(s)."""
+        ids = {self.tokenizer.get_eos_token_id()}
+        ids.update(eos_ids(self.path))
+        return {i for i in ids if i is not None and i >= 0}

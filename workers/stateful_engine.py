@@ -44,6 +44,7 @@ from workers.engine import (
     tokenize,
 )
 from workers.generation import engine_config, token_budget
+from workers.structured import structured_config
 
 log = logging.getLogger("ovq.stateful_engine")
 
@@ -196,9 +197,12 @@ class StatefulEngine:
             )
         sampling = SamplingParams.model_validate(params)
         budget = token_budget(sampling, self.spec.defaults, len(ids), self.context)
-        config = _generation_config(engine_config(sampling, self.spec.defaults, budget))
+        config = _generation_config(engine_config(sampling, self.spec.defaults, budget),
+                                    self.tokenizer.get_eos_token_id())
         if config.num_return_sequences > 1 or config.is_beam_search():
             raise _one_sequence("n")
+        if sampling.structured is not None:
+            config.structured_output_config = structured_config(sampling.structured)
         config.apply_chat_template = False  # input ids bypass it anyway; say so in case a string ever gets here
         return Pending(job, ids, config, config.max_new_tokens)
 

@@ -9,7 +9,7 @@ from typing import Any
 
 from common.config import ModelConfig
 from common.errors import ErrorBody
-from common.events import Accepted, Cancelled, Error
+from common.events import Accepted, Cancelled, Error, TokenLogprob
 from common.jobs import Job
 from common.servable import ServableType
 from common.settings import Settings
@@ -17,7 +17,7 @@ from workers.base import BaseWorker
 from workers.detokenizer import ByteTable, Detokenizer
 from workers.engine import EngineSpec
 from workers.engine_client import EngineClient, Target
-from workers.jobstate import RunningJob
+from workers.jobstate import Choice, RunningJob
 from workers.publisher import Outbox
 from workers.servable_info import ServableInfo
 
@@ -70,7 +70,7 @@ class TextWorker(BaseWorker):
         ignored = sorted(set(CB_ONLY) & model.model_fields_set) if stateful else []
         if ignored:
             log.warning("%s is a stateful servable: ignoring %s", model.name, ", ".join(ignored))
-        self.detokenizer = Detokenizer(self.info.decode, ByteTable.build(self.info.tokenizer))
+        self.detokenizer = Detokenizer(self.info.decode, ByteTable.build(self.info.tokenizer), self.info.end_ids())
         self._pending: set[asyncio.Task[None]] = set()
         self.engine = EngineClient(engine_spec(model, device, self.info), engine_target(self.card.servable_type),
                                    self._on_outputs, self._on_engine_exit)
@@ -92,10 +92,11 @@ class TextWorker(BaseWorker):
     def cancel_running(self, job_id: str) -> None:
         self.engine.send(["cancel", job_id])
 
-
     def _start(self, entry_id: bytes, job: Job, outbox: Outbox) -> None:
         """Hand the job to the engine; it answers `accepted` (prompt tokens) or an error right away."""
-        self.running[job.id] = RunningJob(job, entry_id, self.detokenizer.stream())
+        skip = job.params.skip_special_tokens
+        streams = [self.detokenizer.stream(skip) for _ in range(job.params.n)]
+        self.running[job.id] = RunningJob(job, entry_id, streams)
         if job.images:
             task = asyncio.create_task(self._add_with_images(job))
             self._pending.add(task)
@@ -126,45 +127,85 @@ class TextWorker(BaseWorker):
     # ---- engine output ---------------------------------------------------------------------------------
     def _on_outputs(self, outputs: list[list[Any]]) -> None:
         outbox = Outbox()
-        # Jobs absent from `running` finished here already (a stop string the engine had not seen yet).
-        live = [(self.running[u[0]], u[1], u[2], u[3]) for u in outputs if u[0] in self.running]
-        texts = self.detokenizer.step([(state.detok, ids) for state, ids, _, _ in live])
-        for (state, ids, finish, extra), text in zip(live, texts, strict=True):
-            job_id = state.job.id
+        updates, work = [], []
+        for update in outputs:
+            state = self.running.get(update[0])
+            if state is None:  # finished here already (a stop string the engine had not seen yet)
+                continue
+            job_id, ids, finish, extra, *rest = update
+            index = rest[0] if rest else 0
+            choice = state.choices[index] if index < len(state.choices) else None
+            generated = finish in (None, "stop", "length") and choice is not None and choice.finish is None
+            updates.append((state, choice, ids, finish, extra, rest[1] if len(rest) > 1 else None, generated))
+            if generated:
+                work.append((choice.detok, ids))
+        texts = iter(self.detokenizer.step(work))
+        for state, choice, ids, finish, extra, logprobs, generated in updates:
+            if state.job.id not in self.running:  # an error or cancel earlier in this batch ended it
+                continue
             if finish == "accepted":
                 self._accepted(state, extra, outbox)
-                continue
-            was_streamed = state.streamed
-            delta = state.delta(ids, text)
-            if delta:
-                outbox.publish(state.job.reply_to, delta)
-                if not was_streamed:
-                    outbox.set_status(job_id, streamed=1)
-            if state.stops.stopped and finish is None:
-                self.engine.send(["cancel", job_id])
-                finish = "stop"
-            if finish is not None:
-                self._finish(state, finish, outbox, extra)
+            elif finish in ("cancelled", "error"):
+                self._end(state, finish, outbox, extra)
+            elif finish == "prompt" and choice is not None:
+                self._echo(state, choice, ids, logprobs, outbox)
+            elif generated:
+                self._generated(state, choice, ids, next(texts), finish, logprobs, outbox)
         self.publisher.put(outbox)
 
-    def _finish(self, state: RunningJob, finish: str, outbox: Outbox, extra: Any = None) -> None:
+    def _generated(self, state: RunningJob, choice: Choice, ids: list[int], text: str, finish: str | None,
+                   logprobs: list[float] | None, outbox: Outbox) -> None:
+        job = state.job
+        was_streamed = state.streamed
+        delta = state.delta(choice, ids, text, self._entries(ids, logprobs))
+        if delta:
+            outbox.publish(job.reply_to, delta)
+            if not was_streamed:
+                outbox.set_status(job.id, streamed=1)
+        if choice.stops.stopped and finish is None:
+            self.engine.send(["cancel", job.id, choice.index])
+            finish = "stop"
+        if finish is not None:
+            outbox.publish(job.reply_to, state.finish(choice, finish))
+            if state.finished:
+                self._end(state, "done", outbox)
+
+    def _echo(self, state: RunningJob, choice: Choice, ids: list[int], logprobs: list[float] | None,
+              outbox: Outbox) -> None:
+        """The prompt first, as given (a string prompt) or decoded (token ids), with its log-probabilities."""
+        prompt = state.job.prompt
+        if isinstance(prompt, str):
+            text = prompt
+        else:
+            text = self.info.decode([prompt], state.job.params.skip_special_tokens)[0]
+        entries = self._entries(ids, logprobs)
+        if entries:
+            entries[0].logprob = None  # nothing predicts the first token
+        outbox.publish(state.job.reply_to, state.echo(choice, text, entries))
+
+    def _entries(self, ids: list[int], logprobs: list[float] | None) -> list[TokenLogprob] | None:
+        if logprobs is None:
+            return None
+        texts = self.detokenizer.token_texts(ids)
+        return [TokenLogprob(token=text, logprob=lp, bytes=list(raw))
+                for (text, raw), lp in zip(texts, logprobs, strict=True)]
+
+    def _end(self, state: RunningJob, end: str, outbox: Outbox, extra: Any = None) -> None:
+        """The job's one terminal event: done (every choice finished), cancelled or error."""
         job = state.job
         self._job_done(state, outbox)
-        if finish == "cancelled":
+        if end == "cancelled":
             outbox.publish(job.reply_to, Cancelled(job=job.id, seq=state.next_seq()))
             outbox.set_status(job.id, status="cancelled")
-        elif finish == "error":
+        elif end == "error":
             status = extra.pop("status")
             error = ErrorBody.model_validate(extra)
             outbox.publish(job.reply_to, Error(job=job.id, seq=state.next_seq(), status=status, error=error))
             outbox.set_status(job.id, status="error", error=error.model_dump())
         else:
-            tail = state.flush()
-            if tail:
-                outbox.publish(job.reply_to, tail)
-            done = state.done(finish)
+            done = state.done()
             outbox.publish(job.reply_to, done)
-            outbox.set_status(job.id, status="done", text="".join(state.text),
+            outbox.set_status(job.id, status="done", text="".join(state.choices[0].text),
                               result=done.model_dump(mode="json"))
 
     def _on_engine_exit(self) -> None:

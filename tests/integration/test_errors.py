@@ -45,7 +45,13 @@ def assert_envelope(response: httpx.Response, status: int) -> dict:
         ({"model": MODEL, "messages": HELLO, "seed": -1}, "seed"),
         ({"model": MODEL, "messages": HELLO, "presence_penalty": 9}, "presence_penalty"),
         ({"model": MODEL, "messages": HELLO, "stream_options": {"include_usage": True}}, "stream_options"),
-        ({"model": MODEL, "messages": HELLO, "n": 2}, "n"),
+        ({"model": MODEL, "messages": HELLO, "n": 3, "best_of": 2}, "n"),
+        ({"model": MODEL, "messages": HELLO, "best_of": 21}, "best_of"),
+        ({"model": MODEL, "messages": HELLO, "response_format": {"type": "json_schema", "json_schema": {
+            "name": "x", "schema": {"type": "foo"}}}}, "response_format.json_schema.schema"),
+        ({"model": MODEL, "messages": HELLO, "num_assistant_tokens": 3}, "num_assistant_tokens"),
+        ({"model": MODEL, "messages": HELLO, "tool_choice": "required", "tools": [
+            {"type": "function", "function": {"name": "f"}}]}, "tool_choice"),
         ({"messages": HELLO}, "model"),
     ],
 )

@@ -21,7 +21,8 @@ def tokenizer(model_dir: Path):
 def detokenizer(request: pytest.FixtureRequest, tokenizer) -> Detokenizer:
     table = ByteTable.build(tokenizer) if request.param == "byte-table" else None
     assert table is not None or request.param == "window"
-    return Detokenizer(lambda seqs: tokenizer.decode(seqs, skip_special_tokens=True), table)
+    return Detokenizer(lambda seqs, skip: tokenizer.decode(seqs, skip_special_tokens=skip), table,
+                       {tokenizer.get_eos_token_id()})
 
 
 def _ids(tokenizer, text: str) -> list[int]:
@@ -47,9 +48,9 @@ def test_several_tokens_at_once_and_special_tokens_skipped(tokenizer, detokenize
 def test_one_step_serves_many_jobs_with_at_most_one_decode_call(tokenizer) -> None:
     calls = []
 
-    def counting(sequences: list[list[int]]) -> list[str]:
+    def counting(sequences: list[list[int]], skip: bool) -> list[str]:
         calls.append(len(sequences))
-        return tokenizer.decode(sequences, skip_special_tokens=True)
+        return tokenizer.decode(sequences, skip_special_tokens=skip)
 
     detokenizer = Detokenizer(counting, None)
     all_ids = [_ids(tokenizer, t) for t in TEXTS]
@@ -61,6 +62,22 @@ def test_one_step_serves_many_jobs_with_at_most_one_decode_call(tokenizer) -> No
             outs[i] += text
     assert outs == TEXTS
     assert len(calls) == max(map(len, all_ids))
+
+
+def test_kept_special_tokens_are_text_but_the_end_of_sequence_is_not(tokenizer, detokenizer: Detokenizer) -> None:
+    start = tokenizer.get_bos_token_id()  # <|im_start|>: special, yet a tool or chat marker some parsers need
+    ids = [start] + _ids(tokenizer, "hi") + [tokenizer.get_eos_token_id()]
+    kept, skipped = detokenizer.stream(skip_special_tokens=False), detokenizer.stream()
+    assert "".join(detokenizer.step([(kept, [i])])[0] for i in ids) == "<|im_start|>hi"
+    assert "".join(detokenizer.step([(skipped, [i])])[0] for i in ids) == "hi"
+
+
+def test_each_token_text_is_attributed_to_the_token_that_made_it(tokenizer, detokenizer: Detokenizer) -> None:
+    ids = _ids(tokenizer, TEXTS[1])
+    stream = detokenizer.stream()
+    text = detokenizer.step([(stream, ids)])[0]
+    assert len(stream.pieces) == len(ids) and sum(stream.pieces) == len(text)
+    assert [text for text, _ in detokenizer.token_texts(ids[:2])] == [tokenizer.decode([i]) for i in ids[:2]]
 
 
 def test_byte_table_is_used_only_where_it_agrees_with_the_tokenizer() -> None:
@@ -106,6 +123,11 @@ def test_held_prefix_is_flushed_at_the_end() -> None:
 
 def test_earliest_of_several_stops_wins() -> None:
     assert _feed_all(["world", "lo"], ["hello world"]) == ("hel", True)
+
+
+def test_stop_string_kept_when_asked() -> None:
+    flt = StopFilter(["STOP"], keep=True)
+    assert flt.feed("abc ST") + flt.feed("OP and more") + flt.flush() == "abc STOP"
 
 
 def test_no_stops_passes_text_through() -> None:

@@ -1,0 +1,55 @@
+"""Turning generated text into OpenAI chat fields (content, reasoning_content, tool_calls), whole or streamed.
+
+Parser names are OpenVINO Model Server's `tool_parser` and `reasoning_parser` options.
+"""
+from __future__ import annotations
+
+from .base import (
+    Function,
+    Parsed,
+    ParsedDelta,
+    ReasoningParser,
+    ToolCall,
+    ToolCallDelta,
+    ToolParser,
+)
+from .hermes3 import Hermes3ToolParser
+from .llama3 import Llama3ToolParser
+from .mistral import MistralToolParser
+from .output import OutputParser
+from .phi4 import Phi4ToolParser
+from .qwen3 import Qwen3ReasoningParser
+
+TOOL_PARSERS: dict[str, type[ToolParser]] = {
+    parser.name: parser for parser in (Hermes3ToolParser, Llama3ToolParser, Phi4ToolParser, MistralToolParser)
+}
+REASONING_PARSERS: dict[str, type[ReasoningParser]] = {Qwen3ReasoningParser.name: Qwen3ReasoningParser}
+
+
+def output_parser(tool_parser: str | None, reasoning_parser: str | None, prompt: str = "") -> OutputParser:
+    """A fresh pipeline for one answer of a model with these options; `prompt` is the rendered prompt, which
+    tells whether the output starts inside an already opened reasoning block."""
+    reasoning = None
+    if reasoning_parser is not None:
+        kind = REASONING_PARSERS[reasoning_parser]
+        reasoning = kind(prompt_opened=kind.opens(prompt))
+    return OutputParser(reasoning, TOOL_PARSERS[tool_parser]() if tool_parser is not None else None)
+
+__all__ = [
+    "REASONING_PARSERS",
+    "TOOL_PARSERS",
+    "Function",
+    "Hermes3ToolParser",
+    "Llama3ToolParser",
+    "MistralToolParser",
+    "OutputParser",
+    "Parsed",
+    "ParsedDelta",
+    "Phi4ToolParser",
+    "Qwen3ReasoningParser",
+    "ReasoningParser",
+    "ToolCall",
+    "ToolCallDelta",
+    "ToolParser",
+    "output_parser",
+]

@@ -1,0 +1,45 @@
+"""Formats where a marker (`<tool_call>`, `functools`, `[TOOL_CALLS]`) introduces calls anywhere in the text."""
+from __future__ import annotations
+
+from abc import abstractmethod
+from typing import ClassVar
+
+from .base import Step, ToolParser
+from .calls import calls_from_array
+from .jsonscan import NOT_JSON
+from .text import before_marker
+
+
+class MarkedToolParser(ToolParser):
+    """Text streams as content up to the marker; what follows the marker is read as a call. If it turns out not
+    to be one, the marker itself becomes content and reading resumes right after it, so the rest of that region
+    stays content too and a good call further on is still found."""
+
+    marker: ClassVar[str]
+
+    def _step(self, buffer: str, final: bool) -> Step | None:
+        plain = before_marker(buffer, self.marker, final)
+        if plain:
+            return Step(plain, content=buffer[:plain])
+        if not buffer.startswith(self.marker):
+            return None  # only the beginning of a marker so far
+        return self._call(buffer, final)
+
+    @abstractmethod
+    def _call(self, buffer: str, final: bool) -> Step | None:
+        """Read the call(s) `buffer` starts with (it starts with the marker)."""
+
+    def _not_a_call(self) -> Step:
+        return Step(len(self.marker), content=self.marker)
+
+    def _unsettled(self, final: bool) -> Step | None:
+        """Needs more text; at the end of output an unfinished call is no call."""
+        return self._not_a_call() if final else None
+
+    def _array(self, buffer: str, start: int, final: bool) -> Step | None:
+        """A JSON array of call objects at `start`, the whole array being the region's end."""
+        end = self._json.end(buffer, start, "[")
+        if end is None:
+            return self._unsettled(final)
+        calls = calls_from_array(buffer[start:end]) if end != NOT_JSON else None
+        return Step(end, calls=calls) if calls else self._not_a_call()
