@@ -26,7 +26,20 @@ IMAGE = "tiny-sd"  # random-weight Stable Diffusion built by tests/models/build_
 VLM = "tiny-llava"  # random-weight LLaVA, continuous batching
 STATEFUL = "smollm2-stateful"  # SmolLM2 as OVMS's stateful (NPU-style) servable, run on CPU
 STATEFUL_VLM = "tiny-llava-stateful"  # the tiny LLaVA in VLMPipeline
+TOOLS = "smollm2-tools"  # SmolLM2 with a tools-aware template, hermes3 tool parser, qwen3 reasoning parser
 MODELS = ROOT / "tests" / "models"
+FIXTURES = ROOT / "tests" / "fixtures"
+
+
+def tools_model_dir(model_dir: Path, work: Path) -> Path:
+    """The default model's files (linked) with a chat template that renders tools and `enable_thinking`."""
+    target = work / TOOLS
+    target.mkdir()
+    for item in model_dir.iterdir():
+        if item.name not in ("chat_template.jinja", "template.jinja"):
+            (target / item.name).symlink_to(item)
+    (target / "chat_template.jinja").write_text((FIXTURES / "tools_chat_template.jinja").read_text())
+    return target
 
 
 def free_port() -> int:
@@ -72,7 +85,8 @@ def _spawn(args: list[str], env: dict[str, str], log: Path) -> subprocess.Popen[
                             stderr=subprocess.STDOUT)
 
 
-def _wait_ready(url: str, procs: list[subprocess.Popen[bytes]], logs: Path, timeout: float = 120) -> None:
+def _wait_ready(url: str, procs: list[subprocess.Popen[bytes]], logs: Path, models: set[str],
+                timeout: float = 120) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         for proc in procs:
@@ -80,7 +94,8 @@ def _wait_ready(url: str, procs: list[subprocess.Popen[bytes]], logs: Path, time
                 tails = "\n".join(p.read_text()[-3000:] for p in logs.glob("*.log"))
                 raise RuntimeError(f"a process exited during start-up:\n{tails}")
         try:
-            if httpx.get(url, timeout=2).status_code == 200:
+            response = httpx.get(url, timeout=2)
+            if response.status_code == 200 and models <= set(response.json()["models"]):
                 return
         except httpx.HTTPError:
             pass
@@ -99,8 +114,12 @@ def stack(model_dir: Path, redis_url: str, tmp_path_factory: pytest.TempPathFact
     vlm = {"path": str(MODELS / "tiny-llava"), "cache_size": 0}
     stateful = {**common, "pipeline_type": "LM", "max_num_seqs": 8,
                 "plugin_config": {"ATTENTION_BACKEND": "SDPA", "MAX_PROMPT_LEN": 96}}
-    models = {MODEL: common, SINGLE: {**common, "max_num_seqs": 1}, IMAGE: image, VLM: vlm, STATEFUL: stateful,
-              STATEFUL_VLM: {**vlm, "pipeline_type": "VLM"}}
+    tools = {**common, "path": str(tools_model_dir(model_dir, work)), "tool_parser": "hermes3",
+             "reasoning_parser": "qwen3", "enable_tool_guided_generation": True}
+    # SINGLE also decodes with prompt lookup: greedy answers must not change.
+    single = {**common, "max_num_seqs": 1, "plugin_config": {"prompt_lookup": True}}
+    models = {MODEL: common, SINGLE: single, IMAGE: image, VLM: vlm, STATEFUL: stateful,
+              STATEFUL_VLM: {**vlm, "pipeline_type": "VLM"}, TOOLS: tools}
     config.write_text(json.dumps({"models": models}))
     port = free_port()
     media = work / "media"
@@ -117,11 +136,12 @@ def stack(model_dir: Path, redis_url: str, tmp_path_factory: pytest.TempPathFact
         _spawn(["workers", "--model", VLM], env, work / "vlm.log"),
         _spawn(["workers", "--model", STATEFUL], env, work / "stateful.log"),
         _spawn(["workers", "--model", STATEFUL_VLM], env, work / "stateful_vlm.log"),
+        _spawn(["workers", "--model", TOOLS], env, work / "tools.log"),
         _spawn(["api"], env, work / "api.log"),
     ]
     base = f"http://127.0.0.1:{port}"
     try:
-        _wait_ready(f"{base}/health", procs, work)
+        _wait_ready(f"{base}/health", procs, work, set(models))
         yield Stack(f"{base}/v3", redis_url, config, work, env)
     finally:
         for proc in procs:

@@ -9,7 +9,7 @@ import json
 import re
 from typing import Any
 
-NOT_JSON = -1  # json_end: the text at that position does not open the expected value
+NOT_JSON = -1  # JsonScanner.end: the text at that position does not open the expected value
 
 _WS = re.compile(r"\s*")
 _OUTSIDE = re.compile(r'["{}\[\]]')

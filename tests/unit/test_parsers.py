@@ -3,7 +3,9 @@ streamed answer must be exactly the whole one."""
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterator
+import random
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
 
 import pytest
 
@@ -19,6 +21,7 @@ from api.parsers import (
     ToolCallDelta,
     output_parser,
 )
+from api.parsers.jsonscan import NOT_JSON, JsonScanner
 from common.structured import json_schema
 
 Call = tuple[str, str]  # (name, arguments)
@@ -39,7 +42,7 @@ def splits(text: str) -> Iterator[list[str]]:
     yield list(text)
 
 
-def streamed(parser: object, chunks: list[str]) -> Answer:
+def streamed(parser: Any, chunks: list[str]) -> Answer:
     deltas: list[ParsedDelta] = [parser.feed(chunk) for chunk in chunks] + [parser.finish()]
     calls: dict[int, list[str]] = {}
     ids: set[str] = set()
@@ -57,12 +60,12 @@ def streamed(parser: object, chunks: list[str]) -> Answer:
     return content, reasoning, [(name, arguments) for name, arguments in calls.values()]
 
 
-def check_streaming(make: Callable[[], object], text: str, expected: Answer) -> None:
+def check_streaming(make: Callable[[], Any], text: str, expected: Answer) -> None:
     for chunks in splits(text):
         assert streamed(make(), chunks) == expected, chunks
 
 
-def case(parser: str, text: str, content: str | None, calls: list[Call] = (), name: str = "") -> object:
+def case(parser: str, text: str, content: str | None, calls: Sequence[Call] = (), name: str = "") -> Any:
     return pytest.param(parser, text, content, list(calls), id=f"{parser}-{name}")
 
 
@@ -246,6 +249,37 @@ def test_calls_and_reasoning_are_sent_before_the_end() -> None:
     delta = parser.feed('{"name": "get_time", "parameters": {}}; ')
     assert delta.tool_calls == [ToolCallDelta(0, delta.tool_calls[0].id, "get_time", "{}")]
     assert parser.finish() == ParsedDelta()
+
+
+PIECES = ["<tool_call>", "</tool_call>", "\n", " ", "{", "}", "[", "]", '"', "\\", ";", ",", "functools",
+          '{"name": "f", "arguments": {"a": "}"}}', '{"name": "g", "parameters": {}}',
+          '[{"name": "h", "arguments": {}}]', "[TOOL_CALLS]",
+          "get", "[ARGS]", "<|python_tag|>", "<think>", "</think>", "hello", "é", "</"]
+
+
+def test_random_outputs_stream_like_whole() -> None:
+    """Marker and JSON fragments glued at random: whatever the parsers make of them, streaming must agree."""
+    rng = random.Random(7)
+    for _ in range(150):
+        text = "".join(rng.choice(PIECES) for _ in range(rng.randint(0, 10)))
+        cut = rng.randint(0, len(text))
+        for kind in TOOL_PARSERS.values():
+            content, calls = kind().parse(text)
+            expected = (content, None, [(call.name, call.arguments) for call in calls])
+            assert streamed(kind(), [text[:cut], text[cut:]]) == expected == streamed(kind(), list(text)), text
+        whole = output_parser("hermes3", "qwen3").parse(text)
+        expected = (whole.content, whole.reasoning, [(call.name, call.arguments) for call in whole.tool_calls])
+        assert streamed(output_parser("hermes3", "qwen3"), list(text)) == expected, text
+
+
+def test_json_scanner_resumes_where_it_stopped() -> None:
+    text = f"{TRICKY} and more"
+    scanner = JsonScanner()
+    for cut in range(1, len(text) + 1):
+        assert scanner.end(text[:cut], 0, "{") == (len(TRICKY) if cut >= len(TRICKY) else None), cut
+    assert JsonScanner().end(" {}", 1, "[") == NOT_JSON
+    assert JsonScanner().end(r'x["\\"]', 1, "[") == 7  # an escaped backslash does not escape the quote
+    assert JsonScanner().end(r'x["\"]', 1, "[") is None  # an escaped quote does not end the string
 
 
 def test_parsed_delta_truth() -> None:
