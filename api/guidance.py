@@ -5,6 +5,8 @@ step it lands in, so schemas are validated against their JSON Schema meta-schema
 """
 from __future__ import annotations
 
+import re
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -20,7 +22,12 @@ from common.modelcard import ModelCard
 EMPTY_PARAMETERS: dict[str, Any] = {"type": "object", "properties": {}}
 
 
+# Regex features xgrammar's compiler refuses (lookaround, backreferences): measured to break the engine step.
+UNSUPPORTED_REGEX = re.compile(r"\(\?<?[=!]|\\[1-9]")
+
+
 def check_schema(schema: Any, param: str) -> None:
+    """A 400 for what the meta-schema refuses, `$ref`s that lead nowhere and patterns xgrammar cannot compile."""
     if not isinstance(schema, dict):
         raise OvqError(f"{param} must be a JSON schema object", param=param)
     try:
@@ -29,6 +36,38 @@ def check_schema(schema: Any, param: str) -> None:
         where = "/".join(str(p) for p in exc.path)
         raise OvqError(f"{param} is not a valid JSON schema: {exc.message}" + (f" (at {where})" if where else ""),
                        param=param) from None
+    for node in _nodes(schema):
+        ref = node.get("$ref")
+        if isinstance(ref, str) and ref.startswith("#") and not _resolves(schema, ref):
+            raise OvqError(f"{param}: $ref '{ref}' does not resolve within the schema", param=param)
+        patterns = [node.get("pattern")] + list(node.get("patternProperties") or {})
+        for pattern in patterns:
+            if isinstance(pattern, str) and UNSUPPORTED_REGEX.search(pattern):
+                raise OvqError(f"{param}: pattern {pattern!r} uses lookaround or backreferences, which "
+                               "structured generation does not support", param=param)
+
+
+def _nodes(value: Any) -> Iterator[dict[str, Any]]:
+    if isinstance(value, dict):
+        yield value
+        for item in value.values():
+            yield from _nodes(item)
+    elif isinstance(value, list):
+        for item in value:
+            yield from _nodes(item)
+
+
+def _resolves(schema: dict[str, Any], ref: str) -> bool:
+    target: Any = schema
+    for part in (p for p in ref[1:].split("/") if p):
+        part = part.replace("~1", "/").replace("~0", "~")
+        if isinstance(target, dict) and part in target:
+            target = target[part]
+        elif isinstance(target, list) and part.isdigit() and int(part) < len(target):
+            target = target[int(part)]
+        else:
+            return False
+    return True
 
 
 def response_structure(response_format: ResponseFormat | None) -> structured.Node | None:

@@ -4,7 +4,7 @@ import pytest
 
 from common.errors import OvqError
 from common.jobs import SamplingParams
-from workers.generation import engine_config, token_budget
+from workers.generation import choice_configs, engine_config, token_budget
 
 
 def test_budget_defaults_to_the_room_left_in_the_context() -> None:
@@ -33,3 +33,22 @@ def test_stop_strings_are_kept_in_engine_output_for_the_filter() -> None:
     config = engine_config(SamplingParams(temperature=0, stop=["x"], ignore_eos=True), {}, 8)
     assert config["stop_strings"] == ["x"] and config["include_stop_str_in_output"] is True
     assert config["ignore_eos"] is True and "temperature" not in config
+
+
+def test_sampled_choices_are_separate_requests_with_consecutive_seeds() -> None:
+    configs = choice_configs(SamplingParams(n=3, seed=2**32 - 1, temperature=0.7), {}, 8)
+    assert [c["rng_seed"] for c in configs] == [2**32 - 1, 0, 1]
+    unseeded = choice_configs(SamplingParams(n=2, temperature=0.7), {}, 8)
+    assert unseeded[1]["rng_seed"] == (unseeded[0]["rng_seed"] + 1) % 2**32
+
+
+def test_best_of_is_one_beam_search_request() -> None:
+    (config,) = choice_configs(SamplingParams(n=2, best_of=4, temperature=0.9, length_penalty=0.5), {}, 8)
+    assert (config["num_beams"], config["num_return_sequences"], config["do_sample"]) == (4, 2, False)
+    assert "temperature" not in config and config["length_penalty"] == 0.5
+
+
+def test_top_logprob_needs_greedy() -> None:
+    assert choice_configs(SamplingParams(logprobs=1, temperature=0), {}, 8)[0]["logprobs"] == 1
+    with pytest.raises(OvqError, match="greedy"):
+        choice_configs(SamplingParams(logprobs=1, temperature=0.5), {}, 8)
