@@ -11,7 +11,7 @@ from openai import OpenAI
 
 from common.jobs import Job, SamplingParams
 from common.keys import GROUP, Keys
-from tests.conftest import IMAGE, MODEL, SINGLE, STATEFUL, STATEFUL_VLM, VLM, Stack
+from tests.conftest import IMAGE, MODEL, SINGLE, STATEFUL, STATEFUL_VLM, TOOLS, VLM, Stack
 
 KEYS = Keys("ovqtest")
 
@@ -20,7 +20,7 @@ def test_health_reports_ready(stack: Stack) -> None:
     assert httpx.get(stack.url("/v2/health/live")).json() == {"live": True}
     ready = httpx.get(stack.url("/v2/health/ready"))
     assert ready.status_code == 200
-    assert ready.json()["models"] == {name: True for name in (MODEL, SINGLE, IMAGE, VLM, STATEFUL, STATEFUL_VLM)}
+    assert ready.json()["models"] == {name: True for name in (MODEL, SINGLE, IMAGE, VLM, STATEFUL, STATEFUL_VLM, TOOLS)}
     assert httpx.get(stack.url("/health")).status_code == 200
 
 
