@@ -100,9 +100,17 @@ class ChatPlan:
                             tools() if tools else None)
 
     def opened(self, prompt: str) -> None:
-        """Whether the template left the prompt inside a reasoning block (thinking on, `<think>` already written)."""
-        if self.reasoning_parser:
-            self.prompt_opens_reasoning = REASONING_PARSERS[self.reasoning_parser].opens(prompt)
+        """Note whether the template left the prompt inside a reasoning block (thinking on, `<think>` written).
+
+        If so, a constraint applies to the answer only: reasoning stays free text up to its end tag.
+        """
+        if not self.reasoning_parser:
+            return
+        kind = REASONING_PARSERS[self.reasoning_parser]
+        self.prompt_opens_reasoning = kind.opens(prompt)
+        if self.prompt_opens_reasoning and self.structure is not None:
+            self.structure = structured.concat(structured.tag("", structured.any_text(), kind.end_tag),
+                                               self.structure)
 
 
 def chat_plan(body: ChatCompletionRequest, card: ModelCard) -> ChatPlan:

@@ -159,6 +159,7 @@ class ReasoningParser(Stepper):
     """Splits a model's output into reasoning and content. One instance serves one answer."""
 
     name: ClassVar[str]
+    end_tag: ClassVar[str]  # what closes the reasoning: constraints on the answer start after it
 
     def __init__(self, prompt_opened: bool = False) -> None:
         super().__init__()

@@ -14,6 +14,7 @@ class Qwen3ReasoningParser(ReasoningParser):
     of the output reasoning (thinking cut off by max_tokens). Tags elsewhere in the answer are plain text."""
 
     name = "qwen3"
+    end_tag = CLOSE
 
     def __init__(self, prompt_opened: bool = False) -> None:
         super().__init__(prompt_opened)

@@ -73,3 +73,11 @@ def test_reasoning_parser_follows_the_rendered_prompt() -> None:
     result.opened("<|im_start|>assistant\n<think>\n")
     parser = result.parser()
     assert parser.parse("step one</think>\n\nanswer").reasoning == "step one"
+
+
+def test_a_constraint_waits_for_the_end_of_reasoning_when_the_prompt_opened_it() -> None:
+    result = plan({"reasoning_parser": "qwen3"}, response_format={"type": "json_object"})
+    result.opened("<|im_start|>assistant\n<think>\n")
+    first, answer = result.structure["concat"]
+    assert first == {"tag": {"begin": "", "content": {"any_text": True}, "end": "</think>"}}
+    assert answer == {"json_schema": '{"type": "object"}'}
