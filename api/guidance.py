@@ -13,7 +13,7 @@ from typing import Any
 from jsonschema import SchemaError
 from jsonschema.validators import validator_for
 
-from api.parsers import REASONING_PARSERS, TOOL_PARSERS, Function, OutputParser
+from api.parsers import REASONING_PARSERS, TOOL_PARSERS, Function, OutputParser, output_parser
 from api.protocol import ChatCompletionRequest, NamedToolChoice, ResponseFormat
 from common import structured
 from common.errors import OvqError
@@ -89,26 +89,24 @@ class ChatPlan:
     structure: structured.Node | None = None
     reasoning_parser: str | None = None
     template_kwargs: dict[str, Any] = field(default_factory=dict)
-    prompt_opens_reasoning: bool = False
+    prompt: str = ""
 
     def parser(self) -> OutputParser | None:
+        """A fresh parser for one choice, or None when the text goes out as it is."""
         if self.tool_parser is None and self.reasoning_parser is None:
             return None
-        reasoning = REASONING_PARSERS[self.reasoning_parser] if self.reasoning_parser else None
-        tools = TOOL_PARSERS[self.tool_parser] if self.tool_parser else None
-        return OutputParser(reasoning(self.prompt_opens_reasoning) if reasoning else None,
-                            tools() if tools else None)
+        return output_parser(self.tool_parser, self.reasoning_parser, self.prompt)
 
     def opened(self, prompt: str) -> None:
         """Note whether the template left the prompt inside a reasoning block (thinking on, `<think>` written).
 
         If so, a constraint applies to the answer only: reasoning stays free text up to its end tag.
         """
+        self.prompt = prompt
         if not self.reasoning_parser:
             return
         kind = REASONING_PARSERS[self.reasoning_parser]
-        self.prompt_opens_reasoning = kind.opens(prompt)
-        if self.prompt_opens_reasoning and self.structure is not None:
+        if kind.opens(prompt) and self.structure is not None:
             self.structure = structured.concat(structured.tag("", structured.any_text(), kind.end_tag),
                                                self.structure)
 
