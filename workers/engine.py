@@ -131,7 +131,6 @@ class Request:
     echo: bool
     logprobs: bool
     generated: dict[int, int] = field(default_factory=dict)
-    structured: bool = False
 
 
 class Engine:
@@ -165,7 +164,7 @@ class Engine:
             return
         beam = (sampling.best_of or 1) > 1
         self.requests[job] = Request(handles, budget, len(ids), sampling.n, beam, sampling.echo,
-                                     sampling.logprobs is not None, structured=sampling.structured is not None)
+                                     sampling.logprobs is not None)
         if sampling.structured is not None:
             self.unstepped[job] = len(ids)
         else:
@@ -223,11 +222,15 @@ class Engine:
                 self._read_beams(job, request, out)
                 continue
             for index, handle in list(request.handles.items()):
-                self._read_choice(job, request, index, handle, out)
+                if self._read_choice(job, request, index, handle, out) == "error":
+                    for other in request.handles.values():  # the job has failed: its other choices too
+                        other.cancel()
+                    request.handles.clear()
+                    break
             if not request.handles:
                 self._forget(job)
 
-    def _read_choice(self, job: str, request: Request, index: int, handle: Any, out: list[list[Any]]) -> None:
+    def _read_choice(self, job: str, request: Request, index: int, handle: Any, out: list[list[Any]]) -> str | None:
         g = self._g
         tokens: list[int] = []
         logprobs: list[float] = []
@@ -252,6 +255,7 @@ class Engine:
                 extra = {"status": 500, "message": "the request did not fit in the KV cache; raise cache_size"}
         if tokens or finish:
             out.append([job, tokens, finish, extra, index, logprobs if request.logprobs else None])
+        return finish
 
     def _read_beams(self, job: str, request: Request, out: list[list[Any]]) -> None:
         """Beam search hands out its beams when it ends: the `n` best, by score, are the choices."""

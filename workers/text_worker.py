@@ -132,7 +132,7 @@ class TextWorker(BaseWorker):
             state = self.running.get(update[0])
             if state is None:  # finished here already (a stop string the engine had not seen yet)
                 continue
-            job_id, ids, finish, extra, *rest = update
+            _, ids, finish, extra, *rest = update
             index = rest[0] if rest else 0
             choice = state.choices[index] if index < len(state.choices) else None
             generated = finish in (None, "stop", "length") and choice is not None and choice.finish is None
@@ -141,6 +141,7 @@ class TextWorker(BaseWorker):
                 work.append((choice.detok, ids))
         texts = iter(self.detokenizer.step(work))
         for state, choice, ids, finish, extra, logprobs, generated in updates:
+            text = next(texts) if generated else ""
             if state.job.id not in self.running:  # an error or cancel earlier in this batch ended it
                 continue
             if finish == "accepted":
@@ -150,7 +151,7 @@ class TextWorker(BaseWorker):
             elif finish == "prompt" and choice is not None:
                 self._echo(state, choice, ids, logprobs, outbox)
             elif generated:
-                self._generated(state, choice, ids, next(texts), finish, logprobs, outbox)
+                self._generated(state, choice, ids, text, finish, logprobs, outbox)
         self.publisher.put(outbox)
 
     def _generated(self, state: RunningJob, choice: Choice, ids: list[int], text: str, finish: str | None,
