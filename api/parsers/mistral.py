@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import re
+import secrets
+import string
 
 from .base import Step
 from .calls import call_from_parts
@@ -22,6 +24,11 @@ class MistralToolParser(MarkedToolParser):
     trigger = "[TOOL_CALLS]"
     call_prefix = "[TOOL_CALLS]["
     call_suffix = "]"
+
+    @staticmethod
+    def call_id() -> str:
+        # Mistral's chat templates refuse history whose tool-call ids are not 9 letters and digits.
+        return "".join(secrets.choice(string.ascii_letters + string.digits) for _ in range(9))
 
     def _call(self, buffer: str, final: bool) -> Step | None:
         start = skip_ws(buffer, len(self.marker))

@@ -15,6 +15,7 @@ from api.parsers import (
     Function,
     Hermes3ToolParser,
     Llama3ToolParser,
+    MistralToolParser,
     OutputParser,
     ParsedDelta,
     Qwen3ReasoningParser,
@@ -344,3 +345,10 @@ def test_guided_output_parses_back(parser: str) -> None:
 def test_guided_needs_tools() -> None:
     with pytest.raises(ValueError):
         Hermes3ToolParser().guided([], required=True, parallel=False)
+
+
+def test_mistral_call_ids_are_what_its_templates_accept() -> None:
+    _, calls = MistralToolParser().parse('[TOOL_CALLS][{"name": "f", "arguments": {}}]')
+    assert len(calls[0].id) == 9 and calls[0].id.isalnum()
+    _, calls = Hermes3ToolParser().parse('<tool_call>\n{"name": "f", "arguments": {}}\n</tool_call>')
+    assert calls[0].id.startswith("call_")
