@@ -127,13 +127,13 @@ class ToolParser(Stepper):
 
     def parse(self, text: str) -> tuple[str | None, list[ToolCall]]:
         steps = type(self)()._advance(text, final=True)
-        return joined([step.content for step in steps]), [self._named(call) for step in steps for call in step.calls]
+        return joined([step.content for step in steps]), [self._with_id(call) for step in steps for call in step.calls]
 
     @staticmethod
     def call_id() -> str:
         return f"call_{uuid.uuid4().hex[:24]}"
 
-    def _named(self, call: ToolCall) -> ToolCall:
+    def _with_id(self, call: ToolCall) -> ToolCall:
         call.id = self.call_id()
         return call
 
@@ -157,7 +157,7 @@ class ToolParser(Stepper):
 
     def _delta(self, steps: list[Step]) -> ParsedDelta:
         delta = ParsedDelta(content="".join(self._content.push(step.content) for step in steps))
-        for call in (self._named(call) for step in steps for call in step.calls):
+        for call in (self._with_id(call) for step in steps for call in step.calls):
             delta.tool_calls.append(ToolCallDelta(self._count, call.id, call.name, call.arguments))
             self._count += 1
         return delta
