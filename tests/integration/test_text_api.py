@@ -209,3 +209,14 @@ def test_stateful_servable_refuses_what_its_pipeline_cannot_do(stack: Stack, ext
     body = {"model": STATEFUL, "messages": SEA, "max_tokens": 4, **extra}
     response = httpx.post(stack.base_url + "/chat/completions", json=body, timeout=60)
     assert response.status_code == 400 and response.json()["error"]["param"] == param
+
+
+def test_skip_special_tokens_false_keeps_them_in_the_text(client: OpenAI) -> None:
+    # Past its end of turn (ignore_eos) SmolLM2 opens the next turn with the special token <|im_start|>.
+    prompt = "<|im_start|>user\nSay hi.<|im_end|>\n<|im_start|>assistant\nHi!<|im_end|>\n"
+    args = {"model": MODEL, "prompt": prompt, "max_tokens": 6, "temperature": 0}
+    kept = client.completions.create(**args, extra_body={"ignore_eos": True, "skip_special_tokens": False})
+    skipped = client.completions.create(**args, extra_body={"ignore_eos": True})
+    assert "<|im_start|>" in kept.choices[0].text
+    assert "<|im_start|>" not in skipped.choices[0].text
+    assert kept.choices[0].text.replace("<|im_start|>", "") == skipped.choices[0].text
