@@ -113,14 +113,15 @@ def test_stop_string_never_reaches_a_stream(client: OpenAI, keep: bool) -> None:
         assert stop not in streamed and not any(stop in p for p in pieces)
 
 
-def test_json_schema_output_parses_and_validates(client: OpenAI) -> None:
+@pytest.mark.parametrize("model", [MODEL, STATEFUL])
+def test_json_schema_output_parses_and_validates(client: OpenAI, model: str) -> None:
     # Bounded fields: unbounded ones let a 135M model loop ("population": 1111...) until max_tokens.
     schema = {"type": "object", "additionalProperties": False, "required": ["city", "capital", "population"],
               "properties": {"city": {"type": "string", "maxLength": 20}, "capital": {"type": "boolean"},
                              "population": {"type": "integer", "minimum": 0, "maximum": 99999999}}}
     fmt = {"type": "json_schema", "json_schema": {"name": "city", "schema": schema}}
     for stream in (False, True):
-        args = {"model": MODEL, "messages": [{"role": "user", "content": "Describe Paris as JSON."}],
+        args = {"model": model, "messages": [{"role": "user", "content": "Describe Paris as JSON."}],
                 "temperature": 0, "max_tokens": 60, "response_format": fmt}
         if stream:
             text = "".join(c.choices[0].delta.content or "" for c in client.chat.completions.create(**args,
