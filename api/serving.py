@@ -17,9 +17,9 @@ from api.guidance import chat_plan
 from api.jobs import ClientGone, Generation, JobClient
 from api.media import load_image
 from api.metrics import Metrics
-from api.protocol import ChatCompletionRequest, ChatMessage, CompletionRequest, SamplingRequest, UsageInfo
+from api.protocol import ChatCompletionRequest, CompletionRequest, SamplingRequest, UsageInfo
 from api.registry import Registry, Servable
-from api.templates import render
+from api.templates import render, template_message
 from common.errors import OvqError
 from common.jobs import Job, SamplingParams
 from common.modelcard import ModelCard
@@ -172,24 +172,3 @@ class Serving:
         finally:
             await generation.close()
 
-
-def template_message(message: ChatMessage, vision: bool) -> dict[str, Any]:
-    """A message as chat templates expect it: text (or vision parts), and tool-call arguments as objects."""
-    out = {**message.model_dump(exclude_none=True), "content": message.template_content() if vision
-           else message.text()}
-    calls = out.get("tool_calls")
-    if isinstance(calls, list):
-        out["tool_calls"] = [_call_for_template(c) for c in calls]
-    return out
-
-
-def _call_for_template(call: Any) -> Any:
-    # OpenAI sends arguments as a JSON string; templates (as in transformers) index into an object.
-    function = call.get("function") if isinstance(call, dict) else None
-    if isinstance(function, dict) and isinstance(function.get("arguments"), str):
-        try:
-            arguments = orjson.loads(function["arguments"])
-        except orjson.JSONDecodeError:
-            return call
-        return {**call, "function": {**function, "arguments": arguments}}
-    return call

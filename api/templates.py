@@ -6,9 +6,11 @@ from datetime import datetime
 from functools import lru_cache
 from typing import Any
 
+import orjson
 from jinja2 import TemplateError
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
+from api.protocol import ChatMessage
 from common.errors import OvqError
 
 
@@ -49,3 +51,25 @@ def render(source: str, messages: list[dict[str, Any]], bos_token: str, eos_toke
         raise OvqError(str(exc), param="messages") from exc
     except (TemplateError, TypeError, ValueError, KeyError) as exc:
         raise OvqError(f"the chat template could not render these messages: {exc}", param="messages") from exc
+
+
+def template_message(message: ChatMessage, vision: bool) -> dict[str, Any]:
+    """A message as chat templates expect it: text (or vision parts), and tool-call arguments as objects."""
+    out = {**message.model_dump(exclude_none=True), "content": message.template_content() if vision
+           else message.text()}
+    calls = out.get("tool_calls")
+    if isinstance(calls, list):
+        out["tool_calls"] = [_call_for_template(c) for c in calls]
+    return out
+
+
+def _call_for_template(call: Any) -> Any:
+    # OpenAI sends arguments as a JSON string; templates (as in transformers) index into an object.
+    function = call.get("function") if isinstance(call, dict) else None
+    if isinstance(function, dict) and isinstance(function.get("arguments"), str):
+        try:
+            arguments = orjson.loads(function["arguments"])
+        except orjson.JSONDecodeError:
+            return call
+        return {**call, "function": {**function, "arguments": arguments}}
+    return call

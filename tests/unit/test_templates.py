@@ -39,3 +39,15 @@ def test_helpers_transformers_templates_use() -> None:
 def test_broken_template_is_a_400_not_a_crash() -> None:
     with pytest.raises(OvqError):
         render("{{ messages[5]['content'] + 1 }}", [{"role": "user", "content": "x"}], "", "")
+
+
+def test_tool_call_arguments_reach_templates_as_objects() -> None:
+    from api.protocol import ChatMessage
+    from api.templates import template_message
+
+    call = {"id": "c", "type": "function", "function": {"name": "f", "arguments": '{"a": 1}'}}
+    message = template_message(ChatMessage(role="assistant", content=None, tool_calls=[call]), vision=False)
+    assert message["tool_calls"][0]["function"]["arguments"] == {"a": 1}
+    broken = {**call, "function": {"name": "f", "arguments": "{not json"}}
+    kept = template_message(ChatMessage(role="assistant", tool_calls=[broken]), vision=False)
+    assert kept["tool_calls"][0]["function"]["arguments"] == "{not json"
