@@ -130,8 +130,6 @@ class CompletionFormat:
             logprobs = _completion_logprobs(delta.logprobs, choice.top, choice)
         if not delta.text and logprobs is None and delta.finish_reason is None:
             return None
-        if delta.finish_reason:
-            choice.finish = delta.finish_reason
         item = CompletionChoice(index=choice.index, text=delta.text, logprobs=logprobs,
                                 finish_reason=delta.finish_reason)
         return Completion(id=self.id, created=self.created, model=self.model, choices=[item])
