@@ -151,3 +151,34 @@ def stack(model_dir: Path, redis_url: str, tmp_path_factory: pytest.TempPathFact
                 proc.wait(15)
             except subprocess.TimeoutExpired:
                 proc.kill()
+
+
+def raw_greedy(model_dir: Path, prompt: str, max_tokens: int, stateful: bool = False,
+               plugin_config: dict | None = None) -> str:
+    """What GenAI itself answers, greedy, in this process: the pipeline a servable runs, with its properties.
+
+    Greedy texts of different pipelines (paged vs SDPA attention, prompt lookup's batched verification) and
+    precisions (bf16 where the CPU has it) legitimately differ on a 135M model: compare like with like.
+    """
+    import numpy as np
+    import openvino as ov
+    import openvino_genai as g
+
+    config = g.GenerationConfig()
+    config.max_new_tokens = max_tokens
+    tokenizer = g.Tokenizer(str(model_dir))
+    ids = tokenizer.encode(prompt, add_special_tokens=True).input_ids.data[0].tolist()
+    inputs = ov.Tensor(np.asarray([ids], dtype=np.int64))
+    properties = dict(plugin_config or {})
+    if stateful:
+        pipe = g.LLMPipeline(str(model_dir), "CPU", ATTENTION_BACKEND="SDPA", **properties)
+        return tokenizer.decode(list(pipe.generate(inputs, config).tokens[0]))
+    if properties.get("prompt_lookup"):
+        config.num_assistant_tokens, config.max_ngram_size = 3, 2
+    scheduler = g.SchedulerConfig()
+    scheduler.cache_size = 0
+    pipe = g.ContinuousBatchingPipeline(str(model_dir), scheduler, "CPU", properties)
+    handle = pipe.add_request(0, inputs, config)
+    while pipe.has_non_finished_requests():
+        pipe.step()
+    return tokenizer.decode(list(handle.read_all()[0].generated_ids))

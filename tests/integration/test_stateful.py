@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import threading
 import time
+from pathlib import Path
 
 import httpx
 import openai
@@ -12,17 +13,18 @@ import redis
 from openai import OpenAI
 
 from common.keys import GROUP, Keys
-from tests.conftest import MODEL, STATEFUL, Stack
+from tests.conftest import STATEFUL, Stack, raw_greedy
 
 KEYS = Keys("ovqtest")
 QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
+PROMPT = "<|im_start|>user\n{}<|im_end|>\n<|im_start|>assistant\n"
 
 
-def test_stateful_answer_matches_continuous_batching(client: OpenAI) -> None:
-    stateful = client.chat.completions.create(model=STATEFUL, messages=QUESTION, temperature=0, max_tokens=30)
-    batching = client.chat.completions.create(model=MODEL, messages=QUESTION, temperature=0, max_tokens=30)
-    assert "Paris" in stateful.choices[0].message.content
-    assert stateful.choices[0].message.content == batching.choices[0].message.content
+def test_stateful_answer_is_the_stateful_pipelines_own(client: OpenAI, model_dir: Path) -> None:
+    prompt = PROMPT.format("What is the capital of France?")
+    stateful = client.completions.create(model=STATEFUL, prompt=prompt, temperature=0, max_tokens=30)
+    assert "Paris" in stateful.choices[0].text
+    assert stateful.choices[0].text == raw_greedy(model_dir, prompt, 30, stateful=True)
     assert stateful.choices[0].finish_reason == "stop"
 
 

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import json
 from collections import defaultdict
+from pathlib import Path
 
 import httpx
 import jsonschema
 import pytest
 from openai import OpenAI
 
-from tests.conftest import MODEL, SINGLE, STATEFUL, TOOLS, Stack
+from tests.conftest import MODEL, SINGLE, STATEFUL, TOOLS, Stack, raw_greedy
 
 SEA = [{"role": "user", "content": "Write two sentences about the sea."}]
 WEATHER = [{"role": "user", "content": "What is the weather like in Paris today?"}]
@@ -197,12 +198,12 @@ def test_reasoning_is_split_when_thinking_is_on(client: OpenAI) -> None:
     assert plain.choices[0].message.content and getattr(plain.choices[0].message, "reasoning_content", None) is None
 
 
-def test_prompt_lookup_gives_the_greedy_answer(client: OpenAI) -> None:
-    prompt = [{"role": "user", "content": "Repeat exactly: the quick brown fox jumps over the lazy dog."}]
-    plain = client.chat.completions.create(model=MODEL, messages=prompt, temperature=0, max_tokens=24)
-    lookup = client.chat.completions.create(model=SINGLE, messages=prompt, temperature=0, max_tokens=24,
-                                            extra_body={"num_assistant_tokens": 3, "max_ngram_size": 2})
-    assert lookup.choices[0].message.content == plain.choices[0].message.content
+def test_prompt_lookup_gives_the_greedy_answer(client: OpenAI, model_dir: Path) -> None:
+    question = "Repeat exactly: the quick brown fox jumps over the lazy dog."
+    prompt = f"<|im_start|>user\n{question}<|im_end|>\n<|im_start|>assistant\n"
+    lookup = client.completions.create(model=SINGLE, prompt=prompt, temperature=0, max_tokens=24,
+                                       extra_body={"num_assistant_tokens": 3, "max_ngram_size": 2})
+    assert lookup.choices[0].text == raw_greedy(model_dir, prompt, 24, plugin_config={"prompt_lookup": True})
 
 
 @pytest.mark.parametrize(("extra", "param"), [({"n": 2}, "n"), ({"logprobs": True}, "logprobs")])
