@@ -1,17 +1,47 @@
-"""`python -m api`: the HTTP front on OVQ_HOST:OVQ_PORT."""
+"""`python -m api`: the HTTP front on OVQ_HOST:OVQ_PORT, in OVQ_API_PROCESSES processes sharing the port."""
 from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import sys
 
 import uvicorn
 
-from api.app import create_app
-from common.settings import get_settings
+from common.redis_client import RedisURLError, connect, redis_url, wait_until_up
+from common.settings import Settings, get_settings
 
 
-def main() -> None:
+def api_processes(settings: Settings) -> int:
+    """OVQ_API_PROCESSES, else one per four cores (at least one): workers, not the API, should set the limit."""
+    return settings.api_processes or max(1, min(8, (os.cpu_count() or 1) // 4))
+
+
+async def _wait_for_redis(settings: Settings) -> None:
+    client = connect(settings, max_connections=1)
+    try:
+        await wait_until_up(client, redis_url(settings), settings.redis_wait_s, "ovq api")
+    finally:
+        await client.aclose()
+
+
+def main() -> int:
     settings = get_settings()
-    uvicorn.run(create_app(settings), host=settings.host, port=settings.port, log_level=settings.log_level,
-                access_log=False, timeout_graceful_shutdown=5)
+    logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    try:
+        redis_url(settings)
+        asyncio.run(_wait_for_redis(settings))
+    except RedisURLError as exc:
+        print(f"ovq api: {exc}", file=sys.stderr)
+        return 2
+    except TimeoutError as exc:
+        print(f"ovq api: {exc}; exiting", file=sys.stderr)
+        return 1
+    uvicorn.run("api.app:create_app", factory=True, host=settings.host, port=settings.port,
+                workers=api_processes(settings), log_level=settings.log_level, access_log=False,
+                timeout_graceful_shutdown=int(settings.shutdown_grace_s), timeout_keep_alive=settings.keep_alive_s)
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

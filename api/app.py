@@ -2,11 +2,11 @@
 from __future__ import annotations
 
 import logging
+import signal
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
-import redis.asyncio as aioredis
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from prometheus_client import CONTENT_TYPE_LATEST
@@ -21,8 +21,9 @@ from api.protocol import ModelList, ModelObject
 from api.registry import Registry
 from api.serving import Serving
 from common.config import configured_models
-from common.errors import ErrorBody, OvqError, not_found
+from common.errors import ErrorBody, OvqError, not_found, unavailable
 from common.keys import Keys
+from common.redis_client import UNAVAILABLE, connect
 from common.settings import Settings, get_settings
 
 log = logging.getLogger("ovq.api")
@@ -43,7 +44,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        redis = aioredis.Redis.from_url(settings.redis_url or "redis://127.0.0.1:6379/0", max_connections=512)
+        redis = connect(settings)
         keys = Keys(settings.key_prefix)
         hub = EventHub(redis, keys)
         await hub.start()
@@ -53,6 +54,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         jobs = JobClient(redis, keys, hub, registry, settings)
         app.state.serving = Serving(jobs, registry, metrics)
         app.state.images = ImageServing(jobs, registry, settings)
+        _log_stop_signals(settings)
         yield
         await hub.stop()
         await redis.aclose()
@@ -63,10 +65,28 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     return app
 
 
+def _log_stop_signals(settings: Settings) -> None:
+    """One line saying why this process stops; uvicorn's own handler then drains it."""
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        previous = signal.getsignal(sig)
+        if not callable(previous):
+            continue
+
+        def handler(signum: int, frame: Any, previous: Any = previous) -> None:
+            log.warning("api process stopping on %s: no new connections, open requests get up to %.0fs",
+                        signal.Signals(signum).name, settings.shutdown_grace_s)
+            previous(signum, frame)
+
+        signal.signal(sig, handler)
+
+
+RETRY_AFTER = {429: "1", 503: "2"}
+
+
 def _install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(OvqError)
     async def ovq_error(request: Request, exc: OvqError) -> JSONResponse:
-        headers = {"Retry-After": "1"} if exc.status == 429 else None
+        headers = {"Retry-After": RETRY_AFTER[exc.status]} if exc.status in RETRY_AFTER else None
         return error_response(exc.status, exc.body, headers)
 
     @app.exception_handler(RequestValidationError)
@@ -78,6 +98,17 @@ def _install_error_handlers(app: FastAPI) -> None:
     async def http_error(request: Request, exc: HTTPException) -> JSONResponse:
         kind = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
         return error_response(exc.status_code, ErrorBody(message=str(exc.detail), type=kind))
+
+    async def redis_unavailable(request: Request, exc: Exception) -> JSONResponse:
+        # Redis restarting or unreachable: the client may retry. (A handler of its own: Starlette re-raises what
+        # reaches the catch-all handler, which would log a traceback for an outage.)
+        log.warning("Redis unavailable while serving %s: %s", request.url.path, exc)
+        body = ErrorBody(message="The job queue is unavailable right now; retry shortly",
+                         type="service_unavailable", code="service_unavailable")
+        return error_response(503, body, {"Retry-After": RETRY_AFTER[503]})
+
+    for kind in UNAVAILABLE:
+        app.add_exception_handler(kind, redis_unavailable)
 
     @app.exception_handler(Exception)
     async def unexpected(request: Request, exc: Exception) -> JSONResponse:
@@ -119,13 +150,27 @@ def _install_routes(app: FastAPI) -> None:
     @app.get("/health")
     @app.get("/v2/health/ready")
     async def ready(request: Request) -> JSONResponse:
-        status = await request.app.state.registry.ready()
-        ok = bool(status) and all(status.values())
-        return JSONResponse({"ready": ok, "models": status}, status_code=200 if ok else 503)
+        """Ready when Redis answers: what a load balancer needs. Models without a live worker are detail."""
+        try:
+            models = await request.app.state.registry.ready()
+        except UNAVAILABLE:
+            return JSONResponse({"ready": False, "redis": False, "models": {}}, status_code=503,
+                                headers={"Retry-After": RETRY_AFTER[503]})
+        return JSONResponse({"ready": True, "redis": True, "models": models})
 
     @app.get("/v2/health/live")
     async def live() -> dict[str, bool]:
         return {"live": True}
+
+    @app.get("/v2/models/{model:path}/ready")
+    async def model_ready(request: Request, model: str) -> JSONResponse:
+        served = await request.app.state.registry.served(model)
+        if served is None:
+            raise not_found(f"The model `{model}` does not exist")
+        if not served:
+            return error_response(503, unavailable(f"The model `{model}` is not being served by any worker right "
+                                                   "now").body, {"Retry-After": RETRY_AFTER[503]})
+        return JSONResponse({"model": model, "ready": True})
 
     @app.get("/metrics")
     async def metrics(request: Request) -> Response:

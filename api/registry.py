@@ -65,8 +65,13 @@ class Registry:
         self._cards[model] = (time.monotonic(), cards)
         return cards
 
+    async def announced(self) -> list[str]:
+        """Models with a worker heard within the card TTL."""
+        since = time.time() - self.settings.model_card_ttl_s
+        return [m.decode() for m in await self.redis.zrangebyscore(self.keys.models, since, "+inf")]
+
     async def models(self) -> dict[str, ModelCard | None]:
-        names = {m.decode() for m in await self.redis.smembers(self.keys.models)} | set(self.expected)
+        names = set(await self.announced()) | set(self.expected)
         listed: dict[str, ModelCard | None] = {}
         for name in sorted(names):
             cards = await self.cards(name)
@@ -110,9 +115,13 @@ class Registry:
         return job.device
 
     async def ready(self) -> dict[str, bool]:
-        names = self.expected or sorted(m.decode() for m in await self.redis.smembers(self.keys.models))
-        status = {}
-        for name in names:
-            devices = list(await self.cards(name))
-            status[name] = any((await self.live_workers(name, devices)).values()) if devices else False
-        return status
+        """Each known model (expected or announced): whether a live worker serves it now."""
+        names = sorted(set(self.expected) | set(await self.announced()))
+        return {name: bool(await self.served(name)) for name in names}
+
+    async def served(self, model: str) -> bool | None:
+        """Whether a live worker serves the model; None for a model nobody announced and nobody expects."""
+        devices = list(await self.cards(model))
+        if not devices:
+            return False if model in self.expected else None
+        return any((await self.live_workers(model, devices)).values())

@@ -41,8 +41,9 @@ class Keys:
 
     @property
     def models(self) -> str:
-        """Set of every model name a worker has announced."""
-        return f"{self.prefix}:models"
+        """Sorted set: every model a worker has announced, scored by its last heartbeat (unix s); entries older
+        than the card TTL are trimmed by the heartbeats, so retired models leave the list."""
+        return f"{self.prefix}:models:seen"
 
     def blob(self, job_id: str, name: str) -> str:
         """Bytes a job needs or made (uploads, PNGs), with a short TTL: never in the stream or on pub/sub."""

@@ -21,16 +21,28 @@ class Settings(BaseSettings):
     redis_url: str | None = Field(
         default=None, validation_alias=AliasChoices("REDIS_URL", "OVQ_REDIS_URL")
     )
+    # At start, how long a tier waits for Redis (retrying with backoff, one log line per attempt) before it exits.
+    redis_wait_s: float = 60.0
+    # Connections per process; a request that finds all busy waits up to redis_pool_timeout_s (then 503).
+    redis_max_connections: int = 256
+    redis_pool_timeout_s: float = 5.0
+    redis_timeout_s: float = 5.0
     key_prefix: str = "ovq"
     config: Path | None = None
     cache_dir: Path = Field(default_factory=_default_cache_dir)
     host: str = "127.0.0.1"
     port: int = 8000
     log_level: str = "info"
+    # API processes sharing the port (0: one per four cores, at least one).
+    api_processes: int = 0
+    # Idle keep-alive connections are closed after this long.
+    keep_alive_s: int = 5
 
     heartbeat_s: float = 1.0
     # A worker whose heartbeat is older than this is dead: its pending jobs may be reclaimed.
     worker_ttl_s: float = 5.0
+    # A model's card outlives its last worker this long: "not served right now" (503), then unknown (404).
+    model_card_ttl_s: int = 600
     job_ttl_s: int = 3600
     cancel_ttl_s: int = 3600
     # Uploaded images and generated PNGs live this long in Redis at most (the API deletes them once read).

@@ -95,7 +95,8 @@ def _wait_ready(url: str, procs: list[subprocess.Popen[bytes]], logs: Path, mode
                 raise RuntimeError(f"a process exited during start-up:\n{tails}")
         try:
             response = httpx.get(url, timeout=2)
-            if response.status_code == 200 and models <= set(response.json()["models"]):
+            served = response.json()["models"] if response.status_code == 200 else {}
+            if all(served.get(model) for model in models):
                 return
         except httpx.HTTPError:
             pass

@@ -2,12 +2,14 @@
 from __future__ import annotations
 
 import argparse
+import asyncio
 import logging
 import sys
 
 import uvloop
 
 from common.config import ModelConfig, find_model
+from common.redis_client import RedisURLError, connect, redis_url, wait_until_up
 from common.servable import ServableType, infer_servable
 from common.settings import Settings
 from workers.engine import error_message
@@ -26,6 +28,14 @@ def worker_class(model: ModelConfig, device: str) -> type:
     return TextWorker
 
 
+async def _wait_for_redis(settings: Settings, url: str) -> None:
+    client = connect(settings, max_connections=1)
+    try:
+        await wait_until_up(client, url, settings.redis_wait_s, "ovq worker")
+    finally:
+        await client.aclose()
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="ovq worker")
     parser.add_argument("--model", required=True)
@@ -40,6 +50,16 @@ def main(argv: list[str] | None = None) -> int:
     except KeyError:
         print(f"ovq worker: no model named {args.model!r} in the models file", file=sys.stderr)
         return 2
+    try:
+        url = redis_url(settings)
+    except RedisURLError as exc:
+        print(f"ovq worker: {exc}", file=sys.stderr)
+        return 2
+    try:
+        asyncio.run(_wait_for_redis(settings, url))
+    except TimeoutError as exc:
+        print(f"ovq worker: {exc}; exiting", file=sys.stderr)
+        return 1
     prepare(model)
     device = args.device.upper()
     try:

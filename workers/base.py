@@ -15,7 +15,6 @@ import uuid
 from typing import Any, Protocol
 
 import orjson
-import redis.asyncio as aioredis
 from redis.exceptions import ResponseError
 
 from common.config import ModelConfig
@@ -24,6 +23,7 @@ from common.events import Cancelled, Error
 from common.jobs import Job
 from common.keys import GROUP, Keys
 from common.modelcard import ModelCard
+from common.redis_client import connect
 from common.settings import Settings
 from workers.heartbeat import Heartbeat
 from workers.publisher import Outbox, Publisher
@@ -53,7 +53,7 @@ class BaseWorker:
         self._cancels_heard_ms: int | None = None
         self._slot_free = asyncio.Event()
         self._stopping = asyncio.Event()
-        self.redis = aioredis.Redis.from_url(settings.redis_url or "redis://127.0.0.1:6379/0")
+        self.redis = connect(settings, max_connections=32)
         self.publisher = Publisher(self.redis, self.keys, self.stream, settings.job_ttl_s)
         self.heartbeat = Heartbeat(self)
         self.reclaimer = Reclaimer(self)

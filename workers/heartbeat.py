@@ -8,11 +8,6 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from workers.base import BaseWorker
 
-# The card outlives its workers by far, so the API can tell "model not served right now" (503) from
-# "no such model" (404).
-CARD_TTL_S = 86_400
-
-
 class Heartbeat:
     def __init__(self, worker: BaseWorker) -> None:
         self.worker = worker
@@ -29,9 +24,14 @@ class Heartbeat:
         pipe.pexpire(keys.worker(w.id), ttl_ms)
         pipe.zadd(keys.workers(w.model.name, w.device), {w.id: now})
         pipe.zremrangebyscore(keys.workers(w.model.name, w.device), "-inf", now - 10 * w.settings.worker_ttl_s)
+        # The card outlives its workers for a while, so the API can tell "model not served right now" (503)
+        # from "no such model" (404).
+        card_ttl = w.settings.model_card_ttl_s
         pipe.hset(keys.model(w.model.name), w.device, w.card.model_dump_json())
-        pipe.expire(keys.model(w.model.name), CARD_TTL_S)
-        pipe.sadd(keys.models, w.model.name)
+        pipe.expire(keys.model(w.model.name), card_ttl)
+        pipe.zadd(keys.models, {w.model.name: now})
+        pipe.zremrangebyscore(keys.models, "-inf", now - card_ttl)
+        pipe.expire(keys.models, card_ttl)
         await pipe.execute()
 
     async def run(self) -> None:

@@ -103,13 +103,20 @@ def test_model_with_no_live_worker_is_a_503(stack: Stack) -> None:
                      chat_template="{{ messages[0]['content'] }}", created=int(time.time()))
     r = redis.Redis.from_url(stack.redis_url)
     r.hset(keys.model("gone"), "CPU", card.model_dump_json())
-    r.sadd(keys.models, "gone")
+    r.zadd(keys.models, {"gone": time.time()})
     try:
-        error = assert_envelope(post(stack, "/chat/completions", {"model": "gone", "messages": HELLO}), 503)
-        assert error["type"] == "service_unavailable"
+        response = post(stack, "/chat/completions", {"model": "gone", "messages": HELLO})
+        error = assert_envelope(response, 503)
+        assert error["type"] == "service_unavailable" and int(response.headers["retry-after"]) > 0
+        # The API stays ready: one model without a worker is detail, not an outage.
+        health = httpx.get(stack.url("/health"))
+        assert health.status_code == 200 and health.json()["models"]["gone"] is False
+        assert httpx.get(stack.url("/v2/models/gone/ready")).status_code == 503
+        assert httpx.get(stack.url(f"/v2/models/{MODEL}/ready")).status_code == 200
+        assert httpx.get(stack.url("/v2/models/never-heard-of/ready")).status_code == 404
     finally:
         r.delete(keys.model("gone"))
-        r.srem(keys.models, "gone")
+        r.zrem(keys.models, "gone")
 
 
 def test_hostile_payloads_never_give_a_500_and_the_worker_survives(stack: Stack, client: OpenAI) -> None:

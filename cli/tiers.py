@@ -1,0 +1,51 @@
+"""`ovq api` and `ovq worker`: the command becomes the tier (exec), so signals reach it directly.
+
+As PID 1 of a container, or under a Procfile runner, SIGTERM then drains the tier itself: no wrapper process
+that ignores it, orphans a worker or kills one mid-job.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+
+def _exec(module: str, args: list[str], env: dict[str, str]) -> int:
+    os.execvpe(sys.executable, [sys.executable, "-m", module, *args], {**os.environ, **env})
+    return 1  # not reached
+
+
+def config_env(args: argparse.Namespace) -> dict[str, str]:
+    env = {}
+    if getattr(args, "config", None):
+        env["OVQ_CONFIG"] = os.path.abspath(args.config)
+    return env
+
+
+def api(args: argparse.Namespace) -> int:
+    env = config_env(args)
+    if args.host:
+        env["OVQ_HOST"] = args.host
+    if args.port:
+        env["OVQ_PORT"] = str(args.port)
+    if args.processes:
+        env["OVQ_API_PROCESSES"] = str(args.processes)
+    return _exec("api", [], env)
+
+
+def worker(args: argparse.Namespace) -> int:
+    return _exec("workers", ["--model", args.model, "--device", args.device], config_env(args))
+
+
+def add_parsers(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("api", help="the HTTP API (any number, on any hosts)")
+    p.add_argument("--config", help="models file (YAML or JSON)")
+    p.add_argument("--host")
+    p.add_argument("--port", type=int)
+    p.add_argument("--processes", type=int, help="API processes sharing the port (default: OVQ_API_PROCESSES)")
+    p.set_defaults(func=api)
+    p = sub.add_parser("worker", help="one worker: a model on a device")
+    p.add_argument("--model", required=True)
+    p.add_argument("--device", default="CPU")
+    p.add_argument("--config", help="models file (YAML or JSON)")
+    p.set_defaults(func=worker)

@@ -1,0 +1,115 @@
+"""How every tier reaches Redis: one URL rule, a bounded blocking pool, and a start-up wait with backoff."""
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from pathlib import Path
+from urllib.parse import urlparse
+
+import redis
+import redis.asyncio as aioredis
+from redis.backoff import ExponentialBackoff
+from redis.retry import Retry
+
+from common.settings import Settings
+
+log = logging.getLogger("ovq.redis")
+
+# Errors that mean "Redis is not there right now" (restarting, unreachable, loading its data), not a bug.
+UNAVAILABLE = (redis.ConnectionError, redis.TimeoutError, redis.BusyLoadingError, ConnectionError, OSError)
+
+
+class RedisURLError(ValueError):
+    pass
+
+
+def embedded_socket(settings: Settings) -> Path:
+    """Where `ovq redis` and `ovq serve`'s embedded Redis listen: the tiers' default when REDIS_URL is unset."""
+    return settings.cache_dir / "redis" / "redis.sock"
+
+
+def redis_url(settings: Settings) -> str:
+    """REDIS_URL, else the embedded Redis's socket; a malformed URL is a RedisURLError with a one-line reason."""
+    url = settings.redis_url or f"unix://{embedded_socket(settings)}?db=0"
+    scheme = urlparse(url).scheme
+    if scheme not in ("redis", "rediss", "unix"):
+        raise RedisURLError(f"REDIS_URL must start with redis://, rediss:// or unix://, not {url!r}")
+    try:
+        redis.connection.parse_url(url)
+    except ValueError as exc:
+        raise RedisURLError(f"REDIS_URL {url!r} is malformed: {exc}") from None
+    return url
+
+
+def describe(url: str) -> str:
+    """HOST:PORT (or the socket path) without credentials, for log lines."""
+    parsed = urlparse(url)
+    if parsed.scheme == "unix":
+        return parsed.path
+    return f"{parsed.hostname or 'localhost'}:{parsed.port or 6379}"
+
+
+def reason(exc: BaseException) -> str:
+    text = str(exc).strip() or type(exc).__name__
+    lowered = text.lower()
+    for marker in ("connection refused", "no such file or directory", "timeout", "name or service not known",
+                   "authentication", "loading"):
+        if marker in lowered:
+            return marker
+    return text.splitlines()[0][:200]
+
+
+def connect(settings: Settings, max_connections: int | None = None) -> aioredis.Redis:
+    """A client whose pool blocks (bounded) instead of failing when every connection is busy, and which
+    retries a command once on a fresh connection (a stale pooled one after a Redis restart is not an error)."""
+    url = redis_url(settings)
+    pool = aioredis.BlockingConnectionPool.from_url(
+        url, max_connections=max_connections or settings.redis_max_connections,
+        timeout=settings.redis_pool_timeout_s, socket_connect_timeout=settings.redis_timeout_s,
+        health_check_interval=30,
+    )
+    return aioredis.Redis(connection_pool=pool, retry=Retry(ExponentialBackoff(cap=0.5, base=0.05), 1),
+                          retry_on_error=[redis.ConnectionError, redis.TimeoutError])
+
+
+def connect_sync(settings: Settings) -> redis.Redis:
+    return redis.Redis.from_url(redis_url(settings), socket_connect_timeout=settings.redis_timeout_s)
+
+
+async def wait_until_up(client: aioredis.Redis, url: str, max_wait_s: float, who: str) -> None:
+    """PING with exponential backoff and one log line per failed attempt; TimeoutError after `max_wait_s`."""
+    deadline = time.monotonic() + max_wait_s
+    delay = 0.1
+    while True:
+        try:
+            await client.ping()
+            return
+        except UNAVAILABLE as exc:
+            why = reason(exc)
+            if time.monotonic() + delay > deadline:
+                raise TimeoutError(f"Redis at {describe(url)} unreachable for {max_wait_s:.0f}s: {why}") from None
+            log.warning("%s waiting for Redis at %s: %s (retry in %.1fs)", who, describe(url), why, delay)
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 5.0)
+
+
+class Backoff:
+    """Delays for a loop that keeps retrying Redis (doubling, capped), with at most one log line per attempt."""
+
+    def __init__(self, first: float = 0.1, cap: float = 5.0) -> None:
+        self.first, self.cap = first, cap
+        self.delay = first
+        self.failures = 0
+
+    def failed(self, logger: logging.Logger, what: str, exc: BaseException) -> float:
+        self.failures += 1
+        delay = self.delay
+        logger.warning("%s: Redis unavailable (%s); retry %d in %.1fs", what, reason(exc), self.failures, delay)
+        self.delay = min(self.delay * 2, self.cap)
+        return delay
+
+    def succeeded(self, logger: logging.Logger, what: str) -> None:
+        if self.failures:
+            logger.warning("%s: Redis is back after %d retries", what, self.failures)
+        self.delay, self.failures = self.first, 0
