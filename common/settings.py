@@ -62,6 +62,10 @@ class Settings(BaseSettings):
     # How long the API waits for a worker's first event before it checks the model is still served.
     first_event_check_s: float = 5.0
     shutdown_grace_s: float = 30.0
+    # An engine that has work and reports nothing (no step finished) for this long is killed and restarted.
+    engine_watchdog_s: float = 120.0
+    # How long an engine may take to load its model and open its device.
+    engine_start_timeout_s: float = 900.0
     # Models the API expects to be served (readiness); empty: those of the models file, else every announced one.
     models: list[str] = Field(default_factory=list)
 

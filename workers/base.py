@@ -1,7 +1,8 @@
-"""A worker's I/O half, whatever its pipeline: reads jobs from its stream (only as many as it has room for),
-skips the cancelled, hears cancels, heartbeats, reclaims jobs of dead workers, shuts down gracefully.
+"""A worker's I/O half, whatever its pipeline: reads jobs from its stream (only as many as its engine can start
+now), skips the cancelled, hears cancels, heartbeats, reclaims jobs of dead workers, drains on SIGTERM, and rides
+out Redis outages (every loop backs off and goes on; the engine is kept).
 
-Subclasses say how a job runs: `start_backend`, `_start`, `cancel_running`, `stop_backend`.
+Subclasses say how a job runs: `start_backend`, `_start`, `cancel_running`, `stop_backend`, and `room`.
 """
 from __future__ import annotations
 
@@ -23,7 +24,7 @@ from common.events import Cancelled, Error
 from common.jobs import Job
 from common.keys import GROUP, Keys
 from common.modelcard import ModelCard
-from common.redis_client import connect
+from common.redis_client import UNAVAILABLE, Backoff, connect
 from common.settings import Settings
 from workers.heartbeat import Heartbeat
 from workers.publisher import Outbox, Publisher
@@ -38,6 +39,9 @@ class JobState(Protocol):
 
     def next_seq(self) -> int: ...
 
+    @property
+    def streamed(self) -> bool: ...
+
 
 class BaseWorker:
     card: ModelCard
@@ -49,10 +53,12 @@ class BaseWorker:
         self.keys = Keys(settings.key_prefix)
         self.stream = self.keys.jobs(model.name, device)
         self.running: dict[str, Any] = {}
+        self.jobs_taken = 0
         self._cancelled_early: dict[str, float] = {}
         self._cancels_heard_ms: int | None = None
         self._slot_free = asyncio.Event()
         self._stopping = asyncio.Event()
+        self.draining = False
         self.redis = connect(settings, max_connections=32)
         self.publisher = Publisher(self.redis, self.keys, self.stream, settings.job_ttl_s)
         self.heartbeat = Heartbeat(self)
@@ -69,6 +75,10 @@ class BaseWorker:
     def backend_alive(self) -> bool:
         return True
 
+    def room(self) -> int:
+        """How many more jobs to take from the stream now."""
+        return max(0, self.capacity - len(self.running))
+
     def _start(self, entry_id: bytes, job: Job, outbox: Outbox) -> None:
         raise NotImplementedError
 
@@ -80,16 +90,12 @@ class BaseWorker:
 
     # ---- lifecycle -------------------------------------------------------------------------------------
     async def run(self) -> None:
-        try:
-            await self.redis.xgroup_create(self.stream, GROUP, id="0", mkstream=True)
-        except ResponseError as exc:
-            if "BUSYGROUP" not in str(exc):
-                raise
+        await self.ensure_group()
         await self.start_backend()
         self.publisher.start()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, self._stopping.set)
+            loop.add_signal_handler(sig, self.stop, sig.name)
         log.info("worker %s serving %s on %s (%s)", self.id, self.model.name, self.device, self.describe())
         tasks = [
             asyncio.create_task(self._read_loop(), name="read"),
@@ -104,30 +110,77 @@ class BaseWorker:
                 log.error("worker task %s failed", task.get_name(), exc_info=task.exception())
         await self._shutdown(tasks)
 
+    def stop(self, why: str) -> None:
+        """Drain: take no new job, let the running ones finish within the grace period, then exit."""
+        if not self._stopping.is_set():
+            log.warning("worker %s stopping (%s): no new jobs; %d running get up to %.0fs", self.id, why,
+                        len(self.running), self.settings.shutdown_grace_s)
+        self.draining = True
+        self._stopping.set()
+
+    async def ensure_group(self) -> None:
+        """Create the stream's consumer group (at start, and again when Redis lost it: NOGROUP)."""
+        backoff = Backoff()
+        while True:
+            try:
+                await self.redis.xgroup_create(self.stream, GROUP, id="0", mkstream=True)
+                return
+            except ResponseError as exc:
+                if "BUSYGROUP" in str(exc):
+                    return
+                raise
+            except UNAVAILABLE as exc:
+                await asyncio.sleep(backoff.failed(log, f"worker {self.id}", exc))
+
     async def _shutdown(self, tasks: list[asyncio.Task[Any]]) -> None:
-        """Stop reading, let running jobs finish for a grace period, end the rest with an error."""
+        """Stop reading; let running jobs finish for the grace period; hand back the ones that have sent nothing
+        (left pending, another worker takes them over) and end the rest with an error."""
         tasks[0].cancel()
         deadline = time.monotonic() + self.settings.shutdown_grace_s
         while self.running and time.monotonic() < deadline and self.backend_alive:
             await asyncio.sleep(0.05)
+        handed = [s for s in self.running.values() if not s.streamed]
+        for state in handed:
+            del self.running[state.job.id]
         self._fail_all(503, "the worker shut down before the job finished")
-        await self.publisher.drain()
+        try:
+            await asyncio.wait_for(self.publisher.drain(), timeout=10)
+        except asyncio.TimeoutError:
+            log.error("Redis did not take the last events within 10s; exiting without them")
         for task in tasks:
             task.cancel()
-        await self.heartbeat.leave()
+        try:
+            await asyncio.wait_for(self.heartbeat.leave(), timeout=5)
+        except (asyncio.TimeoutError, *UNAVAILABLE):
+            pass
         await self.stop_backend()
         await self.publisher.stop()
         await self.redis.aclose()
+        log.warning("worker %s stopped: %d jobs handed back to the stream", self.id, len(handed))
 
     # ---- reading jobs ----------------------------------------------------------------------------------
     async def _read_loop(self) -> None:
+        backoff = Backoff()
         while True:
-            free = self.capacity - len(self.running)
+            free = self.room()
             if free <= 0:
                 self._slot_free.clear()
                 await self._slot_free.wait()
                 continue
-            reply = await self.redis.xreadgroup(GROUP, self.id, {self.stream: ">"}, count=free, block=1000)
+            try:
+                reply = await self.redis.xreadgroup(GROUP, self.id, {self.stream: ">"}, count=free, block=1000)
+            except ResponseError as exc:
+                if "NOGROUP" not in str(exc):
+                    raise
+                log.warning("the stream %s lost its consumer group (Redis restarted empty?); creating it again",
+                            self.stream)
+                await self.ensure_group()
+                continue
+            except UNAVAILABLE:
+                await asyncio.sleep(backoff.delay)  # the heartbeat loop logs the outage
+                backoff.delay = min(backoff.delay * 2, backoff.cap)
+                continue
+            backoff.delay = backoff.first
             for _stream, entries in reply or []:
                 await self.admit(entries)
 
@@ -143,13 +196,14 @@ class BaseWorker:
                 await self.redis.xadd(self.keys.dead, {**fields, b"reason": b"unreadable"})
                 outbox.ack(entry_id)
                 self._refuse_unreadable(fields.get(b"job", b""), outbox)
-        cancelled = await self._flagged([(e, j) for e, j in jobs if not self._heard_since(e)])
+        cancelled = await self._flagged([j for e, j in jobs if not self._heard_since(e)])
         for entry_id, job in jobs:
             if job.id in cancelled or self._cancelled_early.pop(job.id, None):
                 outbox.publish(job.reply_to, Cancelled(job=job.id, seq=1))
                 outbox.set_status(job.id, status="cancelled")
                 outbox.ack(entry_id)
                 continue
+            self.jobs_taken += 1
             self._start(entry_id, job, outbox)
         self.publisher.put(outbox)
 
@@ -169,13 +223,13 @@ class BaseWorker:
         then a cancel for it reaches `cancel()` and no flag lookup is needed."""
         return self._cancels_heard_ms is not None and int(entry_id.split(b"-")[0]) > self._cancels_heard_ms
 
-    async def _flagged(self, jobs: list[tuple[bytes, Job]]) -> set[str]:
+    async def _flagged(self, jobs: list[Job]) -> set[str]:
         if not jobs:
             return set()
         pipe = self.redis.pipeline(transaction=False)
-        for _, job in jobs:
+        for job in jobs:
             pipe.exists(self.keys.cancel(job.id))
-        return {job.id for (_, job), hit in zip(jobs, await pipe.execute(), strict=True) if hit}
+        return {job.id for job, hit in zip(jobs, await pipe.execute(), strict=True) if hit}
 
     def _job_done(self, state: JobState, outbox: Outbox) -> None:
         del self.running[state.job.id]
@@ -196,14 +250,28 @@ class BaseWorker:
 
     # ---- cancellation ----------------------------------------------------------------------------------
     async def _cancel_loop(self) -> None:
-        pubsub = self.redis.pubsub()
-        await pubsub.subscribe(self.keys.cancel_channel)
-        async for message in pubsub.listen():
-            if message["type"] == "subscribe":
-                seconds, micros = await self.redis.time()
-                self._cancels_heard_ms = seconds * 1000 + micros // 1000
-            elif message["type"] == "message":
-                self.cancel(message["data"].decode())
+        """Hear cancels on the channel; after a lost connection, resubscribe and look up the flags of every
+        running job (a cancel published meanwhile was missed)."""
+        while True:
+            pubsub = self.redis.pubsub()
+            try:
+                await pubsub.subscribe(self.keys.cancel_channel)
+                async for message in pubsub.listen():
+                    if message["type"] == "subscribe":
+                        seconds, micros = await self.redis.time()
+                        self._cancels_heard_ms = seconds * 1000 + micros // 1000
+                        for job_id in await self._flagged([s.job for s in self.running.values()]):
+                            self.cancel(job_id)
+                    elif message["type"] == "message":
+                        self.cancel(message["data"].decode())
+            except UNAVAILABLE:
+                self._cancels_heard_ms = None  # cancels may be missed until resubscribed: look flags up
+                await asyncio.sleep(1.0)
+            finally:
+                try:
+                    await pubsub.aclose()
+                except UNAVAILABLE:
+                    pass
 
     def cancel(self, job_id: str) -> None:
         if job_id in self.running:

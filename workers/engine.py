@@ -1,15 +1,30 @@
 """The engine process: owns the ContinuousBatchingPipeline; tokenizes, adds, steps, reads and cancels.
 
 `step()` holds the GIL for the whole step, so the engine runs in its own process and talks to the worker's
-I/O process over a pipe in small batched messages:
+I/O process over two one-way pipes (blocking `multiprocessing.Connection`s here; `workers.pipe` on the I/O
+side), one frame of JSON per message:
 
-  in  (list of commands): ["add", job, prompt, add_special_tokens, sampling params, images] | ["cancel", job]
-                          | ["stop"]; images: base64 image files for vision-language models, in prompt order
-  in  ["cancel", job, index]: the I/O half ended choice `index` itself (a stop string): drop it, no answer
-  out (list of updates):  [job, new_token_ids, state, extra, index, logprobs] with state None while running,
-                          else "accepted" (extra: prompt tokens) | "stop" | "length" | "cancelled"
-                          | "error" (extra: {status, message, param, code}) | "prompt" (echo: the prompt's ids)
-                          `index` (choice, default 0) and `logprobs` (one per id, or None) may be left off.
+  in  (a list of commands):
+      ["add", job, prompt, add_special_tokens, sampling params, images, resume]
+          images: base64 image files for vision-language models, in prompt order
+          resume: null, or {"generated": {index: [ids]}, "done": [index, ...]}: the job ran on an engine that
+          failed; each unfinished choice goes on from its generated ids (prompt + ids, budget less them)
+      ["cancel", job] | ["cancel", job, index] (the I/O half ended choice `index` itself: drop it, no answer)
+      ["stop"]
+  out (an object):
+      {"u": [update, ...], "s": stats or null}
+          update: [job, new_token_ids, state, extra, index, logprobs] with state None while running, else
+          "accepted" (extra: prompt tokens) | "stop" | "length" | "cancelled" | "error" (extra: {status,
+          message, param, code}) | "prompt" (echo: the prompt's ids); `index` (choice, default 0) and
+          `logprobs` (one per id, or None) may be left off.
+          stats, after each step: [requests, scheduled requests, KV cache usage %, prompt tokens not yet
+          prefilled]: what the I/O half admits new jobs by.
+      {"broken": message, "suspects": [job, ...]}: a step failed; the pipeline refuses every later call, so
+          the process exits after this. Suspects are the jobs added since the last step that succeeded.
+      the first frame: {"ready": true} | {"ready": false, "error": message}
+
+End-of-sequence ids are never text: one that ends a choice is neither sent nor counted, and a choice GenAI
+ended with STOP is "stop" even when that id was the last one the budget allowed.
 
 Prompts are tokenized here, as `add_request(prompt)` does in-process: the engine's OpenVINO threads are warm,
 where a tokenizer in the I/O process pays a cold start on every sparse call (1-5 ms measured).
@@ -59,6 +74,7 @@ class EngineSpec:
     defaults: dict[str, Any] = field(default_factory=dict)
     vocab_size: int | None = None
     vision: bool = False  # a vision-language model directory: prompts come with images
+    end_ids: list[int] = field(default_factory=list)  # end-of-sequence ids: never text, never counted
 
 
 def _scheduler_config(spec: EngineSpec) -> Any:
@@ -119,6 +135,11 @@ def _generation_config(values: dict[str, Any], eos: int | None = None) -> Any:
     return config
 
 
+def end_ids(ends: frozenset[int], sampling: SamplingParams) -> frozenset[int]:
+    """The ids that end this job's answers: end of sequence (unless ignored) and the request's stop ids."""
+    return frozenset((set() if sampling.ignore_eos else ends) | set(sampling.stop_token_ids or ()))
+
+
 @dataclass
 class Request:
     """One job in the pipeline: a handle per choice, or one handle whose beams are all the choices."""
@@ -130,7 +151,11 @@ class Request:
     beam: bool
     echo: bool
     logprobs: bool
+    ends: frozenset[int] = frozenset()
     generated: dict[int, int] = field(default_factory=dict)
+    prefilled: bool = False  # some choice has produced a token: its prompt no longer waits for the scheduler
+    # A trailing end-of-sequence id read but not yet sent: dropped if the choice ends there (ignore_eos goes on).
+    held: dict[int, tuple[int, float | None]] = field(default_factory=dict)
 
 
 class Engine:
@@ -143,35 +168,62 @@ class Engine:
         self.tokenizer = self.pipe.get_tokenizer()
         self.requests: dict[str, Request] = {}
         self.next_id = 0
+        self.eos = self.tokenizer.get_eos_token_id()
+        self.ends = frozenset(i for i in (*spec.end_ids, self.eos) if i is not None and i >= 0)
         # Structured jobs added since the last step, with their prompt sizes: a grammar GenAI cannot compile
         # breaks the step after its add_request, so their `accepted` waits for that step (a 400 stays a 400).
         self.unstepped: dict[str, int] = {}
+        # Every job added since the last step that succeeded: the suspects if the next step fails.
+        self.added: set[str] = set()
 
     def tokenize(self, prompt: str | list[int], add_special_tokens: bool) -> list[int]:
         return tokenize(self.tokenizer, prompt, add_special_tokens, self.spec.vocab_size)
 
     def add(self, job: str, prompt: str | list[int], add_special: bool, params: dict[str, Any],
-            images: list[str], out: list[list[Any]]) -> None:
+            images: list[str], resume: dict[str, Any] | None, out: list[list[Any]]) -> None:
         try:
             ids = self.tokenize(prompt, add_special)
             sampling = SamplingParams.model_validate(params)
             budget = token_budget(sampling, self.spec.defaults, len(ids), self.spec.context_length)
             configs = [self._config(c, sampling) for c in choice_configs(sampling, self.spec.defaults, budget)]
             tensors = [image_tensor(b) for b in images]
-            handles = {i: self._add_request(prompt, ids, tensors, config) for i, config in enumerate(configs)}
+            handles, generated = self._add_choices(prompt, ids, tensors, configs, resume)
         except Exception as exc:  # a prompt or a config refused is the request's fault
             out.append(refusal(job, exc))
             return
         beam = (sampling.best_of or 1) > 1
-        self.requests[job] = Request(handles, budget, len(ids), sampling.n, beam, sampling.echo,
-                                     sampling.logprobs is not None)
-        if sampling.structured is not None:
+        ends = end_ids(self.ends, sampling)
+        request = Request(handles, budget, len(ids), sampling.n, beam, sampling.echo and resume is None,
+                          sampling.logprobs is not None, frozenset(ends), generated, prefilled=resume is not None)
+        self.requests[job] = request
+        self.added.add(job)
+        if not handles:  # resumed with every choice finished already
+            self._forget(job)
+        elif sampling.structured is not None and resume is None:
             self.unstepped[job] = len(ids)
-        else:
+        elif resume is None:
             out.append([job, [], "accepted", len(ids)])
 
+    def _add_choices(self, prompt: str | list[int], ids: list[int], images: list[Any], configs: list[Any],
+                     resume: dict[str, Any] | None) -> tuple[dict[int, Any], dict[int, int]]:
+        """One engine request per choice; a resumed choice goes on from the ids it had generated."""
+        if resume is None:
+            return {i: self._add_request(prompt, ids, images, config) for i, config in enumerate(configs)}, {}
+        if self.spec.vision or images:
+            raise OvqError("the engine restarted and a vision job cannot be continued", 500, "server_error")
+        done = set(resume.get("done", []))
+        handles, generated = {}, {}
+        for index, config in enumerate(configs):
+            if index in done:
+                continue
+            previous = list(resume.get("generated", {}).get(str(index), []))
+            config.max_new_tokens = max(config.max_new_tokens - len(previous), 1)
+            handles[index] = self._add_request(prompt, ids + previous, images, config)
+            generated[index] = len(previous)
+        return handles, generated
+
     def _config(self, values: dict[str, Any], sampling: SamplingParams) -> Any:
-        config = _generation_config(values, self.tokenizer.get_eos_token_id())
+        config = _generation_config(values, self.eos)
         if sampling.structured is not None:
             config.structured_output_config = structured_config(sampling.structured)
         if self.spec.plugin_config.get("prompt_lookup"):
@@ -185,8 +237,10 @@ class Engine:
         import openvino as ov
 
         self.next_id += 1
-        if images:  # GenAI puts the image tokens where the rendered prompt has its image tags
-            return self.pipe.add_request(self.next_id, prompt, images, config)
+        if self.spec.vision:
+            # Vision pipelines embed the prompt themselves (their language model takes no input_ids: ids break
+            # the step), putting the image tokens where the rendered prompt has its image tags.
+            return self.pipe.add_request(self.next_id, str(prompt), images, config)
         return self.pipe.add_request(self.next_id, ov.Tensor(np.asarray([ids], dtype=np.int64)), config)
 
     def cancel(self, job: str, out: list[list[Any]], index: int | None = None) -> None:
@@ -207,14 +261,11 @@ class Engine:
                         tokens.extend(output.generated_ids)
                 handle.cancel()
             self._forget(job)
-        out.append([job, tokens, "cancelled", None])
+        out.append([job, [i for i in tokens if i not in request.ends] if request else [], "cancelled", None])
 
     def step(self, out: list[list[Any]]) -> None:
-        try:
-            self.pipe.step()
-        except Exception as exc:
-            self._broken(exc, out)
-            raise
+        self.pipe.step()  # raises on a broken step: `run` reports the suspects and exits
+        self.added.clear()
         out.extend([job, [], "accepted", prompt_len] for job, prompt_len in self.unstepped.items())
         self.unstepped.clear()
         for job, request in list(self.requests.items()):
@@ -229,6 +280,11 @@ class Engine:
                     break
             if not request.handles:
                 self._forget(job)
+
+    def stats(self) -> list[Any]:
+        metrics = self.pipe.get_metrics()
+        waiting = sum(r.prompt_len for r in self.requests.values() if not r.prefilled)
+        return [metrics.requests, metrics.scheduled_requests, round(metrics.cache_usage, 1), waiting]
 
     def _read_choice(self, job: str, request: Request, index: int, handle: Any, out: list[list[Any]]) -> str | None:
         g = self._g
@@ -245,6 +301,9 @@ class Engine:
             cut = request.prompt_len
             out.append([job, tokens[:cut], "prompt", None, index, logprobs[:cut] if request.logprobs else None])
             tokens, logprobs = tokens[cut:], logprobs[cut:]
+        if tokens:
+            request.prefilled = True
+        tokens, logprobs = self._hold_end(request, index, tokens, logprobs)
         request.generated[index] = request.generated.get(index, 0) + len(tokens)
         status = handle.get_status()
         finish, extra = None, None
@@ -256,6 +315,21 @@ class Engine:
         if tokens or finish:
             out.append([job, tokens, finish, extra, index, logprobs if request.logprobs else None])
         return finish
+
+    @staticmethod
+    def _hold_end(request: Request, index: int, tokens: list[int],
+                  logprobs: list[float]) -> tuple[list[int], list[float]]:
+        """Send an end-of-sequence id only once generation goes on after it (ignore_eos): if the choice ends
+        there, it is neither text nor counted."""
+        held = request.held.pop(index, None)
+        if held is not None and tokens:
+            tokens, logprobs = [held[0], *tokens], ([held[1], *logprobs] if logprobs else logprobs)
+        elif held is not None:
+            request.held[index] = held
+        if tokens and tokens[-1] in request.ends:
+            request.held[index] = (tokens[-1], logprobs[-1] if logprobs else None)
+            tokens, logprobs = tokens[:-1], logprobs[:-1]
+        return tokens, logprobs
 
     def _read_beams(self, job: str, request: Request, out: list[list[Any]]) -> None:
         """Beam search hands out its beams when it ends: the `n` best, by score, are the choices."""
@@ -272,8 +346,12 @@ class Engine:
         best = sorted(outputs, key=lambda o: o.score, reverse=True)[: request.n]
         for index, output in enumerate(best):
             ids = list(output.generated_ids)
-            reached = output.finish_reason == g.GenerationFinishReason.LENGTH or len(ids) >= request.budget
             logprobs = list(output.generated_log_probs) if request.logprobs else None
+            ended = bool(ids) and ids[-1] in request.ends
+            if ended:
+                ids, logprobs = ids[:-1], (logprobs[:-1] if logprobs else logprobs)
+            reached = not ended and (output.finish_reason == g.GenerationFinishReason.LENGTH
+                                     or len(ids) >= request.budget)
             out.append([job, ids, "length" if reached else "stop", None, index, logprobs])
 
     def _finish(self, request: Request, index: int, status: Any, reason: Any) -> str:
@@ -282,23 +360,11 @@ class Engine:
             return "error"
         if status in (g.GenerationStatus.CANCEL, g.GenerationStatus.STOP):
             return "cancelled"
+        if reason == g.GenerationFinishReason.STOP:
+            return "stop"  # an end id or stop string ended it, also when it was the last token allowed
         if reason == g.GenerationFinishReason.LENGTH or request.generated.get(index, 0) >= request.budget:
             return "length"
         return "stop"
-
-    def _broken(self, exc: Exception, out: list[list[Any]]) -> None:
-        """A failed step leaves the pipeline unusable: jobs added since the last step caused it (a grammar
-        GenAI could not compile) and get a 400; the others a 500. The process then exits and is restarted."""
-        message = error_message(exc)
-        log.error("engine step failed: %s", message)
-        for job in list(self.requests):
-            if job in self.unstepped:
-                out.append([job, [], "error", {"status": 400, "message": f"invalid structured output: {message}",
-                                               "param": "response_format"}])
-            else:
-                out.append([job, [], "error", {"status": 500, "message": "the inference engine failed a step "
-                                               "because of another request and was restarted"}])
-        self.requests.clear()
 
     def _forget(self, job: str) -> None:
         self.requests.pop(job, None)
@@ -308,48 +374,67 @@ class Engine:
 E = TypeVar("E")
 
 
-def handshake(conn: Connection, factory: Callable[[], E]) -> E | None:
+def handshake(outputs: Connection, factory: Callable[[], E]) -> E | None:
     """Build the engine and tell the I/O half it is ready, or why not (a device that cannot open)."""
-    # The I/O half decides when the engine stops (after draining); a terminal's Ctrl-C is for it, not for us.
+    # The I/O half decides when the engine stops (after draining): a terminal's Ctrl-C or a Procfile runner's
+    # SIGTERM to the whole group is for it, not for us. It stops us through the pipe, or we see it close.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     try:
         engine = factory()
     except Exception as exc:
-        conn.send_bytes(orjson.dumps({"ready": False, "error": error_message(exc)}))
+        outputs.send_bytes(orjson.dumps({"ready": False, "error": error_message(exc)}))
         return None
-    conn.send_bytes(orjson.dumps({"ready": True}))
+    outputs.send_bytes(orjson.dumps({"ready": True}))
     return engine
 
 
-def run(conn: Connection, spec: EngineSpec) -> None:
-    """Entry point of the engine process."""
-    engine = handshake(conn, lambda: Engine(spec))
+def send(outputs: Connection, updates: list[list[Any]], stats: list[Any] | None = None) -> None:
+    outputs.send_bytes(orjson.dumps({"u": updates, "s": stats}))
+
+
+def _apply(engine: Engine, commands: list[list[Any]], out: list[list[Any]]) -> bool:
+    """One message's commands; False on "stop"."""
+    for command in commands:
+        if command[0] == "add":
+            engine.add(command[1], command[2], command[3], command[4], command[5],
+                       command[6] if len(command) > 6 else None, out)
+        elif command[0] == "cancel":
+            engine.cancel(command[1], out, command[2] if len(command) > 2 else None)
+        elif command[0] == "stop":
+            for job in list(engine.requests):
+                engine.cancel(job, out)
+            return False
+    return True
+
+
+def run(commands: Connection, outputs: Connection, spec: EngineSpec) -> None:
+    """Entry point of the engine process: take every command waiting, step, report; exit on EOF or "stop"."""
+    engine = handshake(outputs, lambda: Engine(spec))
     if engine is None:
         return
     while True:
         out: list[list[Any]] = []
         timeout = 0 if engine.requests else None
-        while conn.poll(timeout):
+        while commands.poll(timeout):
             try:
-                commands = orjson.loads(conn.recv_bytes())
-            except EOFError:
+                message = orjson.loads(commands.recv_bytes())
+            except EOFError:  # the I/O half is gone: nobody to generate for
                 return
-            for command in commands:
-                if command[0] == "add":
-                    engine.add(command[1], command[2], command[3], command[4], command[5], out)
-                elif command[0] == "cancel":
-                    engine.cancel(command[1], out, command[2] if len(command) > 2 else None)
-                elif command[0] == "stop":
-                    for job in list(engine.requests):
-                        engine.cancel(job, out)
-                    return
+            if not _apply(engine, message, out):
+                send(outputs, out)
+                return
             timeout = 0
         if out:  # accepted / refused / cancelled now, not after a step that may take a second
-            conn.send_bytes(orjson.dumps(out))
+            send(outputs, out)
             out = []
-        if engine.requests:
-            try:
-                engine.step(out)
-            finally:
-                if out:
-                    conn.send_bytes(orjson.dumps(out))
+        if not engine.requests:
+            continue
+        try:
+            engine.step(out)
+        except Exception as exc:
+            message = error_message(exc)
+            log.error("engine step failed: %s", message)
+            outputs.send_bytes(orjson.dumps({"broken": message, "suspects": sorted(engine.added)}))
+            return
+        send(outputs, out, engine.stats())

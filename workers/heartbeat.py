@@ -2,11 +2,16 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from typing import TYPE_CHECKING
 
+from common.redis_client import UNAVAILABLE, Backoff, describe, redis_url
+
 if TYPE_CHECKING:
     from workers.base import BaseWorker
+
+log = logging.getLogger("ovq.worker")
 
 class Heartbeat:
     def __init__(self, worker: BaseWorker) -> None:
@@ -35,8 +40,17 @@ class Heartbeat:
         await pipe.execute()
 
     async def run(self) -> None:
+        """Beat every heartbeat_s; while Redis is away, retry with backoff, one log line per attempt (this loop
+        speaks for the worker's others, which back off quietly)."""
+        backoff = Backoff(first=self.worker.settings.heartbeat_s)
+        where = f"worker {self.worker.id} waiting for Redis at {describe(redis_url(self.worker.settings))}"
         while True:
-            await self.beat()
+            try:
+                await self.beat()
+            except UNAVAILABLE as exc:
+                await asyncio.sleep(backoff.failed(log, where, exc))
+                continue
+            backoff.succeeded(log, where)
             await asyncio.sleep(self.worker.settings.heartbeat_s)
 
     async def leave(self) -> None:

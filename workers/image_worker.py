@@ -34,6 +34,7 @@ class ImageJob:
     entry_id: bytes
     seq: int = 0
     cancelled: bool = False
+    streamed: bool = False  # a progress event went out: the job cannot be handed to another worker
     received: float = field(default_factory=time.time)
 
     def next_seq(self) -> int:
@@ -129,7 +130,8 @@ class ImageWorker(BaseWorker):
         outbox = Outbox()
         event = Progress(job=state.job.id, seq=state.next_seq(), step=step + 1, total=total, preview=preview)
         outbox.publish(state.job.reply_to, event)
-        if step == 0:
+        if not state.streamed:
+            state.streamed = True
             outbox.set_status(state.job.id, streamed=1)
         self.publisher.put(outbox)
 

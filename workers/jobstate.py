@@ -17,6 +17,7 @@ class Choice:
     stops: StopFilter
     logprobs: LogprobAligner | None
     text: list[str] = field(default_factory=list)
+    ids: list[int] = field(default_factory=list)  # generated so far: a restarted engine goes on from them
     tokens: int = 0
     emitted: int = 0  # characters sent (echo excluded): where the log-probabilities are released up to
     finish: str | None = None
@@ -45,6 +46,11 @@ class RunningJob:
         self.seq += 1
         return self.seq
 
+    def resume(self) -> dict[str, object]:
+        """What a restarted engine needs to continue this job: each choice's ids, the finished choices."""
+        return {"generated": {str(c.index): c.ids for c in self.choices if c.finish is None},
+                "done": [c.index for c in self.choices if c.finish is not None]}
+
     @property
     def streamed(self) -> bool:
         return any(choice.text for choice in self.choices)
@@ -58,6 +64,7 @@ class RunningJob:
         if ids and self.first_token is None:
             self.first_token = time.time()
         choice.tokens += len(ids)
+        choice.ids.extend(ids)
         if choice.logprobs is not None and entries:
             pieces = choice.detok.pieces
             if len(pieces) != len(entries):  # ids the detokenizer dropped (end of sequence): no text of their own

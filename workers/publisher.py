@@ -14,9 +14,10 @@ from typing import Any
 
 import orjson
 import redis.asyncio as aioredis
-from redis.exceptions import RedisError
+from redis.exceptions import ResponseError
 
 from common.keys import GROUP, Keys
+from common.redis_client import UNAVAILABLE, reason
 
 log = logging.getLogger("ovq.publisher")
 
@@ -88,8 +89,9 @@ class Publisher:
             try:
                 await self._send(batch)
                 return
-            except (ConnectionError, OSError, RedisError) as exc:
-                log.warning("publishing to Redis failed (%s); retrying in %.1fs", exc, delay)
+            except UNAVAILABLE as exc:
+                if delay == 0.1:
+                    log.warning("publishing to Redis failed (%s); retrying until it is back", reason(exc))
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 5.0)
 
@@ -106,4 +108,9 @@ class Publisher:
         if batch.acks:
             pipe.xack(self.stream, GROUP, *batch.acks)
             pipe.xdel(self.stream, *batch.acks)
-        await pipe.execute()
+        for result in await pipe.execute(raise_on_error=False):
+            # A command Redis refuses (NOGROUP after Redis lost its data) must not hold up the events behind it.
+            if isinstance(result, ResponseError):
+                log.warning("Redis refused a command while publishing: %s", result)
+            elif isinstance(result, Exception):
+                raise result

@@ -10,6 +10,7 @@ from common.errors import OvqError
 from common.events import Error
 from common.jobs import Job
 from common.keys import GROUP
+from common.redis_client import UNAVAILABLE
 from workers.publisher import Outbox
 
 if TYPE_CHECKING:
@@ -27,6 +28,8 @@ class Reclaimer:
             await asyncio.sleep(self.worker.settings.reclaim_interval_s)
             try:
                 await self.reclaim_once()
+            except UNAVAILABLE:
+                pass  # Redis is away; the heartbeat loop says so
             except Exception:
                 log.exception("reclaim pass failed")
 
@@ -37,7 +40,7 @@ class Reclaimer:
 
     async def reclaim_once(self) -> int:
         w = self.worker
-        free = w.capacity - len(w.running)
+        free = w.room()
         if free <= 0:
             return 0
         idle_ms = int(w.settings.worker_ttl_s * 1000)

@@ -37,10 +37,12 @@ from common.jobs import SamplingParams
 from workers.engine import (
     EngineSpec,
     _generation_config,
+    end_ids,
     error_message,
     handshake,
     image_tensor,
     refusal,
+    send,
     tokenize,
 )
 from workers.generation import engine_config, token_budget
@@ -118,6 +120,7 @@ class Pending:
     ids: list[int]
     config: Any
     budget: int
+    ends: frozenset[int] = frozenset()  # ids that end the answer: neither text nor counted
     prompt: str = ""  # vision: GenAI places the images at the image tags of the rendered prompt
     images: list[str] = field(default_factory=list)
 
@@ -132,6 +135,7 @@ class Running:
     error: BaseException | None = None
     done: bool = False
     answered: bool = False  # `cancelled` already sent: drop whatever comes after
+    held: list[int] = field(default_factory=list)  # a trailing end-of-sequence id not sent yet
 
     @property
     def job(self) -> str:
@@ -148,6 +152,8 @@ class StatefulEngine:
         pipeline = g.VLMPipeline if spec.vision else g.LLMPipeline
         self.pipe = pipeline(spec.path, spec.device, **properties)
         self.tokenizer = self.pipe.get_tokenizer()
+        eos = self.tokenizer.get_eos_token_id()
+        self.ends = frozenset(i for i in (*spec.end_ids, eos) if i is not None and i >= 0)
         self.queue: deque[Pending] = deque()
         self.running: Running | None = None
         self._wake_r, self._wake_w = os.pipe()
@@ -173,7 +179,7 @@ class StatefulEngine:
 
     # ---- commands ------------------------------------------------------------------------------------
     def add(self, job: str, prompt: str | list[int], add_special: bool, params: dict[str, Any],
-            images: list[str], out: list[list[Any]]) -> None:
+            images: list[str], resume: Any, out: list[list[Any]]) -> None:
         try:
             pending = self._prepare(job, prompt, add_special, params)
             if self.spec.vision:
@@ -204,7 +210,7 @@ class StatefulEngine:
         if sampling.structured is not None:
             config.structured_output_config = structured_config(sampling.structured)
         config.apply_chat_template = False  # input ids bypass it anyway; say so in case a string ever gets here
-        return Pending(job, ids, config, config.max_new_tokens)
+        return Pending(job, ids, config, config.max_new_tokens, end_ids(self.ends, sampling))
 
     def cancel(self, job: str, out: list[list[Any]]) -> None:
         running = self.running
@@ -259,7 +265,10 @@ class StatefulEngine:
             self._wake()
 
     def collect(self, out: list[list[Any]]) -> None:
-        """Forward new ids of the running job; finish it once its thread is done, then start the next."""
+        """Forward new ids of the running job; finish it once its thread is done, then start the next.
+
+        A trailing end-of-sequence id is held back: if generation ends there it is neither text nor counted.
+        """
         self._drain_wakes()
         running = self.running
         if running is None:
@@ -269,14 +278,20 @@ class StatefulEngine:
         if not running.answered:
             running.sent.extend(ids)
         if not done:
+            ids = self._hold_end(running, ids)
             if ids and not running.answered:
                 out.append([running.job, ids, None, None])
             return
         running.thread.join()
         self.running = None
         if not running.answered:
-            out.append(self._final_update(running, ids))
+            out.append(self._final_update(running, running.held + ids))
         self._start_next()
+
+    def _hold_end(self, running: Running, ids: list[int]) -> list[int]:
+        ids = running.held + ids
+        running.held = [ids.pop()] if ids and ids[-1] in running.pending.ends else []
+        return ids
 
     def _final_update(self, running: Running, ids: list[int]) -> list[Any]:
         job = running.job
@@ -285,10 +300,15 @@ class StatefulEngine:
             return [job, ids, "error", {"status": 500, "message": f"generation failed: {error_message(running.error)}"}]
         tail = self._unstreamed(running)
         running.sent.extend(tail)
+        ids = ids + tail
+        ends = running.pending.ends
+        if ids and ids[-1] in ends:  # it ended on an end-of-sequence id: a "stop", that id not counted
+            return [job, ids[:-1], "stop", None]
         reasons = list(running.result.finish_reasons)
         reached = reasons and reasons[0] == self._g.GenerationFinishReason.LENGTH
-        finish = "length" if reached or len(running.sent) >= running.pending.budget else "stop"
-        return [job, ids + tail, finish, None]
+        generated = len([i for i in running.sent if i not in ends])
+        finish = "length" if reached or generated >= running.pending.budget else "stop"
+        return [job, ids, finish, None]
 
     def _unstreamed(self, running: Running) -> list[int]:
         """Ids in the result the streamer never saw, so that usage counts what was generated."""
@@ -312,9 +332,9 @@ def _one_sequence(name: str) -> OvqError:
                     "(n, best_of and beam search are not supported)", param=name)
 
 
-def _send(conn: Connection, out: list[list[Any]]) -> bool:
+def _send(outputs: Connection, out: list[list[Any]]) -> bool:
     try:
-        conn.send_bytes(orjson.dumps(out))
+        send(outputs, out)
     except OSError:  # the I/O half has gone: nothing left to tell
         return False
     return True
@@ -324,7 +344,8 @@ def _handle(engine: StatefulEngine, commands: list[list[Any]], out: list[list[An
     """Apply one message's commands; False on "stop"."""
     for command in commands:
         if command[0] == "add":
-            engine.add(command[1], command[2], command[3], command[4], command[5], out)
+            engine.add(command[1], command[2], command[3], command[4], command[5],
+                       command[6] if len(command) > 6 else None, out)
         elif command[0] == "cancel":
             engine.cancel(command[1], out)
         elif command[0] == "stop":
@@ -333,33 +354,33 @@ def _handle(engine: StatefulEngine, commands: list[list[Any]], out: list[list[An
     return True
 
 
-def serve(conn: Connection, engine: StatefulEngine) -> None:
+def serve(commands: Connection, outputs: Connection, engine: StatefulEngine) -> None:
     """The main loop: wait for commands or new ids, answer with one message per wake-up."""
     while True:
-        ready = wait([conn, engine.wake_fd])
+        ready = wait([commands, engine.wake_fd])
         out: list[list[Any]] = []
-        if conn in ready:
-            while conn.poll(0):
+        if commands in ready:
+            while commands.poll(0):
                 try:
-                    commands = orjson.loads(conn.recv_bytes())
+                    message = orjson.loads(commands.recv_bytes())
                 except (EOFError, OSError):  # the I/O half died: stop generating for nobody
                     engine.stop(out)
                     return
-                if not _handle(engine, commands, out):
-                    _send(conn, out)
+                if not _handle(engine, message, out):
+                    _send(outputs, out)
                     return
         engine.collect(out)
-        if out and not _send(conn, out):
+        if out and not _send(outputs, out):
             engine.stop([])
             return
 
 
-def run(conn: Connection, spec: EngineSpec) -> None:
+def run(commands: Connection, outputs: Connection, spec: EngineSpec) -> None:
     """Entry point of the engine process."""
-    engine = handshake(conn, lambda: StatefulEngine(spec))
+    engine = handshake(outputs, lambda: StatefulEngine(spec))
     if engine is None:
         return
     try:
-        serve(conn, engine)
+        serve(commands, outputs, engine)
     finally:
         engine.close()

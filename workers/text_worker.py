@@ -4,6 +4,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import logging
+from collections import deque
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +14,7 @@ from common.events import Accepted, Cancelled, Error, TokenLogprob
 from common.jobs import Job
 from common.servable import ServableType
 from common.settings import Settings
+from workers.admission import Admission
 from workers.base import BaseWorker
 from workers.detokenizer import ByteTable, Detokenizer
 from workers.engine import EngineSpec
@@ -40,7 +42,7 @@ def engine_spec(model: ModelConfig, device: str, info: ServableInfo) -> EngineSp
         plugin_config.setdefault("ATTENTION_BACKEND", "SDPA")
     vision = kind in (ServableType.VLM, ServableType.VLM_CB)
     return EngineSpec(str(model.path), device, scheduler, plugin_config, info.card.context_length,
-                      eviction, info.defaults, info.vocab_size, vision)
+                      eviction, info.defaults, info.vocab_size, vision, sorted(info.end_ids()))
 
 
 CB_ONLY = ("cache_size", "dynamic_split_fuse", "max_num_batched_tokens", "max_num_seqs", "enable_prefix_caching",
@@ -59,7 +61,7 @@ def engine_target(kind: ServableType) -> Target:
 
 
 class TextWorker(BaseWorker):
-    """Text out, from a continuous-batching engine (up to `max_num_seqs` jobs at once) or a stateful one (one)."""
+    """Text out, from a continuous-batching engine (as many jobs as it can schedule) or a stateful one (one)."""
 
     def __init__(self, settings: Settings, model: ModelConfig, device: str) -> None:
         super().__init__(settings, model, device)
@@ -67,13 +69,20 @@ class TextWorker(BaseWorker):
         self.card = self.info.card
         stateful = self.card.servable_type in (ServableType.LM, ServableType.VLM)
         self.capacity = 1 if stateful else model.max_num_seqs
+        self.admission = None if stateful else Admission(model.max_num_seqs, model.max_num_batched_tokens,
+                                                         model.cache_size > 0)
         ignored = sorted(set(CB_ONLY) & model.model_fields_set) if stateful else []
         if ignored:
             log.warning("%s is a stateful servable: ignoring %s", model.name, ", ".join(ignored))
         self.detokenizer = Detokenizer(self.info.decode, ByteTable.build(self.info.tokenizer), self.info.end_ids())
         self._pending: set[asyncio.Task[None]] = set()
         self.engine = EngineClient(engine_spec(model, device, self.info), engine_target(self.card.servable_type),
-                                   self._on_outputs, self._on_engine_exit)
+                                   self._on_message, self._on_engine_exit, lambda: bool(self.running),
+                                   settings.engine_watchdog_s, settings.engine_start_timeout_s)
+        self._restarting = False
+        # After a failed step with several suspects: re-added one per step, so a failure names its culprit.
+        self._probation: deque[RunningJob] = deque()
+        self._probing: str | None = None
 
     async def start_backend(self) -> None:
         await self.engine.start()
@@ -89,31 +98,51 @@ class TextWorker(BaseWorker):
         kind = "byte-table" if self.detokenizer.table else "window"
         return f"{self.card.servable_type.value}, {kind} detokenizer"
 
+    def room(self) -> int:
+        if self._restarting or self._probation or self._probing:
+            return 0
+        if self.admission is None:
+            return max(0, self.capacity - len(self.running))
+        return self.admission.room(len(self.running))
+
     def cancel_running(self, job_id: str) -> None:
+        if self._restarting:  # the engine is being replaced: the job is nowhere to cancel, end it here
+            outbox = Outbox()
+            self._end(self.running[job_id], "cancelled", outbox)
+            self.publisher.put(outbox)
+            return
         self.engine.send(["cancel", job_id])
 
     def _start(self, entry_id: bytes, job: Job, outbox: Outbox) -> None:
         """Hand the job to the engine; it answers `accepted` (prompt tokens) or an error right away."""
         skip = job.params.skip_special_tokens
         streams = [self.detokenizer.stream(skip) for _ in range(job.params.n)]
-        self.running[job.id] = RunningJob(job, entry_id, streams)
+        state = RunningJob(job, entry_id, streams)
+        self.running[job.id] = state
+        if self.admission is not None:
+            self.admission.sent(job.id, job.prompt)
+        self._add(state)
+
+    def _add(self, state: RunningJob, resume: dict[str, Any] | None = None) -> None:
+        job = state.job
         if job.images:
-            task = asyncio.create_task(self._add_with_images(job))
+            task = asyncio.create_task(self._add_with_images(job, resume))
             self._pending.add(task)
             task.add_done_callback(self._pending.discard)
             return
-        self.engine.send(["add", job.id, job.prompt, job.add_special_tokens, job.params.model_dump(), []])
+        self.engine.send(["add", job.id, job.prompt, job.add_special_tokens, job.params.model_dump(), [], resume])
 
-    async def _add_with_images(self, job: Job) -> None:
+    async def _add_with_images(self, job: Job, resume: dict[str, Any] | None) -> None:
         blobs = await self.redis.mget(job.images)
         if job.id not in self.running:  # cancelled meanwhile
             return
         if any(b is None for b in blobs):
             extra = {"status": 400, "message": "the request's images expired before the job started"}
-            self._on_outputs([[job.id, [], "error", extra]])
+            self._on_message([[job.id, [], "error", extra]], None)
             return
         images = [base64.b64encode(b).decode() for b in blobs]
-        self.engine.send(["add", job.id, job.prompt, job.add_special_tokens, job.params.model_dump(), images])
+        self.engine.send(["add", job.id, job.prompt, job.add_special_tokens, job.params.model_dump(), images,
+                          resume])
 
     def _accepted(self, state: RunningJob, prompt_tokens: int, outbox: Outbox) -> None:
         job = state.job
@@ -125,7 +154,7 @@ class TextWorker(BaseWorker):
         outbox.set_status(job.id, status="running", worker=self.id, prompt_tokens=prompt_tokens, streamed=0)
 
     # ---- engine output ---------------------------------------------------------------------------------
-    def _on_outputs(self, outputs: list[list[Any]]) -> None:
+    def _on_message(self, outputs: list[list[Any]], stats: list[Any] | None) -> None:
         outbox = Outbox()
         updates, work = [], []
         for update in outputs:
@@ -146,6 +175,8 @@ class TextWorker(BaseWorker):
                 continue
             if finish == "accepted":
                 self._accepted(state, extra, outbox)
+                if self.admission is not None:
+                    self.admission.answered(state.job.id, state.job.prompt, extra)
             elif finish in ("cancelled", "error"):
                 self._end(state, finish, outbox, extra)
             elif finish == "prompt" and choice is not None:
@@ -153,6 +184,12 @@ class TextWorker(BaseWorker):
             elif generated:
                 self._generated(state, choice, ids, text, finish, logprobs, outbox)
         self.publisher.put(outbox)
+        if stats is not None:
+            if self.admission is not None:
+                self.admission.stepped(stats)
+            self._probing = None  # a step went through with it
+            self._next_probation()
+            self._slot_free.set()
 
     def _generated(self, state: RunningJob, choice: Choice, ids: list[int], text: str, finish: str | None,
                    logprobs: list[float] | None, outbox: Outbox) -> None:
@@ -209,18 +246,75 @@ class TextWorker(BaseWorker):
             outbox.set_status(job.id, status="done", text="".join(state.choices[0].text),
                               result=done.model_dump(mode="json"))
 
-    def _on_engine_exit(self) -> None:
+    def _job_done(self, state: RunningJob, outbox: Outbox) -> None:
+        super()._job_done(state, outbox)
+        if self.admission is not None:
+            self.admission.forget(state.job.id)
+            if not self.running:
+                self.admission.idle()
+        if self._probing == state.job.id:
+            self._probing = None
+            self._next_probation()
+
+    # ---- engine failures -------------------------------------------------------------------------------
+    def _on_engine_exit(self, kind: str, report: dict[str, Any] | None) -> None:
+        """A failed step fails only its culprit: the others go on, from what they had generated, on a new
+        engine. A crash or a hang fails every running job (nothing says which one caused it)."""
         if self._stopping.is_set():
             return
-        log.error("engine process died; failing %d running jobs and restarting it", len(self.running))
-        self.engine.drop_pending()  # commands of the jobs failed just below
-        self._fail_all(500, "the inference engine crashed while running this job")
-        self._restart = asyncio.get_running_loop().create_task(self._restart_engine())
+        self._restarting = True
+        self.engine.drop_pending()  # commands of jobs failed or re-sent just below
+        running = list(self.running.values())
+        if kind == "broken" and report is not None:
+            suspects = [s for s in running if s.job.id in report["suspects"]]
+            innocents = [s for s in running if s.job.id not in report["suspects"]]
+            if len(suspects) == 1:
+                self._fail(suspects.pop(), report["broken"])
+            log.error("engine step failed (%s); restarting it: %d jobs go on, %d suspects re-run one at a time",
+                      report["broken"], len(innocents), len(suspects))
+        else:
+            why = ("stopped responding and was restarted" if kind == "unresponsive"
+                   else "crashed while running this job")
+            log.error("engine process %s; failing %d running jobs and restarting it", why, len(running))
+            self._fail_all(500, f"the inference engine {why}")
+            innocents, suspects = [], []
+        task = asyncio.get_running_loop().create_task(self._restart_engine(innocents, suspects))
+        self._pending.add(task)
+        task.add_done_callback(self._pending.discard)
 
-    async def _restart_engine(self) -> None:
+    def _fail(self, state: RunningJob, message: str) -> None:
+        structured = state.job.params.structured is not None
+        extra = ({"status": 400, "message": f"invalid structured output: {message}", "param": "response_format"}
+                 if structured else
+                 {"status": 500, "message": "the inference engine could not run this request", "type": "server_error"})
+        outbox = Outbox()
+        self._end(state, "error", outbox, extra)
+        self.publisher.put(outbox)
+
+    async def _restart_engine(self, innocents: list[RunningJob], suspects: list[RunningJob]) -> None:
         try:
             await self.engine.start()
-        except Exception:
-            log.exception("the engine could not be restarted; stopping the worker")
+        except Exception as exc:
+            log.error("the engine could not be restarted (%s); stopping the worker", exc)
+            self._fail_all(500, "the inference engine failed and could not be restarted")
             self._stopping.set()
+            return
+        for state in innocents:
+            if state.job.id in self.running:
+                self._add(state, self._resume(state))
+        self._probation.extend(suspects)
+        self._restarting = False
+        self._next_probation()
+        self._slot_free.set()
 
+    @staticmethod
+    def _resume(state: RunningJob) -> dict[str, Any] | None:
+        """Nothing sent yet: run it afresh. Else go on from each choice's generated ids."""
+        return state.resume() if any(c.ids or c.text for c in state.choices) else None
+
+    def _next_probation(self) -> None:
+        while self._probing is None and self._probation:
+            state = self._probation.popleft()
+            if state.job.id in self.running:
+                self._probing = state.job.id
+                self._add(state, self._resume(state))

@@ -18,24 +18,56 @@ def engine(model_dir: Path) -> Engine:
 
 def test_structured_job_is_accepted_only_after_its_grammar_compiled(engine: Engine) -> None:
     out: list[list] = []
-    engine.add("json", PROMPT, False, {"structured": json_schema({"type": "object"}), "max_tokens": 2}, [], out)
+    engine.add("json", PROMPT, False, {"structured": json_schema({"type": "object"}), "max_tokens": 2}, [], None, out)
     assert out == []  # held until the step that compiles its grammar
     engine.step(out)
     assert out[0] == ["json", [], "accepted", engine.requests["json"].prompt_len]
     engine.cancel("json", out)
 
 
-def test_a_grammar_that_breaks_the_step_is_its_jobs_400_and_the_others_500(model_dir: Path) -> None:
+def test_a_step_that_fails_names_the_jobs_added_since_the_last_good_one(model_dir: Path) -> None:
     broken = Engine(EngineSpec(str(model_dir), "CPU", {"cache_size": 0}, {}, 8192))
     out: list[list] = []
-    broken.add("bystander", PROMPT, False, {"max_tokens": 50, "ignore_eos": True}, [], out)
+    broken.add("bystander", PROMPT, False, {"max_tokens": 50, "ignore_eos": True}, [], None, out)
     broken.step(out)
+    assert broken.added == set()
     # Lookahead passes the JSON Schema meta-schema but not xgrammar (the API refuses it earlier too).
     bad = {"type": "string", "pattern": "^(?=a)a+$"}
-    broken.add("culprit", PROMPT, False, {"structured": json_schema(bad), "max_tokens": 4}, [], out)
-    with pytest.raises(RuntimeError):
+    broken.add("culprit", PROMPT, False, {"structured": json_schema(bad), "max_tokens": 4}, [], None, out)
+    assert broken.added == {"culprit"}
+    with pytest.raises(RuntimeError, match="(?i)lookahead"):
         broken.step(out)
-    errors = {u[0]: u[3] for u in out if u[2] == "error"}
-    assert errors["culprit"]["status"] == 400 and "Lookahead" in errors["culprit"]["message"]
-    assert errors["bystander"]["status"] == 500
-    assert not broken.requests
+
+
+def test_end_of_sequence_is_neither_text_nor_counted_and_ends_with_stop(engine: Engine) -> None:
+    """SmolLM2 answers this in 11 tokens then EOS: with exactly 12 allowed, EOS is the last one allowed."""
+    prompt = "<|im_start|>user\nWhat is the capital of France?<|im_end|>\n<|im_start|>assistant\n"
+    finishes = {}
+    for budget in (11, 12, 13):
+        out: list[list] = []
+        engine.add(f"eos{budget}", prompt, False, {"max_tokens": budget, "temperature": 0, "logprobs": 0}, [],
+                   None, out)
+        while f"eos{budget}" in engine.requests:
+            engine.step(out)
+        updates = [u for u in out if u[0] == f"eos{budget}" and u[2] != "accepted"]
+        ids = [i for u in updates for i in u[1]]
+        logprobs = [p for u in updates for p in (u[5] or [])]
+        assert engine.eos not in ids and len(logprobs) == len(ids)
+        finishes[budget] = (updates[-1][2], len(ids))
+    assert finishes == {11: ("length", 11), 12: ("stop", 11), 13: ("stop", 11)}
+
+
+def test_a_resumed_job_goes_on_from_its_generated_ids(engine: Engine) -> None:
+    greedy = {"max_tokens": 12, "temperature": 0}
+    whole: list[list] = []
+    engine.add("whole", PROMPT, False, greedy, [], None, whole)
+    while "whole" in engine.requests:
+        engine.step(whole)
+    ids = [i for u in whole if u[2] != "accepted" for i in u[1]]
+    resumed: list[list] = []
+    engine.add("rest", PROMPT, False, greedy, [], {"generated": {"0": ids[:5]}, "done": []}, resumed)
+    while "rest" in engine.requests:
+        engine.step(resumed)
+    assert not any(u[2] == "accepted" for u in resumed)  # it was accepted on the engine that failed
+    assert ids[:5] + [i for u in resumed for i in u[1]] == ids
+    assert resumed[-1][2] == whole[-1][2]

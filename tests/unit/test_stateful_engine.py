@@ -36,10 +36,12 @@ class EngineProcess:
 
     def __init__(self, spec: EngineSpec) -> None:
         ctx = mp.get_context("spawn")
-        self.conn, child = ctx.Pipe()
-        self.process = ctx.Process(target=run, args=(child, spec), daemon=True)
+        commands, self.commands = ctx.Pipe(duplex=False)
+        self.conn, outputs = ctx.Pipe(duplex=False)
+        self.process = ctx.Process(target=run, args=(commands, outputs, spec), daemon=True)
         self.process.start()
-        child.close()
+        commands.close()
+        outputs.close()
         self.log: list[list[Any]] = []  # every update, in arrival order
 
     def ready(self, timeout: float = 60) -> dict[str, Any]:
@@ -47,7 +49,7 @@ class EngineProcess:
         return orjson.loads(self.conn.recv_bytes())
 
     def send(self, *commands: list[Any]) -> None:
-        self.conn.send_bytes(orjson.dumps(list(commands)))
+        self.commands.send_bytes(orjson.dumps(list(commands)))
 
     def add(self, job: str, prompt: str | list[int], params: dict[str, Any], special: bool = True) -> None:
         self.send(["add", job, prompt, special, {**GREEDY, **params}, []])
@@ -58,7 +60,7 @@ class EngineProcess:
         while not done(self.log):
             left = deadline - time.monotonic()
             assert left > 0 and self.conn.poll(left), f"no update in time; got {self.log}"
-            self.log.extend(orjson.loads(self.conn.recv_bytes()))
+            self.log.extend(orjson.loads(self.conn.recv_bytes())["u"])
 
     def finish(self, *jobs: str, timeout: float = 30) -> dict[str, Outcome]:
         self.until(lambda log: all(any(u[0] == j and u[2] not in (None, "accepted") for u in log) for j in jobs),
@@ -72,6 +74,7 @@ class EngineProcess:
         if self.process.is_alive():
             self.process.kill()
         self.conn.close()
+        self.commands.close()
 
 
 def outcome(log: list[list[Any]], job: str) -> Outcome:
