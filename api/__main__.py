@@ -4,6 +4,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import signal
 import sys
 
 import uvicorn
@@ -37,6 +38,9 @@ def main() -> int:
     except TimeoutError as exc:
         print(f"ovq api: {exc}; exiting", file=sys.stderr)
         return 1
+    # uvicorn re-raises the stop signal once it has drained, to die by it; the drain is the intended end: exit 0.
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: None)
     uvicorn.run("api.app:create_app", factory=True, host=settings.host, port=settings.port,
                 workers=api_processes(settings), log_level=settings.log_level, access_log=False,
                 timeout_graceful_shutdown=int(settings.shutdown_grace_s), timeout_keep_alive=settings.keep_alive_s)

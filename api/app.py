@@ -10,6 +10,7 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from prometheus_client import CONTENT_TYPE_LATEST
+from sse_starlette.sse import AppStatus
 from starlette.exceptions import HTTPException
 from starlette.responses import JSONResponse, Response
 
@@ -41,6 +42,9 @@ def expected_models(settings: Settings) -> list[str]:
 
 def create_app(settings: Settings | None = None) -> FastAPI:
     settings = settings or get_settings()
+    # sse-starlette ends every open stream as soon as uvicorn is told to stop; a drain lets them finish (uvicorn
+    # cancels what is left after timeout_graceful_shutdown).
+    AppStatus.disable_automatic_graceful_drain()
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:

@@ -62,7 +62,8 @@ class Registry:
         raw = await self.redis.hgetall(self.keys.model(model))
         parsed = [ModelCard.model_validate_json(v) for v in raw.values()]
         cards = {c.device: c for c in sorted(parsed, key=lambda c: (c.preference, c.device))}
-        self._cards[model] = (time.monotonic(), cards)
+        if cards:  # no negative caching: a worker that has just started is served at once
+            self._cards[model] = (time.monotonic(), cards)
         return cards
 
     async def announced(self) -> list[str]:

@@ -7,7 +7,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -16,6 +16,7 @@ import pytest
 import redis
 
 from common.config import default_model
+from common.keys import Keys
 from common.redis_server import EmbeddedRedis
 from common.settings import Settings
 
@@ -183,3 +184,89 @@ def raw_greedy(model_dir: Path, prompt: str, max_tokens: int, stateful: bool = F
     while pipe.has_non_finished_requests():
         pipe.step()
     return tokenizer.decode(list(handle.read_all()[0].generated_ids))
+
+
+class Tiers:
+    """A test's own processes on the session's Redis, under a key prefix of their own: workers, APIs, clients.
+
+    Started through the `ovq` CLI (`python -m cli.main`), as an operator would, so exec and signals are tested too.
+    """
+
+    def __init__(self, redis_url: str, work: Path, models: dict[str, dict], **env: str) -> None:
+        self.work, self.redis_url = work, redis_url
+        self.prefix = f"ovqt{time.monotonic_ns() % 10**9}"
+        config = work / "models.json"
+        config.write_text(json.dumps({"models": models}))
+        self.env = {**os.environ, "REDIS_URL": redis_url, "OVQ_CONFIG": str(config), "OVQ_KEY_PREFIX": self.prefix,
+                    "OVQ_LOG_LEVEL": "info", "OVQ_WORKER_TTL_S": "3", "OVQ_RECLAIM_INTERVAL_S": "1",
+                    "OVQ_FIRST_EVENT_CHECK_S": "1", "OVQ_API_PROCESSES": "1", "PYTHONUNBUFFERED": "1", **env}
+        self.procs: list[subprocess.Popen[bytes]] = []
+        self.logs: dict[int, Path] = {}
+        self.port = 0
+
+    def start(self, *args: str, name: str, prefix: list[str] | None = None, **env: str) -> subprocess.Popen[bytes]:
+        log = self.work / f"{name}.log"
+        proc = subprocess.Popen([*(prefix or []), sys.executable, "-m", "cli.main", *args],
+                                env={**self.env, **env}, cwd=ROOT, stdout=log.open("wb"), stderr=subprocess.STDOUT)
+        self.procs.append(proc)
+        self.logs[proc.pid] = log
+        return proc
+
+    def worker(self, model: str, name: str = "worker", **env: str) -> subprocess.Popen[bytes]:
+        return self.start("worker", "--model", model, name=name, **env)
+
+    def api(self, **env: str) -> subprocess.Popen[bytes]:
+        self.port = free_port()
+        return self.start("api", "--port", str(self.port), name=f"api-{self.port}", **env)
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/v3"
+
+    def log(self, proc: subprocess.Popen[bytes]) -> str:
+        return self.logs[proc.pid].read_text(errors="replace")
+
+    def wait_served(self, *models: str, workers: int = 1, timeout: float = 120) -> None:
+        """Until the API is up and each model has `workers` live workers."""
+        keys = Keys(self.prefix)
+        r = redis.Redis.from_url(self.redis_url)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            for proc in self.procs:
+                if proc.poll() is not None and proc.returncode != 0:
+                    raise RuntimeError(f"a process exited during start-up:\n{self.log(proc)[-3000:]}")
+            live = [r.zcount(keys.workers(m, "CPU"), time.time() - 3, "+inf") for m in models]
+            try:
+                up = all(httpx.get(f"http://127.0.0.1:{self.port}/v2/models/{m}/ready", timeout=2).status_code == 200
+                         for m in models)
+            except httpx.HTTPError:
+                up = False
+            if up and all(n >= workers for n in live):
+                return
+            time.sleep(0.2)
+        raise RuntimeError("the tiers did not become ready in time:\n" + "\n".join(
+            self.log(p)[-2000:] for p in self.procs))
+
+    def stop(self) -> None:
+        for proc in self.procs:
+            if proc.poll() is None:
+                proc.terminate()
+        for proc in self.procs:
+            try:
+                proc.wait(40)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+
+@pytest.fixture()
+def tiers(redis_url: str, tmp_path: Path) -> Iterator[Callable[..., Tiers]]:
+    made: list[Tiers] = []
+
+    def make(models: dict[str, dict], **env: str) -> Tiers:
+        made.append(Tiers(redis_url, tmp_path, models, **env))
+        return made[-1]
+
+    yield make
+    for t in made:
+        t.stop()
