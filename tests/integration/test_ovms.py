@@ -12,6 +12,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import openai
+import psutil
 import pytest
 from openai import OpenAI
 from PIL import Image
@@ -60,12 +61,16 @@ def client(model_dir: Path, redis_url: str, tmp_path_factory: pytest.TempPathFac
         _wait_ready(f"http://127.0.0.1:{port}/health", [serve], work, {LLM, STATEFUL, VLM, IMAGE})
         yield OpenAI(base_url=f"http://127.0.0.1:{port}/v3", api_key="unused", max_retries=0, timeout=120)
     finally:
+        children = psutil.Process(serve.pid).children(recursive=True)
         serve.send_signal(signal.SIGTERM)  # stops the API, then the workers, in order
         try:
             serve.wait(60)
         except subprocess.TimeoutExpired:
             serve.kill()
             serve.wait()
+        for child in children:  # each tier runs in its own session: none may outlive a failed stop
+            if child.is_running():
+                child.kill()
 
 
 def test_every_servable_is_listed_under_its_ovms_name(client: OpenAI) -> None:
