@@ -1,10 +1,10 @@
 """The protobuf messages of an OVMS `graph.pbtxt`, built at import time (no protoc, no generated code).
 
-Field names and numbers are OVMS's (`src/llm/llm_calculator.proto`, `src/image_gen/image_gen_calculator.proto`)
-and MediaPipe's (`calculator.proto`). No defaults here: an option the graph leaves unset takes `ModelConfig`'s
-default, which is OVMS's. Only the options ovq honours are defined: every other field is unknown to these
-messages, which is how the parser finds the options ovq ignores. The graph's own structure is defined as far as
-OVMS's LLM and image graphs use it.
+Field names are OVMS's (`src/llm/llm_calculator.proto`, `src/image_gen/image_gen_calculator.proto`, numbers too)
+and MediaPipe's (`calculator.proto`); text format goes by name only. No defaults here: an option the graph leaves
+unset takes `ModelConfig`'s default, which is OVMS's. Only the options ovq honours are defined: every other field
+is unknown to these messages, which is how the parser finds the options ovq ignores. The graph's own structure is
+defined as far as OVMS's LLM and image graphs use it.
 """
 from __future__ import annotations
 
@@ -64,7 +64,8 @@ _LLM = _message("LLMCalculatorOptions", [
     ("tool_parser", 21, "string"),
     ("reasoning_parser", 22, "string"),
     ("enable_tool_guided_generation", 23, "bool"),
-    # The older page's single parser option (seed 000), before tool_parser and reasoning_parser replaced it.
+    # The older page's single parser option (seed 000), before tool_parser and reasoning_parser replaced it
+    # (its number is ours).
     ("response_parser", 1000, "string"),
 ], nested=(
     _message("CacheEvictionConfig", [
