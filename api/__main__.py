@@ -9,6 +9,7 @@ import sys
 
 import uvicorn
 
+from common.config import ConfigError, configured_models
 from common.redis_client import RedisURLError, connect, redis_url, wait_until_up
 from common.settings import Settings, get_settings
 
@@ -30,9 +31,10 @@ def main() -> int:
     settings = get_settings()
     logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
     try:
+        configured_models(settings)  # one line here for a broken models file, not a traceback per process
         redis_url(settings)
         asyncio.run(_wait_for_redis(settings))
-    except RedisURLError as exc:
+    except (ConfigError, RedisURLError) as exc:
         print(f"ovq api: {exc}", file=sys.stderr)
         return 2
     except TimeoutError as exc:

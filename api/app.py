@@ -21,7 +21,7 @@ from api.metrics import Metrics
 from api.protocol import ModelList, ModelObject
 from api.registry import Registry
 from api.serving import Serving
-from common.config import configured_models
+from common.config import configured_models, has_models
 from common.errors import ErrorBody, OvqError, not_found, unavailable
 from common.keys import Keys
 from common.redis_client import UNAVAILABLE, connect
@@ -37,7 +37,7 @@ def error_response(status: int, body: ErrorBody, headers: dict[str, str] | None 
 def expected_models(settings: Settings) -> list[str]:
     if settings.models:
         return settings.models
-    return [m.name for m in configured_models(settings)] if settings.config else []
+    return [m.name for m in configured_models(settings)] if has_models(settings) else []
 
 
 def create_app(settings: Settings | None = None) -> FastAPI:

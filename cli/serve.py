@@ -14,8 +14,8 @@ import sys
 import time
 from dataclasses import dataclass, field
 
+from cli import ovms
 from cli.tiers import config_env
-from common.config import configured_models
 from common.redis_client import embedded_socket
 from common.redis_server import EmbeddedRedis
 from common.settings import Settings
@@ -100,7 +100,9 @@ def serve(args: argparse.Namespace) -> int:
     settings = Settings()
     from workers.prepare import prepare
 
-    models = configured_models(settings)
+    models = ovms.checked_models(settings, "ovq serve")
+    if models is None:
+        return 2
     for model in models:
         prepare(model)
     redis = None
@@ -152,4 +154,5 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--host")
     p.add_argument("--port", type=int)
     p.add_argument("--api-processes", type=int, help="API processes sharing the port (default: OVQ_API_PROCESSES)")
+    ovms.add_arguments(p, server=True)
     p.set_defaults(func=serve)

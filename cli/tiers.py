@@ -9,8 +9,14 @@ import argparse
 import os
 import sys
 
+from cli import ovms
+from common.settings import Settings
+
 
 def _exec(module: str, args: list[str], env: dict[str, str]) -> int:
+    os.environ.update(env)
+    if ovms.checked_models(Settings(), "ovq") is None:  # one line here rather than a tier's traceback
+        return 2
     os.execvpe(sys.executable, [sys.executable, "-m", module, *args], {**os.environ, **env})
     return 1  # not reached
 
@@ -19,6 +25,7 @@ def config_env(args: argparse.Namespace) -> dict[str, str]:
     env = {}
     if getattr(args, "config", None):
         env["OVQ_CONFIG"] = os.path.abspath(args.config)
+    env.update(ovms.env(args))
     return env
 
 
@@ -43,9 +50,11 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--host")
     p.add_argument("--port", type=int)
     p.add_argument("--processes", type=int, help="API processes sharing the port (default: OVQ_API_PROCESSES)")
+    ovms.add_arguments(p, server=True)
     p.set_defaults(func=api)
     p = sub.add_parser("worker", help="one worker: a model on a device")
     p.add_argument("--model", required=True)
     p.add_argument("--device", default="CPU")
     p.add_argument("--config", help="models file (YAML or JSON)")
+    ovms.add_arguments(p)
     p.set_defaults(func=worker)

