@@ -40,6 +40,9 @@ class Settings(BaseSettings):
     # Idle keep-alive connections are closed after this long.
     keep_alive_s: int = 5
 
+    # A worker's probe and metrics port (`/live`, `/ready`, `/metrics`); unset: none.
+    worker_port: int | None = None
+    worker_host: str = "0.0.0.0"
     heartbeat_s: float = 1.0
     # A worker whose heartbeat is older than this is dead: its pending jobs may be reclaimed.
     worker_ttl_s: float = 5.0

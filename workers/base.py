@@ -26,6 +26,7 @@ from common.keys import GROUP, Keys
 from common.modelcard import ModelCard
 from common.redis_client import UNAVAILABLE, Backoff, connect
 from common.settings import Settings
+from workers.health import HealthServer
 from workers.heartbeat import Heartbeat
 from workers.publisher import Outbox, Publisher
 from workers.reclaim import Reclaimer
@@ -54,6 +55,9 @@ class BaseWorker:
         self.stream = self.keys.jobs(model.name, device)
         self.running: dict[str, Any] = {}
         self.jobs_taken = 0
+        self.tokens_generated = 0
+        self.engine_restarts = 0
+        self.started = time.time()
         self._cancelled_early: dict[str, float] = {}
         self._cancels_heard_ms: int | None = None
         self._slot_free = asyncio.Event()
@@ -63,6 +67,8 @@ class BaseWorker:
         self.publisher = Publisher(self.redis, self.keys, self.stream, settings.job_ttl_s)
         self.heartbeat = Heartbeat(self)
         self.reclaimer = Reclaimer(self)
+        self.health = HealthServer(self, settings.worker_host, settings.worker_port) \
+            if settings.worker_port is not None else None
 
     # ---- what a kind of worker provides -----------------------------------------------------------------
     async def start_backend(self) -> None:
@@ -79,6 +85,10 @@ class BaseWorker:
         """How many more jobs to take from the stream now."""
         return max(0, self.capacity - len(self.running))
 
+    def engine_stats(self) -> list[float] | None:
+        """The engine's last [requests, scheduled, KV cache %, prompt tokens waiting], where it reports them."""
+        return None
+
     def _start(self, entry_id: bytes, job: Job, outbox: Outbox) -> None:
         raise NotImplementedError
 
@@ -92,6 +102,8 @@ class BaseWorker:
     async def run(self) -> None:
         await self.ensure_group()
         await self.start_backend()
+        if self.health is not None:
+            await self.health.start()
         self.publisher.start()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
@@ -154,6 +166,8 @@ class BaseWorker:
         except (asyncio.TimeoutError, *UNAVAILABLE):
             pass
         await self.stop_backend()
+        if self.health is not None:
+            await self.health.stop()
         await self.publisher.stop()
         await self.redis.aclose()
         log.warning("worker %s stopped: %d jobs handed back to the stream", self.id, len(handed))

@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
+import socket
 import time
 from typing import TYPE_CHECKING
 
@@ -16,15 +18,21 @@ log = logging.getLogger("ovq.worker")
 class Heartbeat:
     def __init__(self, worker: BaseWorker) -> None:
         self.worker = worker
+        self.host = socket.gethostname()
+        self.last_ok = time.monotonic()
 
     async def beat(self) -> None:
         w, keys = self.worker, self.worker.keys
         now = time.time()
         ttl_ms = int(w.settings.worker_ttl_s * 1000)
         pipe = w.redis.pipeline(transaction=False)
+        stats = w.engine_stats()
         pipe.hset(keys.worker(w.id), mapping={
             "model": w.model.name, "device": w.device, "servable_type": w.card.servable_type.value,
             "capacity": w.capacity, "running": len(w.running), "stream": w.stream, "heartbeat": now,
+            "host": self.host, "pid": os.getpid(), "started": w.started, "draining": int(w.draining),
+            "kv_cache_usage": stats[2] / 100 if stats else 0.0, "jobs_taken": w.jobs_taken,
+            "tokens_generated": w.tokens_generated, "port": w.health.port if w.health else 0,
         })
         pipe.pexpire(keys.worker(w.id), ttl_ms)
         pipe.zadd(keys.workers(w.model.name, w.device), {w.id: now})
@@ -50,6 +58,7 @@ class Heartbeat:
             except UNAVAILABLE as exc:
                 await asyncio.sleep(backoff.failed(log, where, exc))
                 continue
+            self.last_ok = time.monotonic()
             backoff.succeeded(log, where)
             await asyncio.sleep(self.worker.settings.heartbeat_s)
 

@@ -22,6 +22,7 @@ log = logging.getLogger("ovq.reclaim")
 class Reclaimer:
     def __init__(self, worker: BaseWorker) -> None:
         self.worker = worker
+        self.reclaimed = 0
 
     async def run(self) -> None:
         while True:
@@ -50,6 +51,7 @@ class Reclaimer:
         if not orphans:
             return 0
         claimed = await w.redis.xclaim(w.stream, GROUP, w.id, idle_ms, [p["message_id"] for p in orphans])
+        self.reclaimed += len(claimed)
         deliveries = {p["message_id"]: p["times_delivered"] + 1 for p in orphans}
         rerun = []
         outbox = Outbox()

@@ -98,6 +98,9 @@ class TextWorker(BaseWorker):
         kind = "byte-table" if self.detokenizer.table else "window"
         return f"{self.card.servable_type.value}, {kind} detokenizer"
 
+    def engine_stats(self) -> list[float] | None:
+        return self.admission.stats if self.admission is not None else None
+
     def room(self) -> int:
         if self._restarting or self._probation or self._probing:
             return 0
@@ -182,6 +185,7 @@ class TextWorker(BaseWorker):
             elif finish == "prompt" and choice is not None:
                 self._echo(state, choice, ids, logprobs, outbox)
             elif generated:
+                self.tokens_generated += len(ids)
                 self._generated(state, choice, ids, text, finish, logprobs, outbox)
         self.publisher.put(outbox)
         if stats is not None:
@@ -278,6 +282,7 @@ class TextWorker(BaseWorker):
             log.error("engine process %s; failing %d running jobs and restarting it", why, len(running))
             self._fail_all(500, f"the inference engine {why}")
             innocents, suspects = [], []
+        self.engine_restarts += 1
         task = asyncio.get_running_loop().create_task(self._restart_engine(innocents, suspects))
         self._pending.add(task)
         task.add_done_callback(self._pending.discard)
