@@ -1,0 +1,249 @@
+#!/usr/bin/env python3
+"""How ovq scales with workers and API processes: the serving path under load, not the model.
+
+For each M x A: a private redis-server, M workers and A API processes (`ovq api --processes A`) on the tiny
+random-weight Llama from tests/models (64 sequences per worker, 2 inference threads), and 64 x M closed-loop
+streaming chats of N tokens from a lean asyncio client (benchmarks/sse_client.py). In the same run, one raw
+in-process `ContinuousBatchingPipeline` step loop (64 streams, same threads) gives the yardstick: ratio = ovq tok/s
+/ (M x raw tok/s). CPU time of every tier is measured over the run and shown per streamed token.
+
+With enough cores (2 M + A + 2), each worker gets 2 cores, each API process one, and Redis with the client the
+rest (taskset); on a smaller machine nothing is pinned.
+
+  python benchmarks/scale.py                                  # M=1, A=1 (under 2 minutes on 2 cores)
+  python benchmarks/scale.py --workers 1,2,4,6 --apis 1,2,4   # on a bigger machine
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import psutil
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from sse_client import Result, closed_loop  # noqa: E402
+
+from common.redis_server import EmbeddedRedis  # noqa: E402
+
+TINY = ROOT / "tests" / "models" / "tiny-llama"
+MODEL = "tiny-llama"
+SEQS = 64
+THREADS = 2
+PROMPTS = [f"Tell me about the number {i} and its friends" for i in range(64)]
+
+
+def pct(values: list[float], p: float) -> float:
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    k = (len(ordered) - 1) * p / 100
+    lo = int(k)
+    hi = min(lo + 1, len(ordered) - 1)
+    return ordered[lo] + (ordered[hi] - ordered[lo]) * (k - lo)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+# ---- the raw yardstick, in its own process (the same cores as worker 0) ----------------------------------------
+
+RAW = """
+import sys, time, openvino_genai as g
+path, streams, tokens = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+duration, threads = float(sys.argv[4]), sys.argv[5]
+sc = g.SchedulerConfig(); sc.cache_size = 0; sc.max_num_seqs = streams
+pipe = g.ContinuousBatchingPipeline(path, sc, "CPU", {"INFERENCE_NUM_THREADS": int(threads)})
+tok = pipe.get_tokenizer()
+prompts = [tok.apply_chat_template([{"role": "user", "content": f"Tell me about the number {i} and its friends"}],
+                                   add_generation_prompt=True) for i in range(64)]
+cfg = g.GenerationConfig(); cfg.max_new_tokens = tokens; cfg.ignore_eos = True; cfg.do_sample = False
+active, n = {}, 0
+def add():
+    global n
+    n += 1
+    active[n] = pipe.add_request(n, prompts[n % 64], cfg)
+for _ in range(streams): add()
+for _ in range(20): pipe.step()  # warm-up
+done_tokens, t0 = 0, time.perf_counter()
+while time.perf_counter() - t0 < duration:
+    pipe.step()
+    for rid in list(active):
+        h = active[rid]
+        if h.can_read():
+            done_tokens += sum(len(o.generated_ids) for o in h.read().values())
+        if h.get_status() != g.GenerationStatus.RUNNING and not h.can_read():
+            del active[rid]
+            add()
+print(done_tokens / (time.perf_counter() - t0))
+"""
+
+
+def raw_tok_s(duration: float, tokens: int, cores: list[int] | None) -> float:
+    command = [sys.executable, "-c", RAW, str(TINY), str(SEQS), str(tokens), str(duration), str(THREADS)]
+    if cores:
+        command = ["taskset", "-c", ",".join(map(str, cores)), *command]
+    return float(subprocess.run(command, capture_output=True, text=True, check=True).stdout.strip().splitlines()[-1])
+
+
+# ---- ovq --------------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Plan:
+    workers: list[list[int] | None]
+    apis: list[int] | None
+    rest: list[int] | None
+
+
+def plan(m: int, a: int) -> Plan:
+    cores = sorted(os.sched_getaffinity(0))
+    if len(cores) < 2 * m + a + 2:
+        return Plan([None] * m, None, None)
+    workers = [cores[2 * i:2 * i + 2] for i in range(m)]
+    apis = cores[2 * m:2 * m + a]
+    return Plan(workers, apis, cores[2 * m + a:])
+
+
+class Stack:
+    def __init__(self, m: int, a: int, work: Path, layout: Plan) -> None:
+        self.redis = EmbeddedRedis(work / "redis", port=free_port())
+        url = self.redis.start()
+        if layout.rest:
+            os.sched_setaffinity(self.redis.process.pid, layout.rest)
+            os.sched_setaffinity(0, layout.rest)
+        config = work / "models.json"
+        options = {"path": str(TINY), "cache_size": 0, "max_num_seqs": SEQS,
+                   "plugin_config": {"INFERENCE_NUM_THREADS": THREADS}}
+        config.write_text(json.dumps({"models": {MODEL: options}}))
+        self.port = free_port()
+        env = {**os.environ, "REDIS_URL": url, "OVQ_CONFIG": str(config), "OVQ_PORT": str(self.port),
+               "OVQ_LOG_LEVEL": "warning", "OVQ_KEY_PREFIX": "ovqscale", "OVQ_API_PROCESSES": str(a)}
+        self.workers = [self._start(["workers", "--model", MODEL], env, cores) for cores in layout.workers]
+        self.api = self._start(["api"], env, layout.apis)
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            try:
+                health = httpx.get(f"http://127.0.0.1:{self.port}/health", timeout=2)
+                if health.status_code == 200 and health.json()["models"].get(MODEL):
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.25)
+        raise RuntimeError("ovq did not become ready")
+
+    @staticmethod
+    def _start(args: list[str], env: dict[str, str], cores: list[int] | None) -> subprocess.Popen[bytes]:
+        prefix = ["taskset", "-c", ",".join(map(str, cores))] if cores else []
+        return subprocess.Popen([*prefix, sys.executable, "-m", *args], env=env, cwd=ROOT)
+
+    def tiers(self) -> dict[str, list[psutil.Process]]:
+        """Processes by tier: API (the supervisor and its processes), worker I/O halves, engines, Redis."""
+        api = psutil.Process(self.api.pid)
+        io = [psutil.Process(w.pid) for w in self.workers]
+        engines = [c for w in io for c in w.children() if "resource_tracker" not in " ".join(c.cmdline())]
+        return {"api": [api, *api.children(recursive=True)], "worker I/O": io, "engine": engines,
+                "redis": [psutil.Process(self.redis.process.pid)], "client": [psutil.Process()]}
+
+    def stop(self) -> None:
+        for proc in [self.api, *self.workers]:
+            proc.terminate()
+        for proc in [self.api, *self.workers]:
+            proc.wait(60)
+        self.redis.stop()
+
+
+def cpu(processes: dict[str, list[psutil.Process]]) -> dict[str, float]:
+    out = {}
+    for tier, procs in processes.items():
+        total = 0.0
+        for proc in procs:
+            try:
+                times = proc.cpu_times()
+                total += times.user + times.system
+            except psutil.NoSuchProcess:
+                pass
+        out[tier] = total
+    return out
+
+
+def bodies(tokens: int) -> list[dict]:
+    return [{"model": MODEL, "messages": [{"role": "user", "content": p}], "max_tokens": tokens, "temperature": 0,
+             "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}} for p in PROMPTS]
+
+
+def measure(m: int, a: int, duration: float, tokens: int) -> dict:
+    layout = plan(m, a)
+    with tempfile.TemporaryDirectory() as tmp:
+        stack = Stack(m, a, Path(tmp), layout)
+        try:
+            asyncio.run(closed_loop("127.0.0.1", stack.port, bodies(8), 8 * m, 2.0))  # warm-up
+            processes = stack.tiers()
+            before = cpu(processes)
+            results, wall = asyncio.run(closed_loop("127.0.0.1", stack.port, bodies(tokens), SEQS * m, duration))
+            after = cpu(processes)
+        finally:
+            stack.stop()
+    raw = raw_tok_s(duration, tokens, layout.workers[0])
+    return summarize(m, a, results, wall, {k: after[k] - before[k] for k in before}, raw)
+
+
+def summarize(m: int, a: int, results: list[Result], wall: float, cpu_s: dict[str, float], raw: float) -> dict:
+    ok = [r for r in results if r.ok]
+    tokens = sum(r.tokens for r in ok)
+    ttft = [r.first - r.sent for r in ok if r.first is not None]
+    return {"M": m, "A": a, "tok_s": tokens / wall, "req_s": len(ok) / wall, "failed": len(results) - len(ok),
+            "ttft_p50_ms": pct(ttft, 50) * 1e3, "ttft_p95_ms": pct(ttft, 95) * 1e3, "raw_tok_s": raw,
+            "ratio": tokens / wall / (m * raw),
+            "us_per_token": {tier: seconds / max(tokens, 1) * 1e6 for tier, seconds in cpu_s.items()},
+            "api_cpu_pct_each": cpu_s["api"] / wall / a * 100}
+
+
+def table(rows: list[dict]) -> str:
+    tiers = list(rows[0]["us_per_token"])
+    head = ["M × A", "tok/s", "req/s", "TTFT p50 / p95 ms", "raw tok/s (one engine)", "ratio",
+            "API CPU % each", *[f"µs/token {t}" for t in tiers], "failed"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r in rows:
+        cells = [f"{r['M']} × {r['A']}", f"{r['tok_s']:,.0f}", f"{r['req_s']:.1f}",
+                 f"{r['ttft_p50_ms']:.0f} / {r['ttft_p95_ms']:.0f}", f"{r['raw_tok_s']:,.0f}", f"{r['ratio']:.2f}",
+                 f"{r['api_cpu_pct_each']:.0f}", *[f"{r['us_per_token'][t]:.1f}" for t in tiers], str(r["failed"])]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--workers", default="1")
+    parser.add_argument("--apis", default="1")
+    parser.add_argument("--duration", type=float, default=20.0, help="seconds of closed-loop load per setting")
+    parser.add_argument("--max-tokens", type=int, default=128)
+    parser.add_argument("--out", type=Path, help="also write the rows as JSON")
+    args = parser.parse_args()
+    rows = []
+    for m in (int(x) for x in args.workers.split(",")):
+        for a in (int(x) for x in args.apis.split(",")):
+            rows.append(measure(m, a, args.duration, args.max_tokens))
+            print(json.dumps(rows[-1]), file=sys.stderr, flush=True)
+    print(table(rows))
+    if args.out:
+        args.out.write_text(json.dumps(rows, indent=1))
+
+
+if __name__ == "__main__":
+    main()
