@@ -14,6 +14,7 @@ from sse_starlette.sse import AppStatus
 from starlette.exceptions import HTTPException
 from starlette.responses import JSONResponse, Response
 
+from api import batches, files
 from api.hub import EventHub
 from api.images import ImageServing
 from api.jobs import JobClient
@@ -150,6 +151,8 @@ def _install_routes(app: FastAPI) -> None:
         app.add_api_route(f"{prefix}/images/edits", image_edits, methods=["POST"])
         app.add_api_route(f"{prefix}/models", list_models, methods=["GET"])
         app.add_api_route(f"{prefix}/models/{{model:path}}", get_model, methods=["GET"])
+        app.include_router(files.router, prefix=prefix)
+        app.include_router(batches.router, prefix=prefix)
 
     @app.get("/health")
     @app.get("/v2/health/ready")
@@ -180,7 +183,8 @@ def _install_routes(app: FastAPI) -> None:
     async def metrics(request: Request) -> Response:
         registry = request.app.state.registry
         models = {name: list(await registry.cards(name)) for name in await registry.models()}
-        return Response(await request.app.state.metrics.render(models), media_type=CONTENT_TYPE_LATEST)
+        body = await request.app.state.metrics.render(models) + await batches.batch_metrics(request)
+        return Response(body, media_type=CONTENT_TYPE_LATEST)
 
 
 async def _counted(request: Request, endpoint: str, handler: Any) -> Response:

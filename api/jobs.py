@@ -11,6 +11,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from api.hub import EventHub
+from api.priority import priority_of
 from api.registry import Registry, Servable
 from common.errors import OvqError, unavailable
 from common.events import TERMINAL, Accepted, Error
@@ -54,6 +55,7 @@ class JobClient:
 
         The client leaving at any point (queued, running, mid-stream) cancels the job at its worker.
         """
+        job.priority = priority_of(request)
         generation = await self.submit(job, servable)
         disconnect = asyncio.ensure_future(wait_disconnect(request))
         try:

@@ -16,14 +16,18 @@ from common.settings import Settings
 CARD_CACHE_S = 1.0
 
 
-# KEYS: job hash, then per device (in preference order): its workers zset, its stream.
-# ARGV: oldest live heartbeat, max backlog, job TTL, created, then per device the job as JSON.
+# KEYS: job hash, then per device (in preference order): its workers zset, its stream, its batch stream.
+# ARGV: oldest live heartbeat, max backlog, job TTL, created, priority, then per device the job as JSON.
+# An interactive job goes to the device with the fewest interactive jobs (batch jobs never delay it: workers read
+# them only when no interactive job waits); a batch job to the device with the fewest jobs of either kind.
 # Returns the 1-based device chosen, 0 when none has a live worker, -1 when its backlog is full.
 ENQUEUE = """
+local batch = ARGV[5] == 'batch'
 local best, best_len = 0, 0
-for i = 1, (#KEYS - 1) / 2 do
-  if redis.call('ZCOUNT', KEYS[2 * i], ARGV[1], '+inf') > 0 then
-    local len = redis.call('XLEN', KEYS[2 * i + 1])
+for i = 1, (#KEYS - 1) / 3 do
+  if redis.call('ZCOUNT', KEYS[3 * i - 1], ARGV[1], '+inf') > 0 then
+    local len = redis.call('XLEN', KEYS[3 * i])
+    if batch then len = len + redis.call('XLEN', KEYS[3 * i + 1]) end
     if best == 0 or len < best_len then best, best_len = i, len end
   end
 end
@@ -31,7 +35,7 @@ if best == 0 then return 0 end
 if best_len >= tonumber(ARGV[2]) then return -1 end
 redis.call('HSET', KEYS[1], 'status', 'queued', 'created', ARGV[4])
 redis.call('EXPIRE', KEYS[1], ARGV[3])
-redis.call('XADD', KEYS[2 * best + 1], '*', 'job', ARGV[4 + best])
+redis.call('XADD', KEYS[3 * best + (batch and 1 or 0)], '*', 'job', ARGV[5 + best])
 return best
 """
 
@@ -97,15 +101,17 @@ class Registry:
         return Servable(model, cards)
 
     async def enqueue(self, servable: Servable, job: Job) -> str:
-        """Put the job on the live device stream with the shortest backlog, in one atomic round trip.
+        """Put the job on the live device stream with the shortest backlog, in one atomic round trip: the
+        device's stream, or its batch stream for a job of `batch` priority.
 
         Returns the device; 503 when no device has a live worker, 429 when the chosen backlog is full.
         """
         devices = list(servable.cards)
-        keys = [k for d in devices for k in (self.keys.workers(servable.model, d), self.keys.jobs(servable.model, d))]
+        keys = [k for d in devices for k in (self.keys.workers(servable.model, d), self.keys.jobs(servable.model, d),
+                                             self.keys.batch_jobs(servable.model, d))]
         jobs = [orjson.dumps(job.model_copy(update={"device": d}).model_dump()) for d in devices]
         since = time.time() - self.settings.worker_ttl_s
-        args = [since, self.settings.max_queue_depth, self.settings.job_ttl_s, job.created, *jobs]
+        args = [since, self.settings.max_queue_depth, self.settings.job_ttl_s, job.created, job.priority, *jobs]
         chosen = await self._enqueue(keys=[self.keys.job(job.id), *keys], args=args)
         if chosen == 0:
             raise unavailable(f"The model `{servable.model}` is not being served by any worker right now")

@@ -4,7 +4,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from cli import models, redis, serve, tiers
+from cli import batch, models, redis, serve, tiers
 
 
 def parser() -> argparse.ArgumentParser:
@@ -14,6 +14,7 @@ def parser() -> argparse.ArgumentParser:
     tiers.add_parsers(sub)
     redis.add_parsers(sub)
     models.add_parsers(sub)
+    batch.add_parsers(sub)
     return root
 
 

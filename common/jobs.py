@@ -10,6 +10,10 @@ from pydantic import BaseModel, Field
 
 JOB_VERSION = 2
 
+Priority = Literal["interactive", "batch"]
+# The request header that marks a request's job as batch traffic (the Batch API's workers send it).
+PRIORITY_HEADER = "X-Ovq-Priority"
+
 
 class SamplingParams(BaseModel):
     """Request values only; `None` means "not given" so the worker can apply the model's defaults."""
@@ -79,6 +83,9 @@ class Job(BaseModel):
     images: list[str] = Field(default_factory=list)
     reply_to: str
     created: float = Field(default_factory=time.time)
+    # Which of the model's streams the job waits in: batch jobs (Batch API lines) only run when no interactive
+    # job waits. A worker acks the job on the stream this names.
+    priority: Priority = "interactive"
 
     def to_fields(self) -> dict[str, bytes]:
         return {"job": orjson.dumps(self.model_dump())}

@@ -14,6 +14,11 @@ class Keys:
         """The queue of one model on one device (a stream with consumer group `workers`)."""
         return f"{self.prefix}:jobs:{model}:{device}"
 
+    def batch_jobs(self, model: str, device: str) -> str:
+        """The lower-priority queue of one model on one device: Batch API lines (a stream with consumer group
+        `workers`). Workers read it only when `jobs(model, device)` has nothing waiting."""
+        return f"{self.prefix}:batchjobs:{model}:{device}"
+
     def events(self, reply_to: str) -> str:
         """Pub/sub channel a job's events go to (`reply_to` names the API process that waits for them)."""
         return f"{self.prefix}:ev:{reply_to}"
@@ -52,3 +57,59 @@ class Keys:
     @property
     def dead(self) -> str:
         return f"{self.prefix}:dead"
+
+    # ---- Batch API (common/files.py, common/batches.py, workers/batch.py) ------------------------------------
+    @property
+    def batch_queue(self) -> str:
+        """The rq queue batch jobs wait in (rq's own keys, `rq:queue:{name}` and others, are rq's: results and
+        failures expire by the TTLs given at enqueue)."""
+        return f"{self.prefix}-batches"
+
+    @property
+    def files(self) -> str:
+        """Hash: file id -> the file's metadata (JSON). Entries past their `expires_at` are trimmed by the file
+        store on every listing and upload; a deleted file's entry is removed by the delete."""
+        return f"{self.prefix}:files"
+
+    def file_data(self, file_id: str) -> str:
+        """List of a file's chunks (Redis storage), with the file's TTL; removed by a delete."""
+        return f"{self.prefix}:file:{file_id}:data"
+
+    def batch(self, batch_id: str) -> str:
+        """Hash: a batch's fields. TTL: completion window + file TTL at creation, the file TTL once it ends."""
+        return f"{self.prefix}:batch:{batch_id}"
+
+    @property
+    def batches(self) -> str:
+        """Sorted set: batch id -> created_at, for listing. Entries whose batch hash expired are trimmed by the
+        listing (and any older than the longest a batch can live)."""
+        return f"{self.prefix}:batches"
+
+    @property
+    def active_batches(self) -> str:
+        """Sorted set: ids of batches not yet ended -> created_at. The runner removes a batch when it ends; the
+        sweeper (workers/batch_worker.py) removes entries whose batch hash is gone."""
+        return f"{self.prefix}:batches:active"
+
+    def batch_done(self, batch_id: str) -> str:
+        """Hash: custom_id -> output line (JSON), the batch's checkpoint. Deleted by the runner once the output
+        and error files are written; TTL as the batch hash's while it runs."""
+        return f"{self.prefix}:batch:{batch_id}:done"
+
+    def batch_lease(self, batch_id: str) -> str:
+        """String: the token of the runner that holds the batch, with a short TTL its heartbeat renews."""
+        return f"{self.prefix}:batch:{batch_id}:lease"
+
+    def batch_requeue(self, batch_id: str) -> str:
+        """String with a short TTL: one sweeper at a time re-enqueues an abandoned batch."""
+        return f"{self.prefix}:batch:{batch_id}:requeue"
+
+    def batch_stats(self, model: str) -> str:
+        """Hash: lines done and failed for a model, counters for /metrics; TTL refreshed by every increment."""
+        return f"{self.prefix}:batchstats:{model}"
+
+    @property
+    def batch_stats_models(self) -> str:
+        """Sorted set: models with batch counters -> last increment (unix s); trimmed past the counters' TTL,
+        which each increment gives it too."""
+        return f"{self.prefix}:batchstats"

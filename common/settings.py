@@ -3,8 +3,9 @@ from __future__ import annotations
 
 from functools import lru_cache
 from pathlib import Path
+from typing import Literal
 
-from pydantic import AliasChoices, Field
+from pydantic import AliasChoices, Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
@@ -73,6 +74,40 @@ class Settings(BaseSettings):
     engine_start_timeout_s: float = 900.0
     # Models the API expects to be served (readiness); empty: those of the models file, else every announced one.
     models: list[str] = Field(default_factory=list)
+
+    # ---- Files (/v1/files) and the Batch API (/v1/batches) -------------------------------------------------
+    # Where file bytes live: `redis` (default; every tier reaches it) or `directory` (files_dir, a volume every
+    # API process and batch worker mounts). Metadata is in Redis either way.
+    files_backend: Literal["redis", "directory"] = "redis"
+    files_dir: Path | None = None
+    # Files expire this long after upload unless deleted (OpenAI: 30 days for purpose `batch`).
+    files_ttl_s: int = 30 * 24 * 3600
+    # Largest single upload (OpenAI: 512 MB), and the most bytes all files may take in Redis storage together.
+    files_max_bytes: int = 512 * 1000 * 1000
+    files_redis_max_total_bytes: int = 2 * 1000 * 1000 * 1000
+    # OpenAI's batch limits: requests and bytes per input file, metadata pairs, accepted completion windows.
+    batch_max_requests: int = 50_000
+    batch_max_input_bytes: int = 200 * 1000 * 1000
+    batch_max_metadata: int = 16
+    batch_completion_windows: list[str] = Field(default_factory=lambda: ["24h"])
+    # The API a batch worker sends each line to (any API process: it queues the line at batch priority), and
+    # the key it sends when API keys are on.
+    batch_api_url: str = "http://127.0.0.1:8000"
+    batch_api_key: str | None = None
+    # Lines of one batch in flight at once (the batch's share of its model's workers).
+    batch_max_in_flight: int = 8
+    # A line that has no answer after this long is an error line (`request_timeout`).
+    batch_line_timeout_s: float = 600.0
+    # A batch worker holds its batch with a lease it renews; a batch whose lease lapsed (its worker died) is
+    # taken over by another batch worker, which checks for such batches every batch_sweep_s.
+    batch_lease_s: float = 30.0
+    batch_sweep_s: float = 10.0
+
+    @model_validator(mode="after")
+    def _files_dir_for_directory_backend(self) -> Settings:
+        if self.files_backend == "directory" and self.files_dir is None:
+            raise ValueError("OVQ_FILES_BACKEND=directory needs OVQ_FILES_DIR (a volume every tier mounts)")
+        return self
 
     @property
     def models_dir(self) -> Path:

@@ -28,6 +28,7 @@ from common.redis_client import UNAVAILABLE, Backoff, connect
 from common.settings import Settings
 from workers.health import HealthServer
 from workers.heartbeat import Heartbeat
+from workers.intake import Intake
 from workers.publisher import Outbox, Publisher
 from workers.reclaim import Reclaimer
 
@@ -53,6 +54,7 @@ class BaseWorker:
         self.id = f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
         self.keys = Keys(settings.key_prefix)
         self.stream = self.keys.jobs(model.name, device)
+        self.batch_stream = self.keys.batch_jobs(model.name, device)
         self.running: dict[str, Any] = {}
         self.jobs_taken = 0
         self.tokens_generated = 0
@@ -65,6 +67,7 @@ class BaseWorker:
         self.draining = False
         self.redis = connect(settings, max_connections=32)
         self.publisher = Publisher(self.redis, self.keys, self.stream, settings.job_ttl_s)
+        self.intake = Intake(self.redis, self.id, self.stream, self.batch_stream)
         self.heartbeat = Heartbeat(self)
         self.reclaimer = Reclaimer(self)
         self.health = HealthServer(self, settings.worker_host, settings.worker_port) \
@@ -130,19 +133,28 @@ class BaseWorker:
         self.draining = True
         self._stopping.set()
 
+    @property
+    def streams(self) -> tuple[str, str]:
+        return self.stream, self.batch_stream
+
+    def stream_of(self, job: Job) -> str:
+        """The stream a job was read from (admit sets its priority from that), where it must be acked."""
+        return self.batch_stream if job.priority == "batch" else self.stream
+
     async def ensure_group(self) -> None:
-        """Create the stream's consumer group (at start, and again when Redis lost it: NOGROUP)."""
+        """Create both streams' consumer groups (at start, and again when Redis lost them: NOGROUP)."""
         backoff = Backoff()
-        while True:
-            try:
-                await self.redis.xgroup_create(self.stream, GROUP, id="0", mkstream=True)
-                return
-            except ResponseError as exc:
-                if "BUSYGROUP" in str(exc):
-                    return
-                raise
-            except UNAVAILABLE as exc:
-                await asyncio.sleep(backoff.failed(log, f"worker {self.id}", exc))
+        for stream in self.streams:
+            while True:
+                try:
+                    await self.redis.xgroup_create(stream, GROUP, id="0", mkstream=True)
+                    break
+                except ResponseError as exc:
+                    if "BUSYGROUP" in str(exc):
+                        break
+                    raise
+                except UNAVAILABLE as exc:
+                    await asyncio.sleep(backoff.failed(log, f"worker {self.id}", exc))
 
     async def _shutdown(self, tasks: list[asyncio.Task[Any]]) -> None:
         """Stop reading; let running jobs finish for the grace period; hand back the ones that have sent nothing
@@ -182,7 +194,8 @@ class BaseWorker:
                 await self._slot_free.wait()
                 continue
             try:
-                reply = await self.redis.xreadgroup(GROUP, self.id, {self.stream: ">"}, count=free, block=1000)
+                reply = await self.intake.read(free, block_ms=1000)
+                taken = time.time()
             except ResponseError as exc:
                 if "NOGROUP" not in str(exc):
                     raise
@@ -195,29 +208,38 @@ class BaseWorker:
                 backoff.delay = min(backoff.delay * 2, backoff.cap)
                 continue
             backoff.delay = backoff.first
-            for _stream, entries in reply or []:
-                await self.admit(entries)
+            for stream, entries in reply:
+                await self.admit(entries, stream, taken)
 
-    async def admit(self, entries: list[tuple[bytes, dict[bytes, bytes]]]) -> None:
-        """Start the jobs of one read: skip the cancelled, answer each with `accepted` or `error` at once."""
+    async def admit(self, entries: list[tuple[bytes, dict[bytes, bytes]]], stream: str | None = None,
+                    taken: float | None = None) -> None:
+        """Start the jobs of one read from `stream` (default: the interactive one), read at `taken`: skip the
+        cancelled, answer each with `accepted` or `error` at once."""
+        stream = stream or self.stream
+        taken = taken or time.time()
         outbox = Outbox()
         jobs = []
         for entry_id, fields in entries:
             try:
-                jobs.append((entry_id, Job.from_fields(fields)))
+                job = Job.from_fields(fields)
+                # The stream it came from decides where it is acked, whatever the job says.
+                job.priority = "batch" if stream == self.batch_stream else "interactive"
+                jobs.append((entry_id, job))
             except Exception:
                 log.exception("unreadable job %s moved to the dead-letter stream", entry_id)
                 await self.redis.xadd(self.keys.dead, {**fields, b"reason": b"unreadable"})
-                outbox.ack(entry_id)
+                outbox.ack(entry_id, stream)
                 self._refuse_unreadable(fields.get(b"job", b""), outbox)
         cancelled = await self._flagged([j for e, j in jobs if not self._heard_since(e)])
         for entry_id, job in jobs:
             if job.id in cancelled or self._cancelled_early.pop(job.id, None):
                 outbox.publish(job.reply_to, Cancelled(job=job.id, seq=1))
                 outbox.set_status(job.id, status="cancelled")
-                outbox.ack(entry_id)
+                outbox.ack(entry_id, stream)
                 continue
             self.jobs_taken += 1
+            # Its stream entry (Redis time it was queued) and when it left the stream: the queue order, visible.
+            outbox.set_status(job.id, entry=entry_id.decode(), taken=taken)
             self._start(entry_id, job, outbox)
         self.publisher.put(outbox)
 
@@ -248,7 +270,7 @@ class BaseWorker:
     def _job_done(self, state: JobState, outbox: Outbox) -> None:
         del self.running[state.job.id]
         self._slot_free.set()
-        outbox.ack(state.entry_id)
+        outbox.ack(state.entry_id, self.stream_of(state.job))
 
     def _fail_all(self, status: int, message: str) -> None:
         outbox = Outbox()
@@ -257,7 +279,7 @@ class BaseWorker:
             outbox.publish(state.job.reply_to, Error(job=state.job.id, seq=state.next_seq(), status=status,
                                                      error=error.body))
             outbox.set_status(state.job.id, status="error", error=error.body.model_dump())
-            outbox.ack(state.entry_id)
+            outbox.ack(state.entry_id, self.stream_of(state.job))
         self.running.clear()
         self._slot_free.set()
         self.publisher.put(outbox)

@@ -26,7 +26,8 @@ log = logging.getLogger("ovq.publisher")
 class Outbox:
     events: dict[str, list[dict[str, Any]]] = field(default_factory=lambda: defaultdict(list))
     status: dict[str, dict[str, Any]] = field(default_factory=dict)
-    acks: list[bytes] = field(default_factory=list)
+    # (stream, entry id); stream None: the worker's own (interactive) stream.
+    acks: list[tuple[str | None, bytes]] = field(default_factory=list)
 
     def publish(self, reply_to: str, event: Any) -> None:
         self.events[reply_to].append(event.model_dump(mode="json") if hasattr(event, "model_dump") else event)
@@ -34,8 +35,8 @@ class Outbox:
     def set_status(self, job: str, **values: Any) -> None:
         self.status.setdefault(job, {}).update(values)
 
-    def ack(self, entry_id: bytes) -> None:
-        self.acks.append(entry_id)
+    def ack(self, entry_id: bytes, stream: str | None = None) -> None:
+        self.acks.append((stream, entry_id))
 
     def merge(self, other: Outbox) -> None:
         for reply_to, events in other.events.items():
@@ -105,9 +106,12 @@ class Publisher:
             pipe.expire(key, self.job_ttl)
         for reply_to, events in batch.events.items():
             pipe.publish(self.keys.events(reply_to), orjson.dumps({"v": 1, "events": events}))
-        if batch.acks:
-            pipe.xack(self.stream, GROUP, *batch.acks)
-            pipe.xdel(self.stream, *batch.acks)
+        by_stream: dict[str, list[bytes]] = defaultdict(list)
+        for stream, entry_id in batch.acks:
+            by_stream[stream or self.stream].append(entry_id)
+        for stream, entry_ids in by_stream.items():
+            pipe.xack(stream, GROUP, *entry_ids)
+            pipe.xdel(stream, *entry_ids)
         for result in await pipe.execute(raise_on_error=False):
             # A command Redis refuses (NOGROUP after Redis lost its data) must not hold up the events behind it.
             if isinstance(result, ResponseError):

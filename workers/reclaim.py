@@ -1,4 +1,6 @@
-"""Jobs left pending by a dead worker: run them again if nothing was streamed, else end them with an error."""
+"""Jobs left pending by a dead worker: run them again if nothing was streamed, else end them with an error.
+
+Both of the worker's streams are covered: interactive jobs first, then batch lines."""
 from __future__ import annotations
 
 import asyncio
@@ -40,43 +42,50 @@ class Reclaimer:
         return {m.decode() for m in await w.redis.zrangebyscore(w.keys.workers(w.model.name, w.device), since, "+inf")}
 
     async def reclaim_once(self) -> int:
+        claimed = 0
+        for stream in self.worker.streams:
+            claimed += await self.reclaim_stream(stream)
+        return claimed
+
+    async def reclaim_stream(self, stream: str) -> int:
         w = self.worker
         free = w.room()
         if free <= 0:
             return 0
         idle_ms = int(w.settings.worker_ttl_s * 1000)
-        pending = await w.redis.xpending_range(w.stream, GROUP, "-", "+", count=100, idle=idle_ms)
+        pending = await w.redis.xpending_range(stream, GROUP, "-", "+", count=100, idle=idle_ms)
         live = await self._live_workers()
         orphans = [p for p in pending if p["consumer"].decode() not in live][:free]
         if not orphans:
             return 0
-        claimed = await w.redis.xclaim(w.stream, GROUP, w.id, idle_ms, [p["message_id"] for p in orphans])
+        claimed = await w.redis.xclaim(stream, GROUP, w.id, idle_ms, [p["message_id"] for p in orphans])
         self.reclaimed += len(claimed)
         deliveries = {p["message_id"]: p["times_delivered"] + 1 for p in orphans}
         rerun = []
         outbox = Outbox()
         for entry_id, fields in claimed:
             if not fields:  # deleted meanwhile
-                outbox.ack(entry_id)
+                outbox.ack(entry_id, stream)
                 continue
             job = Job.from_fields(fields)
+            job.priority = "batch" if stream == w.batch_stream else "interactive"
             streamed = await w.redis.hget(w.keys.job(job.id), "streamed")
             if deliveries.get(entry_id, 0) > w.settings.max_deliveries:
                 await w.redis.xadd(w.keys.dead, {**fields, b"reason": b"delivered too often"})
-                self._fail(outbox, entry_id, job, "the job failed on every worker that tried it")
+                self._fail(outbox, stream, entry_id, job, "the job failed on every worker that tried it")
             elif streamed == b"1":
-                self._fail(outbox, entry_id, job, "the worker running this job died mid-generation")
+                self._fail(outbox, stream, entry_id, job, "the worker running this job died mid-generation")
             else:
                 rerun.append((entry_id, fields))
         w.publisher.put(outbox)
         if rerun:
             log.warning("re-running %d jobs of dead workers", len(rerun))
-            await w.admit(rerun)
+            await w.admit(rerun, stream)
         return len(claimed)
 
     @staticmethod
-    def _fail(outbox: Outbox, entry_id: bytes, job: Job, message: str) -> None:
+    def _fail(outbox: Outbox, stream: str, entry_id: bytes, job: Job, message: str) -> None:
         error = OvqError(message, 500, "server_error")
         outbox.publish(job.reply_to, Error(job=job.id, seq=10_000, status=500, error=error.body))
         outbox.set_status(job.id, status="error", error=error.body.model_dump())
-        outbox.ack(entry_id)
+        outbox.ack(entry_id, stream)

@@ -1,0 +1,62 @@
+"""`ovq batch-worker`: runs Batch API batches from ovq's rq queue (any number, on any hosts).
+
+`rq worker --url $REDIS_URL ovq-batches` runs them too (the queue is `{OVQ_KEY_PREFIX}-batches`), and
+`rq info --url $REDIS_URL` or rq-dashboard shows the queue; `ovq batch-worker` adds the quick take-over of
+batches whose worker died, and keeps rq's heartbeats while a batch runs in its own process.
+"""
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+import time
+
+from common.keys import Keys
+from common.redis_client import RedisURLError, connect_sync, describe, reason, redis_url
+from common.settings import Settings
+
+
+def _wait_for_redis(settings: Settings) -> bool:
+    connection = connect_sync(settings)
+    deadline, delay = time.monotonic() + settings.redis_wait_s, 0.1
+    while True:
+        try:
+            connection.ping()
+            return True
+        except Exception as exc:  # redis-py's connection errors, whatever the version
+            if time.monotonic() + delay > deadline:
+                print(f"ovq batch-worker: Redis at {describe(redis_url(settings))} unreachable: {reason(exc)}",
+                      file=sys.stderr)
+                return False
+            time.sleep(delay)
+            delay = min(delay * 2, 5.0)
+
+
+def batch_worker(args: argparse.Namespace) -> int:
+    if args.api_url:
+        os.environ["OVQ_BATCH_API_URL"] = args.api_url
+    settings = Settings()
+    logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    try:
+        redis_url(settings)
+    except RedisURLError as exc:
+        print(f"ovq batch-worker: {exc}", file=sys.stderr)
+        return 2
+    if not _wait_for_redis(settings):
+        return 1
+    from workers.batch_worker import BatchWorker
+
+    worker = BatchWorker(settings, connect_sync(settings), name=args.name)
+    logging.getLogger("ovq.batch").info("batch worker on queue %s, sending lines to %s",
+                                        Keys(settings.key_prefix).batch_queue, settings.batch_api_url)
+    worker.work(burst=args.burst, logging_level=settings.log_level.upper())
+    return 0
+
+
+def add_parsers(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("batch-worker", help="run Batch API batches from ovq's rq queue (any number, on any hosts)")
+    p.add_argument("--api-url", help="the ovq API the batch's lines go to (default: OVQ_BATCH_API_URL)")
+    p.add_argument("--name", help="the worker's name in rq (default: a random one)")
+    p.add_argument("--burst", action="store_true", help="exit once the queue is empty")
+    p.set_defaults(func=batch_worker)
