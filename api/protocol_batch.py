@@ -22,7 +22,7 @@ class FileObject(BaseModel):
 
     @classmethod
     def of(cls, stored: StoredFile) -> FileObject:
-        return cls.model_validate(stored.model_dump(exclude={"backend"}))
+        return cls.model_validate(stored.model_dump(exclude={"backend", "created"}))
 
 
 class FileList(BaseModel):

@@ -39,6 +39,7 @@ class StoredFile(BaseModel):
     status: str = "processed"
     status_details: str | None = None
     backend: Literal["redis", "directory"] = "redis"
+    created: float = 0.0  # created_at to the microsecond: listings keep the upload order within a second
 
 
 def new_file_id() -> str:
@@ -179,14 +180,14 @@ class FileStore:
                 yield chunk
 
         blobs = self._blobs[self.backend]
-        now = int(time.time())
+        now = time.time()
         try:
             await blobs.write(file_id, counted(), ttl_s)
         except BaseException:
             await blobs.delete(file_id)
             raise
-        stored = StoredFile(id=file_id, bytes=size, created_at=now, expires_at=now + ttl_s, filename=filename,
-                            purpose=purpose, backend=self.backend)
+        stored = StoredFile(id=file_id, bytes=size, created_at=int(now), expires_at=int(now) + ttl_s,
+                            filename=filename, purpose=purpose, backend=self.backend, created=now)
         await self.redis.hset(self.keys.files, file_id, stored.model_dump_json())
         return stored
 
@@ -203,7 +204,7 @@ class FileStore:
     async def list(self, purpose: str | None = None) -> list[StoredFile]:
         """Every live file (of `purpose`), oldest first."""
         files = [f for f in await self.trim() if purpose is None or f.purpose == purpose]
-        return sorted(files, key=lambda f: (f.created_at, f.id))
+        return sorted(files, key=lambda f: (f.created, f.id))
 
     async def read(self, stored: StoredFile) -> AsyncIterator[bytes]:
         async for chunk in self.blobs(stored).read(stored.id):

@@ -1,9 +1,9 @@
 """What a worker reads next: interactive jobs first, batch jobs only when no interactive job waits.
 
-Each model and device has two streams: interactive requests, and Batch API lines (`Keys.batch_jobs`). A read
-takes only interactive jobs while any wait, so a batch never makes an interactive request wait behind it in
-Redis; only when the interactive stream has nothing does the read take from the batch stream. An idle worker
-blocks on both at once, so it wakes for either.
+Each model and device has two streams: interactive requests, and Batch API lines (`Keys.batch_jobs`). One Lua
+call reads the interactive stream and, only when it has nothing undelivered, the batch stream: atomic, so no
+interactive job arriving between two reads is passed over, and a batch never makes an interactive request wait
+behind it in Redis. An idle worker then blocks on both streams at once, so it wakes for either.
 """
 from __future__ import annotations
 
@@ -13,20 +13,35 @@ from common.keys import GROUP
 
 Entries = list[tuple[bytes, dict[bytes, bytes]]]
 
+# KEYS: interactive stream, batch stream. ARGV: group, consumer, count.
+# Returns {1 or 2 (the stream read), its entries}, or {0, {}} when neither has an undelivered entry.
+READ = """
+for i = 1, 2 do
+  local reply = redis.call('XREADGROUP', 'GROUP', ARGV[1], ARGV[2], 'COUNT', ARGV[3], 'STREAMS', KEYS[i], '>')
+  if reply then return {i, reply[1][2]} end
+end
+return {0, {}}
+"""
+
+
+def _entries(raw: list) -> Entries:
+    """Lua's reply is raw: [id, [field, value, ...]] per entry."""
+    return [(entry_id, dict(zip(fields[::2], fields[1::2], strict=True))) for entry_id, fields in raw]
+
 
 class Intake:
     def __init__(self, redis: aioredis.Redis, consumer: str, interactive: str, batch: str) -> None:
         self.redis, self.consumer = redis, consumer
         self.interactive, self.batch = interactive, batch
+        self._read = redis.register_script(READ)
 
     async def read(self, count: int, block_ms: int) -> list[tuple[str, Entries]]:
         """Up to `count` jobs as (stream, entries), interactive stream first; blocks up to `block_ms` when both
         are empty. The blocking read takes one entry per stream: rarely, when both streams get a job at the same
-        moment, that is one job beyond `count` (the interactive one comes first)."""
-        for stream in (self.interactive, self.batch):
-            reply = await self.redis.xreadgroup(GROUP, self.consumer, {stream: ">"}, count=count)
-            if reply:
-                return [(stream, reply[0][1])]
+        moment, that is one job beyond `count` (the interactive one first)."""
+        which, raw = await self._read(keys=[self.interactive, self.batch], args=[GROUP, self.consumer, count])
+        if which:
+            return [((self.interactive, self.batch)[which - 1], _entries(raw))]
         reply = await self.redis.xreadgroup(GROUP, self.consumer, {self.interactive: ">", self.batch: ">"},
                                             count=1, block=block_ms)
         got = {(s.decode() if isinstance(s, bytes) else s): entries for s, entries in reply or []}

@@ -8,6 +8,7 @@ import signal
 import subprocess
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +26,6 @@ from tests.conftest import MODELS, Tiers
 pytestmark = pytest.mark.e2e
 
 TINY = "tiny-llama"
-ORDER_MARGIN_S = 0.02
 ENDED = ("completed", "failed", "expired", "cancelled")
 # Short leases and sweeps so a dead batch worker's batch is taken over within seconds; a 3 s window to expire.
 BATCH_ENV = {"OVQ_BATCH_LEASE_S": "2", "OVQ_BATCH_SWEEP_S": "0.5", "OVQ_BATCH_MAX_IN_FLIGHT": "4",
@@ -95,7 +95,7 @@ def batch_worker(t: Tiers, name: str, port: int | None = None, **env: str) -> su
 def stack(redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Tiers]:
     """One API, one tiny worker taking one job at a time (queue order is observable), one batch worker."""
     t = Tiers(redis_url, tmp_path_factory.mktemp("batch"), tiny(1), **BATCH_ENV)
-    t.worker(TINY)
+    t.worker_pid = t.worker(TINY).pid  # type: ignore[attr-defined]
     t.api()
     t.wait_served(TINY)
     batch_worker(t, "bw")
@@ -234,36 +234,46 @@ def test_completion_window_elapsed_ends_expired_with_what_was_done(stack: Tiers)
 
 
 def test_interactive_requests_never_wait_behind_batch_lines(stack: Tiers) -> None:
-    """The worker takes one job at a time and the batch keeps 4 lines queued: every interactive request is taken
-    before every batch line that was already waiting when it arrived (queue order, read from the job hashes)."""
+    """The worker takes one job at a time and the batch keeps 4 lines queued. With the worker's I/O process paused,
+    an interactive request joins the queue behind waiting batch lines; resumed, the worker takes the request before
+    every one of them (the order read from the `taken` times the worker writes in each job's hash)."""
     client = client_for(stack)
-    created = start(client, [line(i, max_tokens=24) for i in range(60)])
-    wait(client, created.id, lambda b: b.request_counts and b.request_counts.completed >= 2)
-    interactive = []
-    for i in range(5):
-        answer = client.chat.completions.create(model=TINY, max_tokens=4,
-                                                messages=[{"role": "user", "content": f"quick {i}"}])
-        interactive.append(answer.id.removeprefix("chatcmpl-"))
-    client.batches.cancel(created.id)
-    outputs, _ = results(client, wait(client, created.id))
-    batch_jobs = [o["response"]["body"]["id"].removeprefix("chatcmpl-") for o in outputs]
     r = redis.Redis.from_url(stack.redis_url)
     keys = Keys(stack.prefix)
-
-    def queued(job: str) -> tuple[float, float]:
-        """(when it entered its stream (Redis time, ms), when the worker read it off the stream)."""
-        entry, taken = r.hmget(keys.job(job), ["entry", "taken"])
-        return int(entry.split(b"-")[0]) / 1000, float(taken)
-
-    lines = [queued(j) for j in batch_jobs]
-    for job in interactive:
-        arrived, taken = queued(job)
-        # Batch lines queued before the request and read clearly after it arrived (the margin covers the stream
-        # ids' millisecond resolution and the worker noting the time just after its read).
-        waiting = [line_taken for line_queued, line_taken in lines
-                   if line_queued < arrived and line_taken > arrived + ORDER_MARGIN_S]
+    interactive_stream, batch_stream = keys.jobs(TINY, "CPU"), keys.batch_jobs(TINY, "CPU")
+    created = start(client, [line(i, max_tokens=24) for i in range(60)])
+    wait(client, created.id, lambda b: b.request_counts and b.request_counts.completed >= 2)
+    checked: list[tuple[str, list[str]]] = []
+    with ThreadPoolExecutor(1) as pool:
+        for i in range(3):
+            os.kill(stack.worker_pid, signal.SIGSTOP)
+            try:
+                answer = pool.submit(client.chat.completions.create, model=TINY, max_tokens=2,
+                                     messages=[{"role": "user", "content": f"quick {i}"}])
+                deadline = time.monotonic() + 2
+                while not (queued := r.xrange(interactive_stream)) and time.monotonic() < deadline:
+                    time.sleep(0.01)
+                assert queued, "the interactive request did not reach the stream"
+                arrived = queued[0][0]
+                pending = {p["message_id"] for p in r.xpending_range(batch_stream, "workers", "-", "+", 100)}
+                waiting = [orjson.loads(fields[b"job"])["id"] for entry, fields in r.xrange(batch_stream)
+                           if entry not in pending and _entry_key(entry) < _entry_key(arrived)]
+            finally:
+                os.kill(stack.worker_pid, signal.SIGCONT)
+            job = answer.result(timeout=30).id.removeprefix("chatcmpl-")
+            checked.append((job, waiting))
+    client.batches.cancel(created.id)
+    wait(client, created.id)  # every line queued has been taken by now (a cancel lets lines in flight finish)
+    for job, waiting in checked:
         assert waiting, "no batch line was waiting: the test proves nothing"
-        assert all(line_taken > taken for line_taken in waiting), "an interactive request waited behind a batch line"
+        taken = float(r.hget(keys.job(job), "taken"))
+        lines = [float(r.hget(keys.job(line_job), "taken")) for line_job in waiting]
+        assert all(line_taken > taken for line_taken in lines), "an interactive request waited behind a batch line"
+
+
+def _entry_key(entry: bytes) -> tuple[int, int]:
+    ms, seq = entry.split(b"-")
+    return int(ms), int(seq)
 
 
 def test_sigkill_of_a_batch_worker_mid_batch_answers_every_line_once(tiers, tmp_path: Path) -> None:

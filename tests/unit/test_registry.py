@@ -77,3 +77,26 @@ async def test_full_backlog_is_429_and_no_live_worker_is_503(setup) -> None:
         await reg.enqueue(servable, job())
     assert caught.value.status == 429
     assert await redis.xlen(keys.jobs("m", "CPU")) == 3
+
+
+async def test_batch_jobs_go_to_the_batch_stream_and_never_count_against_interactive_ones(setup) -> None:
+    redis, keys, reg = setup
+    await redis.hset(keys.model("m"), mapping={"CPU": card("CPU", 0), "GPU": card("GPU", 1)})
+    now = time.time()
+    await redis.zadd(keys.workers("m", "CPU"), {"c": now})
+    await redis.zadd(keys.workers("m", "GPU"), {"g": now})
+    servable = await reg.servable("m")
+    batch = [job().model_copy(update={"priority": "batch"}) for _ in range(3)]
+    assert [await reg.enqueue(servable, b) for b in batch] == ["CPU", "GPU", "CPU"]  # fewest jobs of either kind
+    assert (await redis.xlen(keys.batch_jobs("m", "CPU")), await redis.xlen(keys.jobs("m", "CPU"))) == (2, 0)
+    entry = (await redis.xrange(keys.batch_jobs("m", "CPU")))[0]
+    assert Job.from_fields(entry[1]).priority == "batch"
+    # Interactive jobs see only interactive backlogs: CPU (2 batch lines waiting) is still the first choice.
+    assert await reg.enqueue(servable, job()) == "CPU"
+    # A full batch backlog refuses batch lines, not interactive jobs.
+    for _ in range(2):  # both devices then have 3 jobs of either kind, the limit
+        assert await reg.enqueue(servable, job().model_copy(update={"priority": "batch"})) == "GPU"
+    with pytest.raises(OvqError) as caught:
+        await reg.enqueue(servable, job().model_copy(update={"priority": "batch"}))
+    assert caught.value.status == 429
+    assert await reg.enqueue(servable, job()) == "GPU"
