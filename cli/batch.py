@@ -49,7 +49,7 @@ def batch_worker(args: argparse.Namespace) -> int:
 
     worker = BatchWorker(settings, connect_sync(settings), name=args.name)
     logging.getLogger("ovq.batch").info("batch worker on queue %s, sending lines to %s",
-                                        Keys(settings.key_prefix).batch_queue, settings.batch_api_url)
+                                        Keys(settings.key_prefix).batch_queue, settings.batch_api)
     worker.work(burst=args.burst, logging_level=settings.log_level.upper())
     return 0
 

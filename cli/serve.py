@@ -1,7 +1,8 @@
-"""`ovq serve`: everything on one machine: embedded Redis (unless REDIS_URL), a worker per model and device, the API.
+"""`ovq serve`: everything on one machine: embedded Redis (unless REDIS_URL), a worker per model and device, the API,
+and a batch worker (the Batch API).
 
-A child that dies is restarted (with backoff); Ctrl-C or SIGTERM stops the API first (no new jobs), then the
-workers (they drain), then Redis.
+A child that dies is restarted (with backoff); Ctrl-C or SIGTERM stops the batch worker (its batch goes back on the
+queue), then the API (no new jobs), then the workers (they drain), then Redis.
 """
 from __future__ import annotations
 
@@ -116,6 +117,7 @@ def serve(args: argparse.Namespace) -> int:
     workers = [Child(f"worker {m.name} on {d}", _module("workers", "--model", m.name, "--device", d), env)
                for m in models for d in m.devices]
     api = Child("api", _module("api"), {**env, "OVQ_MODELS": json.dumps([m.name for m in models])})
+    batch = Child("batch worker", _module("cli.main", "batch-worker"), env)  # lines go to this API (OVQ_PORT)
     stopping: list[str] = []
 
     def stop(signum: int, _frame: object) -> None:
@@ -123,7 +125,7 @@ def serve(args: argparse.Namespace) -> int:
 
     signal.signal(signal.SIGINT, stop)
     signal.signal(signal.SIGTERM, stop)
-    children = [*workers, api]
+    children = [*workers, api, batch]
     try:
         for child in children:
             child.start()
@@ -137,6 +139,7 @@ def serve(args: argparse.Namespace) -> int:
     finally:
         why = stopping[0] if stopping else "every child failed"
         log(f"{why}: stopping the API, then the workers (grace {settings.shutdown_grace_s:.0f}s), then Redis")
+        batch.stop(settings.shutdown_grace_s + 10)  # first: its lines in flight need the API and the workers
         api.stop(settings.shutdown_grace_s + 10)
         for child in workers:  # all at once: each drains its own jobs within the grace period
             if child.running:

@@ -135,6 +135,8 @@ return redis.call('HGET', KEYS[2], 'status')
 RECORD = """
 if redis.call('GET', KEYS[1]) ~= ARGV[1] then return -1 end
 if redis.call('HSETNX', KEYS[2], ARGV[2], ARGV[3]) == 0 then return 0 end
+local ttl = redis.call('TTL', KEYS[3])
+if ttl > 0 then redis.call('EXPIRE', KEYS[2], ttl) end
 redis.call('HINCRBY', KEYS[3], ARGV[4], 1)
 redis.call('HINCRBY', KEYS[3], 'input_tokens', ARGV[5])
 redis.call('HINCRBY', KEYS[3], 'output_tokens', ARGV[6])
@@ -198,6 +200,10 @@ class Batches:
         pipe.expire(self.keys.batch(state.id), state.expires_at - state.created_at + self.settings.files_ttl_s)
         pipe.zadd(self.keys.batches, {state.id: state.created_at})
         pipe.zadd(self.keys.active_batches, {state.id: state.created_at})
+        # Entries no batch could still need (no batch worker ever ran them): gone with their batch's TTL.
+        oldest = state.created_at - self.longest_life_s
+        pipe.zremrangebyscore(self.keys.batches, "-inf", oldest)
+        pipe.zremrangebyscore(self.keys.active_batches, "-inf", oldest)
         await pipe.execute()
 
     async def get(self, batch_id: str) -> BatchState | None:
@@ -206,7 +212,6 @@ class Batches:
 
     async def page(self, after: str | None, limit: int) -> tuple[list[BatchState], bool]:
         """Newest first, from after the batch `after`; whether more follow."""
-        await self.redis.zremrangebyscore(self.keys.batches, "-inf", time.time() - self.longest_life_s)
         start = 0
         if after:
             rank = await self.redis.zrevrank(self.keys.batches, after)
@@ -217,12 +222,14 @@ class Batches:
             if not ids:
                 break
             start += len(ids)
+            pipe = self.redis.pipeline(transaction=False)
             for batch_id in ids:
-                state = await self.get(batch_id.decode())
-                if state is None:  # expired: its index entry goes too
+                pipe.hgetall(self.keys.batch(batch_id.decode()))
+            for batch_id, raw in zip(ids, await pipe.execute(), strict=True):
+                if raw:
+                    found.append(BatchState.from_hash(raw))
+                else:  # expired: its index entry goes too
                     await self.redis.zrem(self.keys.batches, batch_id)
-                else:
-                    found.append(state)
         return found[:limit], len(found) > limit
 
     async def cancel(self, batch_id: str) -> str:

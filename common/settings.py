@@ -90,9 +90,9 @@ class Settings(BaseSettings):
     batch_max_input_bytes: int = 200 * 1000 * 1000
     batch_max_metadata: int = 16
     batch_completion_windows: list[str] = Field(default_factory=lambda: ["24h"])
-    # The API a batch worker sends each line to (any API process: it queues the line at batch priority), and
-    # the key it sends when API keys are on.
-    batch_api_url: str = "http://127.0.0.1:8000"
+    # The API a batch worker sends each line to (any API process: it queues the line at batch priority; unset:
+    # http://127.0.0.1:{port}), and the key it sends when API keys are on.
+    batch_api_url: str | None = None
     batch_api_key: str | None = None
     # Lines of one batch in flight at once (the batch's share of its model's workers).
     batch_max_in_flight: int = 8
@@ -108,6 +108,10 @@ class Settings(BaseSettings):
         if self.files_backend == "directory" and self.files_dir is None:
             raise ValueError("OVQ_FILES_BACKEND=directory needs OVQ_FILES_DIR (a volume every tier mounts)")
         return self
+
+    @property
+    def batch_api(self) -> str:
+        return self.batch_api_url or f"http://127.0.0.1:{self.port}"
 
     @property
     def models_dir(self) -> Path:

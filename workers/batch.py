@@ -39,7 +39,8 @@ UNANSWERED = {
     "cancelled": ("batch_cancelled", "The batch was cancelled before this request executed."),
     "expired": ("batch_expired", "This request could not be executed before the completion window expired."),
 }
-# Answers that say "not now" (queue full, no worker yet, API restarting): the line is sent again later.
+# Answers that say "not now" (queue full, no worker yet, API restarting): the line is sent again later, until the
+# batch stops. A 500 or a timeout is tried SERVER_ERROR_TRIES times before it is the line's answer.
 TRANSIENT = (429, 502, 503, 504)
 SERVER_ERROR_TRIES = 3
 LINES_PER_READ = 1000
@@ -176,7 +177,7 @@ class BatchRunner:
                         return None
                 except httpx.TransportError as exc:
                     log.warning("batch %s: the API at %s does not answer (%s); retrying", self.batch_id,
-                                self.settings.batch_api_url, exc)
+                                self.settings.batch_api, exc)
                 if await self._pause(2.0):
                     return None
 
@@ -201,7 +202,7 @@ class BatchRunner:
     def _client(self) -> httpx.AsyncClient:
         timeout = httpx.Timeout(self.settings.batch_line_timeout_s, connect=10.0)
         limits = httpx.Limits(max_connections=self.settings.batch_max_in_flight + 2)
-        return httpx.AsyncClient(base_url=self.settings.batch_api_url, timeout=timeout, limits=limits,
+        return httpx.AsyncClient(base_url=self.settings.batch_api, timeout=timeout, limits=limits,
                                  headers=self.headers)
 
     async def _pause(self, seconds: float) -> bool:
@@ -274,22 +275,27 @@ class BatchRunner:
 
     async def _ask(self, client: httpx.AsyncClient, state: BatchState, line: InputLine) -> dict[str, Any] | None:
         """The line's answer as an output line, or None when the batch stops before it has one."""
-        if line.body.get("stream"):
+        body = line.body
+        if body.get("stream"):
             return _error_answer(line, 400, "stream is not supported in a batch", param="stream")
-        delay, server_errors = 0.5, 0
-        content = orjson.dumps(line.body)
+        delay, tries = 0.5, 0
+        content = orjson.dumps(body)
         while True:
+            response = None
             try:
                 response = await client.post(state.endpoint, content=content)
             except httpx.TimeoutException:
-                return {"id": _request_id("batch_req"), "custom_id": line.custom_id, "response": None,
-                        "error": {"code": "request_timeout", "message": "The request timed out."}}
+                tries += 1
+                if tries >= SERVER_ERROR_TRIES:
+                    return {"id": _request_id("batch_req"), "custom_id": line.custom_id, "response": None,
+                            "error": {"code": "request_timeout", "message": "The request timed out."}}
             except httpx.TransportError as exc:
                 log.warning("batch %s: the API does not answer (%s); line %d waits", self.batch_id, exc, line.number)
-                response = None
             if response is not None:
-                if response.status_code == 500 and server_errors + 1 < SERVER_ERROR_TRIES:
-                    server_errors += 1  # a worker died under it, say: worth another try or two
+                if response.status_code == 500:
+                    tries += 1  # a worker died under it, say: worth another try or two
+                    if tries >= SERVER_ERROR_TRIES:
+                        return _answer(line, response)
                 elif response.status_code not in TRANSIENT:
                     return _answer(line, response)
             if await self._pause(delay):

@@ -20,9 +20,16 @@ MAX_ERRORS = 100
 
 @dataclass
 class InputLine:
+    """A checked line. Only its bytes are kept (50,000 parsed bodies would take several times the file's size);
+    the body is parsed again when the line is sent."""
+
     number: int  # 1-based line of the file
     custom_id: str
-    body: dict[str, Any]
+    raw: bytes
+
+    @property
+    def body(self) -> dict[str, Any]:
+        return orjson.loads(self.raw)["body"]
 
 
 @dataclass
@@ -106,4 +113,4 @@ def _check_line(parsed: ParsedInput, number: int, raw: bytes, endpoint: str, see
         parsed.fail("model_mismatch", f"The model {body['model']!r} differs from {parsed.model!r} on line "
                     f"{parsed.model_line}: a batch runs one model.", number, "body.model")
         return None
-    return InputLine(number, custom_id, body)
+    return InputLine(number, custom_id, raw)

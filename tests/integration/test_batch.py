@@ -72,7 +72,9 @@ def wait(client: OpenAI, batch_id: str, until: Any = ENDED, timeout: float = 90)
 
 def results(client: OpenAI, batch: Batch) -> tuple[list[dict], list[dict]]:
     def read(file_id: str | None) -> list[dict]:
-        return [orjson.loads(x) for x in client.files.content(file_id).text.splitlines()] if file_id else []
+        # Lines end with \n only: str.splitlines() would also split at U+2028 inside a generated string.
+        content = client.files.content(file_id).content if file_id else b""
+        return [orjson.loads(x) for x in content.split(b"\n") if x]
     return read(batch.output_file_id), read(batch.error_file_id)
 
 

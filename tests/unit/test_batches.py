@@ -49,6 +49,7 @@ async def test_one_runner_holds_the_lease_and_only_it_writes(batches: Batches) -
     assert await batches.record(s, "a", "x", b'{"n": 2}', False, 5, 7) == 0  # answered once, whoever asks again
     assert await batches.record(s, "b", "y", b"{}", True, 1, 1) == -1  # not the lease holder: nothing written
     assert await batches.lines("batch_1", ["x", "y"]) == [b'{"n": 1}', None]
+    assert 0 < await batches.redis.ttl(batches.keys.batch_done("batch_1"))  # the batch's own TTL
     got = await batches.get("batch_1")
     assert got and (got.total, got.completed, got.failed, got.input_tokens, got.output_tokens) == (3, 1, 0, 5, 7)
     counters = await batches.redis.hgetall(batches.keys.batch_stats("m"))
