@@ -39,9 +39,10 @@ UNANSWERED = {
     "cancelled": ("batch_cancelled", "The batch was cancelled before this request executed."),
     "expired": ("batch_expired", "This request could not be executed before the completion window expired."),
 }
-# Answers that say "not now" (queue full, no worker yet, API restarting): the line is sent again later, until the
-# batch stops. A 500 or a timeout is tried SERVER_ERROR_TRIES times before it is the line's answer.
-TRANSIENT = (429, 502, 503, 504)
+# Answers that say "not now" (queue full, no worker yet, API restarting) or "this batch worker's key is wrong" (an
+# operator's fix, not the line's fault): the line is sent again later, until the batch stops. A 500 or a timeout
+# is tried SERVER_ERROR_TRIES times before it is the line's answer.
+TRANSIENT = (401, 403, 429, 502, 503, 504)
 SERVER_ERROR_TRIES = 3
 LINES_PER_READ = 1000
 
@@ -132,9 +133,10 @@ class BatchRunner:
         elif state.status == "cancelling":
             self._interrupt("cancel")
         parsed = await self._read_input(state)
-        if parsed.errors:
-            if state.status == "validating" or not parsed.lines:
-                return await self._fail(parsed.errors)
+        if parsed.errors and state.status == "validating" and self.stop is None:
+            return await self._fail(parsed.errors)
+        if parsed.errors and not parsed.lines:  # the input file was deleted under a running batch
+            return await self._finalize(state, [], "failed", errors=[e.model_dump() for e in parsed.errors])
         if state.status == "validating" and self.stop is None:
             model_error = await self._check_model(parsed)
             if self.stop in ("lost", "shutdown"):
@@ -172,9 +174,10 @@ class BatchRunner:
                     if response.status_code == 404:
                         return LineError(code="model_not_found", line=parsed.model_line, param="body.model",
                                          message=f"The model {parsed.model!r} does not exist")
-                    if response.status_code < 500:
-                        response.raise_for_status()
+                    if response.status_code == 200:
                         return None
+                    log.warning("batch %s: the API answers %d to a model lookup (OVQ_BATCH_API_KEY?); retrying",
+                                self.batch_id, response.status_code)
                 except httpx.TransportError as exc:
                     log.warning("batch %s: the API at %s does not answer (%s); retrying", self.batch_id,
                                 self.settings.batch_api, exc)
@@ -292,6 +295,9 @@ class BatchRunner:
             except httpx.TransportError as exc:
                 log.warning("batch %s: the API does not answer (%s); line %d waits", self.batch_id, exc, line.number)
             if response is not None:
+                if response.status_code in (401, 403):
+                    log.warning("batch %s: the API refuses this batch worker's key (%d): set OVQ_BATCH_API_KEY; line "
+                                "%d waits", self.batch_id, response.status_code, line.number)
                 if response.status_code == 500:
                     tries += 1  # a worker died under it, say: worth another try or two
                     if tries >= SERVER_ERROR_TRIES:
@@ -320,8 +326,11 @@ class BatchRunner:
             self._interrupt("lost")
 
     # ---- the end ------------------------------------------------------------------------------------------
-    async def _finalize(self, state: BatchState, lines: list[InputLine]) -> str:
-        ending = ENDING[self.stop]
+    async def _finalize(self, state: BatchState, lines: list[InputLine], ending: str | None = None,
+                        **extra: Any) -> str:
+        """Write the output and error files from the checkpoint, then end the batch (`ending`: by default what
+        stopped it: completed, cancelled or expired)."""
+        ending = ending or ENDING[self.stop]
         now = int(time.time())
         if ending == "completed":
             status = await self.store.update(self.batch_id, self.token, ("in_progress", "finalizing"),
@@ -331,8 +340,9 @@ class BatchRunner:
             if status == "cancelling":  # cancelled as its last line finished: all answered, still cancelled
                 ending = "cancelled"
         ttl = state.output_ttl_s or self.settings.files_ttl_s
-        ids = [line.custom_id for line in lines]
-        fields: dict[str, Any] = {f"{ending}_at": int(time.time())}
+        # Without the input (deleted), only the answered lines are known, in no particular order.
+        ids = [line.custom_id for line in lines] or sorted(await self.store.answered(self.batch_id))
+        fields: dict[str, Any] = {f"{ending}_at": int(time.time()), **extra}
         for kind, wanted in (("output", True), ("error", False)):
             file_id = result_file_id(self.batch_id, kind)
             counted = _Count()

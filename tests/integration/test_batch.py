@@ -6,6 +6,7 @@ import io
 import os
 import signal
 import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -21,7 +22,7 @@ from openai import OpenAI
 from openai.types import Batch
 
 from common.keys import Keys
-from tests.conftest import MODELS, Tiers
+from tests.conftest import MODELS, ROOT, Tiers
 
 pytestmark = pytest.mark.e2e
 
@@ -312,6 +313,7 @@ def test_sigkill_of_a_batch_worker_mid_batch_answers_every_line_once(tiers, tmp_
 
 
 def test_two_apis_and_two_batch_workers_share_one_redis(tiers) -> None:
+    """`ovq batch-worker` on one API, a plain `rq worker` on ovq's queue on the other: each runs a batch."""
     t: Tiers = tiers(tiny(4), **BATCH_ENV)
     t.worker(TINY)
     t.api()
@@ -321,7 +323,11 @@ def test_two_apis_and_two_batch_workers_share_one_redis(tiers) -> None:
     t.wait_served(TINY)
     one, two = client_for(t, port=first_port), client_for(t)
     batch_worker(t, "bw-one", port=first_port)
-    batch_worker(t, "bw-two")
+    plain = subprocess.Popen([sys.executable, "-m", "rq.cli", "worker", "--url", t.redis_url, "--name", "rq-plain",
+                              Keys(t.prefix).batch_queue], cwd=ROOT, stdout=(t.work / "rq-plain.log").open("wb"),
+                             stderr=subprocess.STDOUT, env={**t.env, "OVQ_BATCH_API_URL": f"http://127.0.0.1:{t.port}"})
+    t.procs.append(plain)
+    t.logs[plain.pid] = t.work / "rq-plain.log"
     a = start(one, [line(i, max_tokens=16) for i in range(80)])
     b = start(two, [line(i, "/v1/completions", max_tokens=16) for i in range(80)], endpoint="/v1/completions")
     done = [wait(two, a.id), wait(one, b.id)]
@@ -334,5 +340,5 @@ def test_two_apis_and_two_batch_workers_share_one_redis(tiers) -> None:
 
     workers = {Job.fetch(r.hget(Keys(t.prefix).batch(d.id), "rq_job").decode(), connection=r).worker_name
                for d in done}
-    assert workers == {"bw-one", "bw-two"}
+    assert workers == {"bw-one", "rq-plain"}
     assert {b.id for b in one.batches.list()} == {b.id for b in two.batches.list()} >= {a.id, b.id}
