@@ -64,8 +64,14 @@ class Settings(BaseSettings):
     # A job delivered more often than this is poison and goes to the dead-letter stream.
     max_deliveries: int = 3
     reclaim_interval_s: float = 5.0
-    # How long the API waits for a worker's first event before it checks the model is still served.
+    # While a request runs: how often the API checks that the worker running it is alive, when no event came.
     first_event_check_s: float = 5.0
+    # A job no worker has started this long after it was queued ends with a 503 (it waits across restarts).
+    queue_timeout_s: float = 300.0
+    # Every request's deadline unless it sends X-Request-Timeout (seconds): past it, a 504. None: no deadline.
+    request_timeout_s: float | None = None
+    # One JSON line per request on the `ovq.access` logger (status, model, tokens, TTFT, total time).
+    access_log: bool = False
     shutdown_grace_s: float = 30.0
     # An engine that has work and reports nothing (no step finished) for this long is killed and restarted.
     engine_watchdog_s: float = 120.0

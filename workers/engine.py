@@ -281,6 +281,15 @@ class Engine:
             if not request.handles:
                 self._forget(job)
 
+    def release(self) -> None:
+        """Let the scheduler free what cancelled requests hold (it does so at a step), so the pipeline is destroyed
+        clean; otherwise GenAI logs leaked KV blocks on exit."""
+        try:
+            while self.pipe.has_non_finished_requests():
+                self.pipe.step()
+        except Exception as exc:  # exiting anyway
+            log.warning("could not release the cancelled requests: %s", error_message(exc))
+
     def stats(self) -> list[Any]:
         metrics = self.pipe.get_metrics()
         waiting = sum(r.prompt_len for r in self.requests.values() if not r.prefilled)
@@ -404,6 +413,7 @@ def _apply(engine: Engine, commands: list[list[Any]], out: list[list[Any]]) -> b
         elif command[0] == "stop":
             for job in list(engine.requests):
                 engine.cancel(job, out)
+            engine.release()
             return False
     return True
 

@@ -10,7 +10,7 @@ from typing import Any
 
 from common.config import ModelConfig
 from common.errors import ErrorBody
-from common.events import Accepted, Cancelled, Error, TokenLogprob
+from common.events import Accepted, Cancelled, Error
 from common.jobs import Job
 from common.servable import ServableType
 from common.settings import Settings
@@ -222,14 +222,14 @@ class TextWorker(BaseWorker):
             text = self.info.decode([prompt], state.job.params.skip_special_tokens)[0]
         entries = self._entries(ids, logprobs)
         if entries:
-            entries[0].logprob = None  # nothing predicts the first token
+            entries[0]["logprob"] = None  # nothing predicts the first token
         outbox.publish(state.job.reply_to, state.echo(choice, text, entries))
 
-    def _entries(self, ids: list[int], logprobs: list[float] | None) -> list[TokenLogprob] | None:
+    def _entries(self, ids: list[int], logprobs: list[float] | None) -> list[dict[str, Any]] | None:
         if logprobs is None:
             return None
         texts = self.detokenizer.token_texts(ids)
-        return [TokenLogprob(token=text, logprob=lp, bytes=list(raw))
+        return [{"token": text, "logprob": lp, "bytes": list(raw)}
                 for (text, raw), lp in zip(texts, logprobs, strict=True)]
 
     def _end(self, state: RunningJob, end: str, outbox: Outbox, extra: Any = None) -> None:

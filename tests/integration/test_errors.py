@@ -93,7 +93,7 @@ def test_prompt_longer_than_the_context_is_a_400(client: OpenAI, stream: bool) -
 
 def test_completion_with_template_refusal_and_empty_prompt(stack: Stack) -> None:
     assert_envelope(post(stack, "/completions", {"model": MODEL, "prompt": ""}), 400)
-    assert_envelope(post(stack, "/completions", {"model": MODEL, "prompt": ["a", "b"]}), 400)
+    assert_envelope(post(stack, "/completions", {"model": MODEL, "prompt": ["a", ""]}), 400)
 
 
 def test_model_with_no_live_worker_is_a_503(stack: Stack) -> None:

@@ -115,7 +115,8 @@ def _engine_pid(model: str) -> int:
         cmdline = proc.info["cmdline"] or []
         if "workers" in cmdline and model in cmdline:
             # Besides the engine, multiprocessing may run its resource tracker.
-            (engine,) = [c for c in proc.children() if "spawn_main" in " ".join(c.cmdline())]
+            live = [c for c in proc.children() if c.status() != psutil.STATUS_ZOMBIE]
+            (engine,) = [c for c in live if "spawn_main" in " ".join(c.cmdline())]
             return engine.pid
     raise LookupError(model)
 
