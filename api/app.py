@@ -20,6 +20,7 @@ from api.metrics import Metrics, Record
 from api.protocol import ModelList, ModelObject
 from api.registry import Registry
 from api.serving import Serving
+from api.sse import RawSend
 from common.config import configured_models, has_models
 from common.errors import ErrorBody, OvqError, not_found, unavailable
 from common.keys import Keys
@@ -62,7 +63,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app = FastAPI(title="ovq", lifespan=lifespan)
     _install_error_handlers(app)
     _install_routes(app)
-    return app
+    return RawSend(app)  # type: ignore[return-value]
 
 
 def _log_stop_signals(settings: Settings) -> None:

@@ -10,7 +10,7 @@ from typing import Any
 from api.parsers import OutputParser, Parsed, ParsedDelta
 
 
-@dataclass
+@dataclass(eq=False)  # identity: a response keys its choices' pending texts by the choice itself
 class ChoiceState:
     index: int  # in the answer: prompt_index * n + the job's own choice index
     parser: OutputParser | None = None

@@ -81,14 +81,17 @@ class ChatFormat(_Stream):
         return b"".join(self._frame(b'{"index":%d,"delta":{"role":"assistant","content":""},"logprobs":null,'
                                     b'"finish_reason":null}' % c.index) for c in choices)
 
+    def plain(self, choice: ChoiceState, text: str, finish: str | None) -> bytes:
+        """The usual case (no parser, no log-probabilities): the text as it came, then the finish."""
+        if finish:
+            choice.finish = finish
+        out = self._content(choice.index, text) if text else b""
+        return out + self._finish(choice.index, finish, b"null") if finish else out
+
     def chunk(self, choice: ChoiceState, delta: dict[str, Any]) -> bytes:
         finish = delta.get("finish_reason")
-        if choice.plain:  # the usual case: the text as it came
-            text = delta["text"]
-            if finish:
-                choice.finish = finish
-            out = self._content(choice.index, text) if text else b""
-            return out + self._finish(choice.index, finish, b"null") if finish else out
+        if choice.plain:
+            return self.plain(choice, delta["text"], finish)
         parsed = choice.feed(delta)
         logprobs = None
         if choice.top is not None and delta.get("logprobs"):
@@ -144,16 +147,20 @@ class CompletionFormat(_Stream):
     def first(self, choices: list[ChoiceState]) -> bytes:
         return b""  # a text completion stream has no role chunk
 
-    def chunk(self, choice: ChoiceState, delta: dict[str, Any]) -> bytes:
-        finish = delta.get("finish_reason")
+    def plain(self, choice: ChoiceState, text: str, finish: str | None) -> bytes:
         if finish:
             choice.finish = finish
+        if not text and not finish:
+            return b""
+        return self._frame(b'{"index":%d,"text":%s,"logprobs":null,"finish_reason":%s}'
+                           % (choice.index, orjson.dumps(text), orjson.dumps(finish)))
+
+    def chunk(self, choice: ChoiceState, delta: dict[str, Any]) -> bytes:
+        finish = delta.get("finish_reason")
         if choice.plain:
-            text = delta["text"]
-            if not text and not finish:
-                return b""
-            return self._frame(b'{"index":%d,"text":%s,"logprobs":null,"finish_reason":%s}'
-                               % (choice.index, orjson.dumps(text), orjson.dumps(finish)))
+            return self.plain(choice, delta["text"], finish)
+        if finish:
+            choice.finish = finish
         logprobs = None
         if choice.top is not None and delta.get("logprobs"):
             logprobs = _completion_logprobs(delta["logprobs"], choice.top, choice)

@@ -132,6 +132,7 @@ class Generation:
         self.deadline = deadline  # time.monotonic() by which the whole response must be done
         self.started = time.monotonic()
         self.gone = False
+        self.ended = False
         self._held: list[dict[str, Any]] = []
         self._checked = self.started
         self._watcher: asyncio.Task[None] | None = None
@@ -143,7 +144,11 @@ class Generation:
 
     @property
     def finished(self) -> bool:
-        return not self.open
+        return self.ended or not self.open
+
+    def end(self) -> None:
+        """The response ends now (one of its jobs failed): `close()` cancels the others."""
+        self.ended = True
 
     async def submit(self) -> None:
         """Enqueue every job (registered first: a first event may come at once); a refusal undoes the rest."""
@@ -191,6 +196,14 @@ class Generation:
             events, self._held = self._held, []
         else:
             events = await self._take(tick=True)
+        return self._seen(events)
+
+    def drain(self) -> list[dict[str, Any]]:
+        """Whatever arrived meanwhile, without waiting."""
+        events, self.inbox.events = self.inbox.events, []
+        return self._seen(events)
+
+    def _seen(self, events: list[dict[str, Any]]) -> list[dict[str, Any]]:
         for event in events:
             if event["type"] in TERMINAL:
                 self.open.discard(event["job"])

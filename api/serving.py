@@ -1,6 +1,7 @@
 """Chat completions and completions: request in, job out, events back as one answer or an SSE stream."""
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import AsyncIterator
 from typing import Any, TypeVar
@@ -169,33 +170,27 @@ class Serving:
 
     async def _stream(self, generation: Generation, fmt: Format, choices: dict[tuple[str, int], ChoiceState],
                       record: Record) -> AsyncIterator[bytes]:
+        """SSE frames, one batch per write. Within `stream_interval_ms` of the last write, new tokens wait for the
+        rest of the interval and go out together (a plain choice's texts merged into one chunk): the API's cost
+        then follows writes, not tokens. The first token and the end never wait."""
         usage = {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0}
+        interval = self.jobs.settings.stream_interval_ms / 1000
         first = fmt.first(sorted(choices.values(), key=lambda c: c.index))
         if first:
             yield first
-        last = time.monotonic()
+        last, sent = time.monotonic(), False
         try:
             while not generation.finished:
                 events = await generation.events()
-                out = []
-                for event in events:
-                    kind = event["type"]
-                    if kind == "delta":
-                        out.append(fmt.chunk(choices[event["job"], event.get("index", 0)], event))
-                    elif kind == "done":
-                        _add_usage(usage, event)
-                        record.done(event)
-                    elif kind == "error":
-                        record.failed(event["status"], event["error"].get("code"))
-                        out.append(b"data: " + orjson.dumps({"error": event["error"]}) + b"\n\n")
-                        await generation.close()  # the response ends here: its other jobs are cancelled
-                    elif kind == "cancelled":
-                        record.failed(CLIENT_CLOSED)
-                        return
+                now = time.monotonic()
+                if events and sent and now - last < interval and not generation.finished:
+                    await asyncio.sleep(interval - (now - last))
+                    events += generation.drain()
+                out = self._frames(events, fmt, choices, record, usage, generation)
                 now = time.monotonic()
                 if out:
-                    last = now
-                    yield b"".join(out)
+                    last, sent = now, True
+                    yield out
                 elif now - last >= PING_S:  # idle (queued behind others, a long prefill): keep proxies open
                     last = now
                     yield PING
@@ -211,6 +206,41 @@ class Serving:
             record.failed(CLIENT_CLOSED)
             return
         yield DONE
+
+    @staticmethod
+    def _frames(events: list[dict[str, Any]], fmt: Format, choices: dict[tuple[str, int], ChoiceState],
+                record: Record, usage: dict[str, int], generation: Generation) -> bytes:
+        out: list[bytes] = []
+        plain: dict[ChoiceState, list[str]] = {}  # texts of plain choices, merged into one chunk each
+
+        def flush() -> None:
+            for choice, texts in plain.items():
+                out.append(fmt.plain(choice, "".join(texts), None))
+            plain.clear()
+
+        for event in events:
+            kind = event["type"]
+            if kind == "delta":
+                choice = choices[event["job"], event.get("index", 0)]
+                if choice.plain and not event.get("finish_reason"):
+                    plain.setdefault(choice, []).append(event["text"])
+                    continue
+                texts = plain.pop(choice, None)
+                if texts:
+                    event = {**event, "text": "".join(texts) + event["text"]}
+                out.append(fmt.chunk(choice, event))
+            elif kind == "done":
+                _add_usage(usage, event)
+                record.done(event)
+            elif kind == "error":
+                flush()
+                record.failed(event["status"], event["error"].get("code"))
+                out.append(b"data: " + orjson.dumps({"error": event["error"]}) + b"\n\n")
+                generation.end()  # the response ends here; close() cancels its other jobs
+            elif kind == "cancelled":
+                raise ClientGone()
+        flush()
+        return b"".join(out)
 
 
 def _add_usage(usage: dict[str, int], event: dict[str, Any]) -> None:

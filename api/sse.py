@@ -7,9 +7,10 @@ The client leaving is noticed by the generation's own watcher (api/jobs.py), whi
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from typing import Any
 
 from starlette.responses import Response
-from starlette.types import Receive, Scope, Send
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 PING = b": ping\n\n"
 DONE = b"data: [DONE]\n\n"
@@ -32,11 +33,29 @@ class SSEResponse(Response):
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         try:
             await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
+            # The body goes through the server's own send (see RawSend): the framework's wrappers only watch for
+            # the response start, and cost an await each per chunk.
+            body = scope.get("ovq.send", send)
             if scope.get("method") != "HEAD":
                 async for data in self.frames:
-                    await send({"type": "http.response.body", "body": data, "more_body": True})
-            await send({"type": "http.response.body", "body": b"", "more_body": False})
+                    await body({"type": "http.response.body", "body": data, "more_body": True})
+            await body({"type": "http.response.body", "body": b"", "more_body": False})
         except OSError:  # the client went away mid-write: nothing to tell it
             pass
         finally:
             await self.on_close()
+
+
+class RawSend:
+    """The outermost ASGI layer: keeps the server's own `send` in the scope for `SSEResponse` bodies."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http":
+            scope["ovq.send"] = send
+        await self.app(scope, receive, send)
+
+    def __getattr__(self, name: str) -> Any:  # the wrapped app's state, routes, ... stay reachable
+        return getattr(self.app, name)
