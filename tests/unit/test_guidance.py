@@ -57,9 +57,11 @@ def test_forced_calls_are_always_guided_to_the_named_function() -> None:
     named = {"type": "function", "function": {"name": "g"}}
     tools = [TOOL, {"type": "function", "function": {"name": "g"}}]
     result = plan({"tool_parser": "hermes3"}, tools=tools, tool_choice=named, parallel_tool_calls=False)
-    triggered = result.structure["triggered_tags"]
-    assert triggered["at_least_one"] and triggered["stop_after_first"]
-    assert [t["tag"]["begin"] for t in triggered["tags"]] == ['<tool_call>\n{"name": "g", "arguments": ']
+    calls = result.structure["tags_with_separator"]
+    assert calls["at_least_one"] and calls["stop_after_first"]
+    assert [t["tag"]["begin"] for t in calls["tags"]] == ['<tool_call>\n{"name": "g", "arguments": ']
+    assert result.forced and result.parser().tools.forced
+    assert not plan({"tool_parser": "hermes3"}, tools=tools).parser().tools.forced
 
 
 def test_forced_call_without_a_tool_parser_is_a_400() -> None:
