@@ -3,8 +3,10 @@
 `step()` holds the GIL for the whole step, so the engine runs in its own process and talks to the worker's
 I/O process over a pipe in small batched messages:
 
-  in  (list of commands): ["add", job, prompt, add_special_tokens, sampling params, images] | ["cancel", job]
-                          | ["stop"]; images: base64 image files for vision-language models, in prompt order
+  in  (list of commands): ["add", job, prompt, add_special_tokens, sampling params, images, kind]
+                          | ["cancel", job] | ["stop"]; images: base64 image files for vision-language models,
+                          in prompt order; kind: the job's ("chat" or "completion"), which names the field a
+                          refusal of the prompt points at
   in  ["cancel", job, index]: the I/O half ended choice `index` itself (a stop string): drop it, no answer
   out (list of updates):  [job, new_token_ids, state, extra, index, logprobs] with state None while running,
                           else "accepted" (extra: prompt tokens) | "stop" | "length" | "cancelled"
@@ -28,7 +30,8 @@ import orjson
 
 from common.errors import OvqError
 from common.jobs import SamplingParams
-from workers.generation import choice_configs, token_budget
+from workers.generation import choice_configs, prompt_param, token_budget
+from workers.prompt_length import prompt_length
 from workers.structured import structured_config
 
 log = logging.getLogger("ovq.engine")
@@ -151,11 +154,13 @@ class Engine:
         return tokenize(self.tokenizer, prompt, add_special_tokens, self.spec.vocab_size)
 
     def add(self, job: str, prompt: str | list[int], add_special: bool, params: dict[str, Any],
-            images: list[str], out: list[list[Any]]) -> None:
+            images: list[str], out: list[list[Any]], kind: str = "chat") -> None:
         try:
             ids = self.tokenize(prompt, add_special)
             sampling = SamplingParams.model_validate(params)
-            budget = token_budget(sampling, self.spec.defaults, len(ids), self.spec.context_length)
+            context = self.spec.context_length
+            length = prompt_length(self.tokenizer, prompt, add_special, ids, context)
+            budget = token_budget(sampling, self.spec.defaults, length, context, prompt_param(kind))
             configs = [self._config(c, sampling) for c in choice_configs(sampling, self.spec.defaults, budget)]
             tensors = [image_tensor(b) for b in images]
             handles = {i: self._add_request(prompt, ids, tensors, config) for i, config in enumerate(configs)}
@@ -336,7 +341,7 @@ def run(conn: Connection, spec: EngineSpec) -> None:
                 return
             for command in commands:
                 if command[0] == "add":
-                    engine.add(command[1], command[2], command[3], command[4], command[5], out)
+                    engine.add(*command[1:6], out, *command[6:7])
                 elif command[0] == "cancel":
                     engine.cancel(command[1], out, command[2] if len(command) > 2 else None)
                 elif command[0] == "stop":

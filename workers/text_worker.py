@@ -102,7 +102,7 @@ class TextWorker(BaseWorker):
             self._pending.add(task)
             task.add_done_callback(self._pending.discard)
             return
-        self.engine.send(["add", job.id, job.prompt, job.add_special_tokens, job.params.model_dump(), []])
+        self.engine.send(["add", job.id, job.prompt, job.add_special_tokens, job.params.model_dump(), [], job.kind])
 
     async def _add_with_images(self, job: Job) -> None:
         blobs = await self.redis.mget(job.images)
@@ -113,7 +113,8 @@ class TextWorker(BaseWorker):
             self._on_outputs([[job.id, [], "error", extra]])
             return
         images = [base64.b64encode(b).decode() for b in blobs]
-        self.engine.send(["add", job.id, job.prompt, job.add_special_tokens, job.params.model_dump(), images])
+        self.engine.send(["add", job.id, job.prompt, job.add_special_tokens, job.params.model_dump(), images,
+                          job.kind])
 
     def _accepted(self, state: RunningJob, prompt_tokens: int, outbox: Outbox) -> None:
         job = state.job

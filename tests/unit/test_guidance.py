@@ -83,3 +83,16 @@ def test_a_constraint_waits_for_the_end_of_reasoning_when_the_prompt_opened_it()
     first, answer = result.structure["concat"]
     assert first == {"tag": {"begin": "", "content": {"any_text": True}, "end": "</think>"}}
     assert answer == {"json_schema": '{"type": "object"}'}
+
+
+@pytest.mark.parametrize(("ids", "ok"), [([0, 49151], True), ([49152], False), ([-1], False)])
+def test_stop_token_ids_are_checked_against_the_vocabulary(ids: list[int], ok: bool) -> None:
+    from api.checks import check_for_model
+
+    body = ChatCompletionRequest(model="m", messages=MSG, stop_token_ids=ids)
+    if ok:
+        check_for_model(body, card(vocab_size=49152))
+        return
+    with pytest.raises(OvqError) as caught:
+        check_for_model(body, card(vocab_size=49152))
+    assert caught.value.body.param == "stop_token_ids"
