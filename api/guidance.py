@@ -150,4 +150,7 @@ def _tool_structure(body: ChatCompletionRequest, parser: str, forced: bool) -> s
     if isinstance(body.tool_choice, NamedToolChoice):
         tools = [t for t in tools if t.function.name == body.tool_choice.function.name]
     functions = [Function(t.function.name, t.function.parameters or EMPTY_PARAMETERS) for t in tools]
-    return TOOL_PARSERS[parser]().guided(functions, required=forced, parallel=body.parallel_tool_calls)
+    # A named function is one call (as vLLM does): left to repeat calls, a small greedy model writes the same
+    # call again and again until the token limit. `required` allows several when parallel_tool_calls says so.
+    parallel = body.parallel_tool_calls and not isinstance(body.tool_choice, NamedToolChoice)
+    return TOOL_PARSERS[parser]().guided(functions, required=forced, parallel=parallel)

@@ -3,6 +3,7 @@ by the token limit shows no markup, and LangChain's tool helpers work out of the
 from __future__ import annotations
 
 import json
+import re
 from collections import defaultdict
 from typing import Any
 
@@ -52,7 +53,7 @@ def test_a_forced_call_ends_generation(client: OpenAI, tool_choice: Any, paralle
     choice = reply.choices[0]
     assert (choice.finish_reason, choice.message.content) == ("tool_calls", None)
     calls = [(c.function.name, c.function.arguments) for c in choice.message.tool_calls]
-    assert calls and (parallel or len(calls) == 1)
+    assert calls and (parallel and tool_choice == "required" or len(calls) == 1)  # a named function: one call
     for name, arguments in calls:
         assert name == "get_weather" or tool_choice == "required"
         schema = {t["function"]["name"]: t["function"]["parameters"] for t in TOOLS_SPEC}[name]
@@ -107,7 +108,45 @@ def test_langchain_bind_tools_and_function_calling_structured_output(stack: Stac
     llm = ChatOpenAI(model=MODEL, base_url=stack.base_url, api_key="unused", temperature=0, max_tokens=60,
                      max_retries=0, timeout=120)
     message = llm.bind_tools([get_weather], tool_choice="get_weather").invoke("What is the weather in Paris?")
-    assert message.tool_calls and {call["name"] for call in message.tool_calls} == {"get_weather"}
-    assert all(isinstance(call["args"]["location"], str) for call in message.tool_calls)
+    assert [call["name"] for call in message.tool_calls] == ["get_weather"]
+    assert isinstance(message.tool_calls[0]["args"]["location"], str)
+    # What a 135M model writes in the fields is its own affair; that it parses into the class is the API's.
     city = llm.with_structured_output(City, method="function_calling").invoke("Paris is the capital of France.")
-    assert isinstance(city, City) and city.name
+    assert isinstance(city, City)
+
+
+STRINGS = re.compile(r'"(?:[^"\\]|\\.)*"')
+PERSON = {"type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer"}},
+          "required": ["name", "age"]}
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_json_output_has_no_whitespace_between_tokens(client: OpenAI, seed: int) -> None:
+    """Sampled at temperature 1, the grammar used to let SmolLM2 pad JSON with blank lines up to the limit."""
+    fmt = {"type": "json_schema", "json_schema": {"name": "person", "schema": PERSON}}
+    args = {"model": MODEL, "messages": [{"role": "user", "content": "Extract the person: Nama is 31 years old."}],
+            "response_format": fmt, "temperature": 1.0, "seed": seed, "max_tokens": 60}
+    reply = client.chat.completions.create(**args)
+    text = reply.choices[0].message.content
+    assert reply.choices[0].finish_reason == "stop", text
+    jsonschema.validate(json.loads(text), PERSON)
+    assert not re.search(r"\s", STRINGS.sub('""', text)), text
+    streamed_text = "".join(c.choices[0].delta.content or "" for c in client.chat.completions.create(**args,
+                                                                                                    stream=True)
+                            if c.choices)
+    assert streamed_text == text
+
+
+def test_langchain_structured_output_fits_a_small_token_budget(stack: Stack) -> None:
+    """with_structured_output's default method (a JSON schema response_format) at max_tokens 40."""
+    from langchain_openai import ChatOpenAI
+    from pydantic import BaseModel
+
+    class Person(BaseModel):
+        name: str
+        age: int
+
+    llm = ChatOpenAI(model=MODEL, base_url=stack.base_url, api_key="unused", max_tokens=40, seed=3,
+                     max_retries=0, timeout=120)
+    person = llm.with_structured_output(Person).invoke("Extract the person: Nama is 31 years old.")
+    assert isinstance(person, Person) and person.name

@@ -61,6 +61,10 @@ def test_forced_calls_are_always_guided_to_the_named_function() -> None:
     assert calls["at_least_one"] and calls["stop_after_first"]
     assert [t["tag"]["begin"] for t in calls["tags"]] == ['<tool_call>\n{"name": "g", "arguments": ']
     assert result.forced and result.parser().tools.forced
+    parallel = plan({"tool_parser": "hermes3"}, tools=tools, tool_choice=named, parallel_tool_calls=True)
+    assert parallel.structure["tags_with_separator"]["stop_after_first"]  # a named function: one call
+    required = plan({"tool_parser": "hermes3"}, tools=tools, tool_choice="required", parallel_tool_calls=True)
+    assert not required.structure["tags_with_separator"]["stop_after_first"]
     assert not plan({"tool_parser": "hermes3"}, tools=tools).parser().tools.forced
 
 
