@@ -38,7 +38,7 @@ class ChoiceState:
         text = "".join(self.text)
         if self.parser is None:
             return Parsed(text, None, [])
-        return self.parser.parse(text)
+        return self.parser.parse(text, cut=self.finish == "length")
 
     def feed(self, delta: dict[str, Any]) -> ParsedDelta:
         """Streams: what this delta adds, through the parser; at the choice's end, whatever it held back."""
@@ -49,7 +49,7 @@ class ChoiceState:
             return ParsedDelta(content=delta["text"])
         out = self.parser.feed(delta["text"]) if delta["text"] else ParsedDelta()
         if finish:
-            tail = self.parser.finish()
+            tail = self.parser.finish(cut=finish == "length")
             out = ParsedDelta(out.content + tail.content, out.reasoning + tail.reasoning,
                               out.tool_calls + tail.tool_calls)
         self.called = self.called or bool(out.tool_calls)

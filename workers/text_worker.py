@@ -133,7 +133,8 @@ class TextWorker(BaseWorker):
             self._pending.add(task)
             task.add_done_callback(self._pending.discard)
             return
-        self.engine.send(["add", job.id, job.prompt, job.add_special_tokens, job.params.model_dump(), [], resume])
+        self.engine.send(["add", job.id, job.prompt, job.add_special_tokens, job.params.model_dump(), [], resume,
+                          job.kind])
 
     async def _add_with_images(self, job: Job, resume: dict[str, Any] | None) -> None:
         blobs = await self.redis.mget(job.images)
@@ -145,7 +146,7 @@ class TextWorker(BaseWorker):
             return
         images = [base64.b64encode(b).decode() for b in blobs]
         self.engine.send(["add", job.id, job.prompt, job.add_special_tokens, job.params.model_dump(), images,
-                          resume])
+                          resume, job.kind])
 
     def _accepted(self, state: RunningJob, prompt_tokens: int, outbox: Outbox) -> None:
         job = state.job
