@@ -113,6 +113,12 @@ class JobClient:
             pipe.publish(self.keys.cancel_channel, job_id)
         await pipe.execute()
 
+    async def statuses(self, job_ids: list[str]) -> list[bytes | None]:
+        pipe = self.redis.pipeline(transaction=False)
+        for job_id in job_ids:
+            pipe.hget(self.keys.job(job_id), "status")
+        return await pipe.execute()
+
     async def workers_alive(self, workers: list[str]) -> list[bool]:
         pipe = self.redis.pipeline(transaction=False)
         for worker in workers:
@@ -225,7 +231,7 @@ class Generation:
     async def _check(self) -> None:
         """A tick with no event: enforce the bounds on this response's waits."""
         settings, now = self.client.settings, time.monotonic()
-        if self.inbox.lost:
+        if self.inbox.lost and not await self._survived():
             raise OvqError("The job queue (Redis) became unreachable while this request ran; retry shortly", 503,
                            "service_unavailable", code="service_unavailable")
         if self.deadline is not None and now > self.deadline:
@@ -238,9 +244,29 @@ class Generation:
         if now - self._checked >= check and now - self.inbox.last >= check:
             self._checked = now
             running = [self.accepted[j]["worker"] for j in self.open if j in self.accepted]
-            if running and not all(await self.client.workers_alive(running)):
+            try:
+                alive = all(await self.client.workers_alive(running)) if running else True
+            except UNAVAILABLE:
+                alive = True  # Redis is away: the hub's lost subscription decides
+            if not alive:
                 raise OvqError("The worker running this request died mid-generation", 500, "server_error",
                                code="worker_died")
+
+    async def _survived(self) -> bool:
+        """After the hub lost its subscription: jobs still queued (none started, so no event was missed) wait on,
+        across a Redis restart with an append-only file; anything else may have lost events."""
+        if self.accepted:
+            return False
+        if not self.client.hub.subscribed.is_set():
+            return True  # still away: wait (bounded by queue_timeout_s), then look again
+        try:
+            statuses = await self.client.statuses([job.id for job in self.jobs])
+        except UNAVAILABLE:
+            return True
+        if all(status == b"queued" for status in statuses):
+            self.inbox.lost = False
+            return True
+        return False
 
     async def close(self) -> None:
         """Forget the jobs; cancel at their workers those that have not ended (the client left, or we failed)."""

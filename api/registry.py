@@ -1,6 +1,7 @@
 """Which models exist, what they accept, and which device stream a new job goes to."""
 from __future__ import annotations
 
+import asyncio
 import time
 from dataclasses import dataclass
 
@@ -52,13 +53,22 @@ class Registry:
         self.redis, self.keys, self.settings = redis, keys, settings
         self.expected = expected
         self._cards: dict[str, tuple[float, dict[str, ModelCard]]] = {}
+        self._loading: dict[str, asyncio.Future[dict[str, ModelCard]]] = {}
         self._enqueue = redis.register_script(ENQUEUE)
 
     async def cards(self, model: str) -> dict[str, ModelCard]:
-        """Device -> card, as the model's workers last announced it (cached for a second)."""
+        """Device -> card, as the model's workers last announced it (cached for a second; concurrent misses
+        share one read, so a burst costs Redis one HGETALL, not one per request)."""
         cached = self._cards.get(model)
         if cached and time.monotonic() - cached[0] < CARD_CACHE_S:
             return cached[1]
+        loading = self._loading.get(model)
+        if loading is None:
+            loading = self._loading[model] = asyncio.ensure_future(self._load(model))
+            loading.add_done_callback(lambda _: self._loading.pop(model, None))
+        return await asyncio.shield(loading)
+
+    async def _load(self, model: str) -> dict[str, ModelCard]:
         raw = await self.redis.hgetall(self.keys.model(model))
         parsed = [ModelCard.model_validate_json(v) for v in raw.values()]
         cards = {c.device: c for c in sorted(parsed, key=lambda c: (c.preference, c.device))}

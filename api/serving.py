@@ -25,6 +25,7 @@ from api.templates import render, template_message
 from common.errors import OvqError
 from common.jobs import Job, SamplingParams
 from common.modelcard import ModelCard
+from common.redis_client import UNAVAILABLE
 from common.servable import ServableType
 
 M = TypeVar("M", bound=BaseModel)
@@ -68,6 +69,8 @@ def sampling_params(body: SamplingRequest, card: ModelCard, structure: dict[str,
 
 
 PING_S = 15.0
+REDIS_AWAY = OvqError("The job queue (Redis) became unreachable while this request ran; retry shortly", 503,
+                      "service_unavailable", code="service_unavailable")
 
 
 class Serving:
@@ -202,6 +205,9 @@ class Serving:
         except OvqError as exc:
             record.failed(exc.status, exc.body.code)
             yield b"data: " + orjson.dumps({"error": exc.body.model_dump()}) + b"\n\n"
+        except UNAVAILABLE:
+            record.failed(503)
+            yield b"data: " + orjson.dumps({"error": REDIS_AWAY.body.model_dump()}) + b"\n\n"
         except ClientGone:
             record.failed(CLIENT_CLOSED)
             return

@@ -255,8 +255,8 @@ class Tiers:
 def tiers(redis_url: str, tmp_path: Path) -> Iterator[Callable[..., Tiers]]:
     made: list[Tiers] = []
 
-    def make(models: dict[str, dict], **env: str) -> Tiers:
-        made.append(Tiers(redis_url, tmp_path, models, **env))
+    def make(models: dict[str, dict], url: str | None = None, **env: str) -> Tiers:
+        made.append(Tiers(url or redis_url, tmp_path, models, **env))
         return made[-1]
 
     yield make

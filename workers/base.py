@@ -59,6 +59,8 @@ class BaseWorker:
         self.engine_restarts = 0
         self.started = time.time()
         self._cancelled_early: dict[str, float] = {}
+        # Jobs whose API process is not listening right now (reconnecting to Redis): started once it is.
+        self._deferred: dict[str, tuple[bytes, Job, float]] = {}
         self._cancels_heard_ms: int | None = None
         self._slot_free = asyncio.Event()
         self._stopping = asyncio.Event()
@@ -114,6 +116,7 @@ class BaseWorker:
             asyncio.create_task(self._cancel_loop(), name="cancel"),
             asyncio.create_task(self.heartbeat.run(), name="heartbeat"),
             asyncio.create_task(self.reclaimer.run(), name="reclaim"),
+            asyncio.create_task(self._deferred_loop(), name="deferred"),
         ]
         stopper = asyncio.create_task(self._stopping.wait())
         done, _ = await asyncio.wait([stopper, *tasks], return_when=asyncio.FIRST_COMPLETED)
@@ -210,16 +213,55 @@ class BaseWorker:
                 await self.redis.xadd(self.keys.dead, {**fields, b"reason": b"unreadable"})
                 outbox.ack(entry_id)
                 self._refuse_unreadable(fields.get(b"job", b""), outbox)
+        self.publisher.put(outbox)
+        await self.admit_jobs(jobs)
+
+    async def admit_jobs(self, jobs: list[tuple[bytes, Job]]) -> None:
+        outbox = Outbox()
         cancelled = await self._flagged([j for e, j in jobs if not self._heard_since(e)])
+        listening = await self._listening({job.reply_to for _, job in jobs})
         for entry_id, job in jobs:
             if job.id in cancelled or self._cancelled_early.pop(job.id, None):
                 outbox.publish(job.reply_to, Cancelled(job=job.id, seq=1))
                 outbox.set_status(job.id, status="cancelled")
                 outbox.ack(entry_id)
                 continue
+            if job.reply_to not in listening:
+                self._deferred.setdefault(job.id, (entry_id, job, time.monotonic()))
+                continue
+            self._deferred.pop(job.id, None)
             self.jobs_taken += 1
             self._start(entry_id, job, outbox)
         self.publisher.put(outbox)
+
+    async def _listening(self, channels: set[str]) -> set[str]:
+        """The jobs' API processes that are subscribed now: an event published to one that is not (it is
+        reconnecting to Redis) would be lost, so its job waits until it listens again."""
+        names = sorted(channels)
+        counts = dict(await self.redis.pubsub_numsub(*[self.keys.events(c) for c in names])) if names else {}
+        return {c for c in names if counts.get(self.keys.events(c).encode(), 0) > 0}
+
+    async def _deferred_loop(self) -> None:
+        """Start deferred jobs once their API listens; drop those nobody has listened for in worker_ttl_s * 4
+        (their API process is gone: nobody would hear the answer)."""
+        while True:
+            await asyncio.sleep(0.25)
+            if not self._deferred:
+                continue
+            now, outbox = time.monotonic(), Outbox()
+            for job_id, (entry_id, job, since) in list(self._deferred.items()):
+                if now - since > self.settings.worker_ttl_s * 4:
+                    log.warning("job %s dropped: its API process (%s) stopped listening", job_id, job.reply_to)
+                    del self._deferred[job_id]
+                    outbox.set_status(job_id, status="cancelled")
+                    outbox.ack(entry_id)
+            self.publisher.put(outbox)
+            waiting = [(e, j) for e, j, _ in self._deferred.values()][: self.room()]
+            try:
+                if waiting:
+                    await self.admit_jobs(waiting)
+            except UNAVAILABLE:
+                pass
 
     @staticmethod
     def _refuse_unreadable(raw: bytes, outbox: Outbox) -> None:

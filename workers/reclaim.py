@@ -6,6 +6,8 @@ import logging
 import time
 from typing import TYPE_CHECKING
 
+from redis.exceptions import ResponseError
+
 from common.errors import OvqError
 from common.events import Error
 from common.jobs import Job
@@ -31,6 +33,9 @@ class Reclaimer:
                 await self.reclaim_once()
             except UNAVAILABLE:
                 pass  # Redis is away; the heartbeat loop says so
+            except ResponseError as exc:
+                if "NOGROUP" not in str(exc):  # the group is being recreated by the read loop
+                    log.exception("reclaim pass failed")
             except Exception:
                 log.exception("reclaim pass failed")
 
