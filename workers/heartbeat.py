@@ -50,7 +50,9 @@ class Heartbeat:
     async def run(self) -> None:
         """Beat every heartbeat_s; while Redis is away, retry with backoff, one log line per attempt (this loop
         speaks for the worker's others, which back off quietly)."""
-        backoff = Backoff(first=self.worker.settings.heartbeat_s)
+        settings = self.worker.settings
+        # Retry often enough that the worker is seen alive again within its TTL once Redis is back.
+        backoff = Backoff(first=settings.heartbeat_s, cap=max(settings.heartbeat_s, settings.worker_ttl_s / 2))
         where = f"worker {self.worker.id} waiting for Redis at {describe(redis_url(self.worker.settings))}"
         while True:
             try:
