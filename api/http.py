@@ -9,7 +9,9 @@ This subclass adds, per connection, one timer at a time:
 - body: once the headers are in, the body must be complete within `OVQ_BODY_TIMEOUT_S`;
 - write: while the answer waits on a client that reads nothing (the transport's buffer over its high-water
   mark), for at most `OVQ_WRITE_TIMEOUT_S`; then the connection is aborted, which the application sees as a
-  disconnect (a stream's job is cancelled).
+  disconnect (a stream's job is cancelled). What the kernel buffers comes first: Linux grows a connection's
+  send buffer up to 4 MB; `OVQ_SEND_BUFFER_BYTES` fixes it smaller (less memory per slow client, and the
+  write timeout starts sooner).
 
 And an answer sent before its request's body was all received (a refusal: 401, 413, 415, ...) closes the
 connection after it, so a client cannot keep one open by trickling a body nobody reads.
@@ -17,6 +19,7 @@ connection after it, so a client cannot keep one open by trickling a body nobody
 from __future__ import annotations
 
 import asyncio
+import socket
 from typing import Any
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
@@ -31,6 +34,7 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         self.header_timeout = settings.header_timeout_s
         self.body_timeout = settings.body_timeout_s
         self.write_timeout = settings.write_timeout_s
+        self.send_buffer = settings.send_buffer_bytes
         self.read_timer: asyncio.TimerHandle | None = None  # headers, then body
         self.write_timer: asyncio.TimerHandle | None = None
 
@@ -51,6 +55,9 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
+        sock = transport.get_extra_info("socket")
+        if self.send_buffer and sock is not None:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, self.send_buffer)
         self._arm_read(self.header_timeout, "headers")
 
     def on_message_begin(self) -> None:

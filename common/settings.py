@@ -87,6 +87,8 @@ class Settings(BaseSettings):
     header_timeout_s: float = 10.0
     body_timeout_s: float = 60.0
     write_timeout_s: float = 60.0
+    # Kernel send buffer per connection (SO_SNDBUF); 0: the system's own (Linux grows it up to 4 MB).
+    send_buffer_bytes: int = 0
     # Models the API expects to be served (readiness); empty: those of the models file, else every announced one.
     models: list[str] = Field(default_factory=list)
 

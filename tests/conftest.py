@@ -28,6 +28,7 @@ STATEFUL = "smollm2-stateful"  # SmolLM2 as OVMS's stateful (NPU-style) servable
 STATEFUL_VLM = "tiny-llava-stateful"  # the tiny LLaVA in VLMPipeline
 TOOLS = "smollm2-tools"  # SmolLM2 with a tools-aware template, hermes3 tool parser, qwen3 reasoning parser
 MODELS = ROOT / "tests" / "models"
+UNRESOLVABLE = "no-such-host.invalid"  # on the media allow-list, resolves nowhere (RFC 2606)
 FIXTURES = ROOT / "tests" / "fixtures"
 
 
@@ -128,7 +129,7 @@ def stack(model_dir: Path, redis_url: str, tmp_path_factory: pytest.TempPathFact
     media.mkdir()
     media_port = free_port()
     env = {**os.environ, "REDIS_URL": redis_url, "OVQ_ALLOWED_LOCAL_MEDIA_PATH": str(media),
-           "OVQ_ALLOWED_MEDIA_DOMAINS": f'["localhost:{media_port}"]',
+           "OVQ_ALLOWED_MEDIA_DOMAINS": f'["localhost:{media_port}", "{UNRESOLVABLE}"]', "OVQ_MEDIA_TIMEOUT_S": "2",
            "OVQ_CONFIG": str(config), "OVQ_PORT": str(port),
            "OVQ_KEY_PREFIX": "ovqtest", "OVQ_LOG_LEVEL": "warning", "OVQ_RECLAIM_INTERVAL_S": "1",
            "OVQ_WORKER_TTL_S": "3", "OVQ_FIRST_EVENT_CHECK_S": "1"}

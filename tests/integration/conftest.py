@@ -47,7 +47,7 @@ def guarded(stack: Stack) -> Iterator[Guarded]:
            "OVQ_API_KEYS": '["sk-guarded-inline"]', "OVQ_API_KEY_FILE": str(work / "keys.txt"),
            "OVQ_ADMIN_KEYS": "adm-guarded", "OVQ_HEADER_TIMEOUT_S": str(GUARD_TIMEOUTS["header"]),
            "OVQ_BODY_TIMEOUT_S": str(GUARD_TIMEOUTS["body"]), "OVQ_WRITE_TIMEOUT_S": str(GUARD_TIMEOUTS["write"]),
-           "OVQ_KEEP_ALIVE_S": str(int(GUARD_TIMEOUTS["keep_alive"]))}
+           "OVQ_KEEP_ALIVE_S": str(int(GUARD_TIMEOUTS["keep_alive"])), "OVQ_SEND_BUFFER_BYTES": "32768"}
     log = work / "api.log"
     proc = subprocess.Popen([sys.executable, "-m", "api"], env=env, cwd=ROOT, stdout=log.open("wb"),
                             stderr=subprocess.STDOUT)
