@@ -10,7 +10,6 @@ import json
 import threading
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import httpx
@@ -21,51 +20,11 @@ from PIL import Image
 from api.media import FETCH_FAILED
 from tests.conftest import MODEL, UNRESOLVABLE, VLM, Stack, free_port
 from tests.integration.conftest import Guarded
+from tests.integration.counts import Tally
 from tests.integration.rawhttp import closed_by_peer, connect, read_response, request_head
 
 HELLO = [{"role": "user", "content": "hi"}]
 JSON = {"Content-Type": "application/json"}
-
-
-@dataclass
-class Tally:
-    accepted: int = 0
-    completed: int = 0
-    clean: int = 0
-    hung: int = 0
-    server_errors: int = 0
-    odd: list[str] = field(default_factory=list)
-
-    def record(self, response: httpx.Response | None) -> httpx.Response | None:
-        if response is None:
-            self.hung += 1
-            return None
-        self.accepted += 1
-        if response.status_code >= 500:
-            self.server_errors += 1
-        elif response.status_code < 300:
-            self.completed += 1
-        elif _clean_error(response):
-            self.clean += 1
-        else:
-            self.odd.append(response.text[:200])
-        return response
-
-    def __str__(self) -> str:
-        return (f"accepted {self.accepted}, completed {self.completed}, failed with a clean error {self.clean}, "
-                f"hung {self.hung}, 5xx {self.server_errors}, other {len(self.odd)}")
-
-    def check(self) -> None:
-        print(self)
-        assert self.hung == 0 and self.server_errors == 0 and not self.odd, f"{self}: {self.odd}"
-
-
-def _clean_error(response: httpx.Response) -> bool:
-    try:
-        error = response.json()["error"]
-    except (ValueError, KeyError, TypeError):
-        return False
-    return set(error) == {"message", "type", "param", "code"} and bool(error["message"]) and "0x" not in str(error)
 
 
 def send(tally: Tally, method: str, url: str, **kwargs: object) -> httpx.Response | None:
