@@ -67,9 +67,9 @@ class Settings(BaseSettings):
     # How long the API waits for a worker's first event before it checks the model is still served.
     first_event_check_s: float = 5.0
     shutdown_grace_s: float = 30.0
-    # Security (README "Security"). Keys for /v1 and /v3 (`Authorization: Bearer KEY`), given inline or one per
-    # line in a file (OVMS's --api_key_file); admin keys for /metrics, /docs, /openapi.json and /ops. With no
-    # admin key those routes are open only while no API key is configured either.
+    # Security (README "Security"). API keys (`Authorization: Bearer KEY`) for every route but the health probes,
+    # given inline or one per line in a file (OVMS's --api_key_file); admin keys for /metrics, /docs,
+    # /openapi.json and /ops. With no admin key those routes are open only while no API key is configured either.
     api_keys: Keys = Field(default_factory=list)
     api_key_file: Path | None = None
     admin_keys: Keys = Field(default_factory=list)
@@ -80,7 +80,7 @@ class Settings(BaseSettings):
     max_prompt_chars: int = 512_000  # characters in all messages (or the completion prompt, or its token ids)
     max_stop_chars: int = 1_000  # characters in one stop string
     max_schema_bytes: int = 64 * 1024  # response_format's schema, and all tools together, as JSON
-    max_echo_prompt_chars: int = 16_000  # completions with echo or logprobs: the prompt comes back token by token
+    max_echo_prompt_chars: int = 16_000  # completions with echo: the prompt comes back token by token
     # HTTP timeouts: a request's headers must arrive within header_timeout_s of its first byte (or of the
     # connection opening), its body within body_timeout_s; a client that reads nothing of an answer for
     # write_timeout_s is disconnected (its job cancelled).
