@@ -132,7 +132,7 @@ async def _remote(text: str, settings: Settings) -> bytes:
     if url.userinfo:
         raise OvqError("image URLs must not carry user info", param=PARAM)
     if not url.host or not allowed(url, settings.allowed_media_domains):
-        raise OvqError("image URL is not on an allowed host and port (allowed_media_domains)", param=PARAM)
+        raise OvqError("the image URL's scheme, host and port are not in allowed_media_domains", param=PARAM)
     try:
         # One deadline for the whole fetch: httpx's timeout is per read, and a server may trickle bytes.
         return await asyncio.wait_for(_fetch(url, settings), settings.media_timeout_s)
