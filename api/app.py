@@ -13,6 +13,9 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.exceptions import HTTPException
 from starlette.responses import JSONResponse, Response
 
+from api.auth import ApiKeyMiddleware, load_keys
+from api.body import BodyGuard
+from api.docs import install_docs
 from api.hub import EventHub
 from api.images import ImageServing
 from api.jobs import JobClient
@@ -60,9 +63,12 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         await hub.stop()
         await redis.aclose()
 
-    app = FastAPI(title="ovq", lifespan=lifespan)
+    app = FastAPI(title="ovq", lifespan=lifespan, docs_url=None, redoc_url=None)
     _install_error_handlers(app)
     _install_routes(app)
+    install_docs(app)
+    app.add_middleware(BodyGuard, settings=settings)
+    app.add_middleware(ApiKeyMiddleware, keys=load_keys(settings))  # refuses before any body is read
     return RawSend(app)  # type: ignore[return-value]
 
 

@@ -12,10 +12,11 @@ from typing import Any
 
 from pydantic import ValidationError
 from starlette.datastructures import UploadFile
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 
 from api.jobs import ClientGone, Generation, JobClient, deadline, request_id
+from api.limits import check_image_prompts, require_media_type
 from api.media import check_image
 from api.metrics import Record
 from api.protocol import ImageData, ImageEditRequest, ImageRequest, ImagesResponse, ImageStreamEvent, StreamError
@@ -23,7 +24,7 @@ from api.registry import Registry, Servable
 from api.serving import parse_body, validation_error
 from api.sse import frame
 from common.config import parse_size
-from common.errors import OvqError, internal
+from common.errors import OvqError, exc_text, internal
 from common.jobs import ImageParams, Job
 from common.modelcard import ImageLimits
 from common.servable import ServableType
@@ -94,12 +95,13 @@ class ImageServing:
         return await self._respond(request, body, servable, job, "image_edit")
 
     async def _form(self, request: Request) -> dict[str, Any]:
-        if "multipart/form-data" not in request.headers.get("content-type", ""):
-            raise OvqError("/images/edits takes multipart/form-data", 415)
+        require_media_type(request.headers.get("content-type"), "multipart/form-data", request.url.path)
         try:
             form = await request.form(max_part_size=self.settings.max_upload_bytes)
+        except (ClientDisconnect, OvqError):  # the client left, or the body guard refused the body
+            raise
         except Exception as exc:  # malformed multipart, or a part over the size limit
-            raise OvqError(f"could not read the form: {exc}") from exc
+            raise OvqError(f"could not read the form: {exc_text(exc)}") from exc
         # OpenAI's SDK names a list of images `image[]`; one image is what the pipelines take.
         images = form.getlist("image") + form.getlist("image[]")
         if len(images) > 1:
@@ -119,6 +121,7 @@ class ImageServing:
         return check_image(await part.read(self.settings.max_upload_bytes + 1), self.settings, name, name)
 
     def _job(self, body: ImageRequest, limits: ImageLimits, job_id: str) -> Job:
+        check_image_prompts(body, self.settings)
         width, height = check_limits(body, limits)
         fields = body.model_dump(include=set(ImageParams.model_fields) - {"width", "height"}, exclude_none=True)
         params = ImageParams(**fields, width=width, height=height, previews=body.stream)

@@ -16,6 +16,7 @@ from api.choices import ChoiceState
 from api.formats import ChatFormat, CompletionFormat, Format
 from api.guidance import chat_plan
 from api.jobs import CLIENT_CLOSED, ClientGone, Generation, JobClient, deadline, request_id
+from api.limits import check_sampling, require_media_type
 from api.media import load_image
 from api.metrics import Metrics, Record
 from api.protocol import ChatCompletionRequest, CompletionRequest, SamplingRequest
@@ -34,9 +35,7 @@ VISION_SERVABLES = (ServableType.VLM_CB, ServableType.VLM)
 
 
 async def parse_body(request: Request, model: type[M]) -> M:
-    content_type = request.headers.get("content-type", "")
-    if "json" not in content_type:
-        raise OvqError(f"Content-Type must be application/json, not {content_type or 'missing'!r}", 415)
+    require_media_type(request.headers.get("content-type"), "application/json", request.url.path)
     try:
         data = orjson.loads(await request.body())
     except orjson.JSONDecodeError as exc:
@@ -78,6 +77,7 @@ class Serving:
         self.jobs, self.registry, self.metrics = jobs, registry, metrics
 
     async def _servable(self, body: SamplingRequest) -> Servable:
+        check_sampling(body, self.jobs.settings)
         servable = await self.registry.servable(body.model)
         if servable.card.servable_type not in TEXT_SERVABLES:
             raise OvqError(f"The model `{body.model}` does not generate text", param="model")

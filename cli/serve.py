@@ -13,9 +13,11 @@ import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 
+from api.auth import KeyFileError, read_key_file
 from cli import ovms
-from cli.tiers import config_env
+from cli.tiers import add_key_arguments, config_env, key_env
 from common.redis_client import embedded_socket
 from common.redis_server import EmbeddedRedis
 from common.settings import Settings
@@ -88,8 +90,16 @@ def _module(name: str, *args: str) -> list[str]:
     return [sys.executable, "-m", name, *args]
 
 
+def _check_key_files(env: dict[str, str]) -> None:
+    """A key file the API cannot read would make it exit at once, again and again: say so before starting."""
+    for name in ("OVQ_API_KEY_FILE", "OVQ_ADMIN_KEY_FILE"):
+        if env.get(name):
+            read_key_file(Path(env[name]))
+
+
 def serve(args: argparse.Namespace) -> int:
     env = {**os.environ, **config_env(args)}
+    keys = key_env(args)  # for the API only: workers never see a key
     if args.host:
         env["OVQ_HOST"] = args.host
     if args.port:
@@ -98,6 +108,11 @@ def serve(args: argparse.Namespace) -> int:
         env["OVQ_API_PROCESSES"] = str(args.api_processes)
     os.environ.update(env)
     settings = Settings()
+    try:
+        _check_key_files({**env, **keys})
+    except KeyFileError as exc:
+        log(str(exc))
+        return 2
     from workers.prepare import prepare
 
     models = ovms.checked_models(settings, "ovq serve")
@@ -115,7 +130,7 @@ def serve(args: argparse.Namespace) -> int:
             return 1
     workers = [Child(f"worker {m.name} on {d}", _module("workers", "--model", m.name, "--device", d), env)
                for m in models for d in m.devices]
-    api = Child("api", _module("api"), {**env, "OVQ_MODELS": json.dumps([m.name for m in models])})
+    api = Child("api", _module("api"), {**env, **keys, "OVQ_MODELS": json.dumps([m.name for m in models])})
     stopping: list[str] = []
 
     def stop(signum: int, _frame: object) -> None:
@@ -155,4 +170,5 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--port", type=int)
     p.add_argument("--api-processes", type=int, help="API processes sharing the port (default: OVQ_API_PROCESSES)")
     ovms.add_arguments(p, server=True)
+    add_key_arguments(p)
     p.set_defaults(func=serve)

@@ -6,6 +6,7 @@ that ignores it, orphans a worker or kills one mid-job.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 
@@ -29,8 +30,29 @@ def config_env(args: argparse.Namespace) -> dict[str, str]:
     return env
 
 
+def key_env(args: argparse.Namespace) -> dict[str, str]:
+    """Keys travel to the API in its environment, never on a command line another user's `ps` shows."""
+    env = {}
+    for option, name in (("api_key", "OVQ_API_KEYS"), ("admin_key", "OVQ_ADMIN_KEYS")):
+        if getattr(args, option, None):
+            env[name] = json.dumps(getattr(args, option))
+    for option, name in (("api_key_file", "OVQ_API_KEY_FILE"), ("admin_key_file", "OVQ_ADMIN_KEY_FILE")):
+        if getattr(args, option, None):
+            env[name] = os.path.abspath(getattr(args, option))
+    return env
+
+
+def add_key_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--api-key", action="append", metavar="KEY",
+                   help="a key clients must send as `Authorization: Bearer KEY` (repeatable; OVQ_API_KEYS)")
+    p.add_argument("--api-key-file", metavar="PATH", help="API keys, one per line (OVMS's --api_key_file)")
+    p.add_argument("--admin-key", action="append", metavar="KEY",
+                   help="a key for /metrics, /docs, /openapi.json and /ops (repeatable; OVQ_ADMIN_KEYS)")
+    p.add_argument("--admin-key-file", metavar="PATH", help="admin keys, one per line")
+
+
 def api(args: argparse.Namespace) -> int:
-    env = config_env(args)
+    env = {**config_env(args), **key_env(args)}
     if args.host:
         env["OVQ_HOST"] = args.host
     if args.port:
@@ -51,6 +73,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--port", type=int)
     p.add_argument("--processes", type=int, help="API processes sharing the port (default: OVQ_API_PROCESSES)")
     ovms.add_arguments(p, server=True)
+    add_key_arguments(p)
     p.set_defaults(func=api)
     p = sub.add_parser("worker", help="one worker: a model on a device")
     p.add_argument("--model", required=True)

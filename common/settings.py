@@ -1,11 +1,16 @@
 """One settings object for the CLI, the API and the workers (env `OVQ_*`, `REDIS_URL`)."""
 from __future__ import annotations
 
+import json
 from functools import lru_cache
 from pathlib import Path
+from typing import Annotated, Any
 
-from pydantic import AliasChoices, Field
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic import AliasChoices, Field, SecretStr, field_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+
+# A list of keys from the environment: a JSON array, or comma-separated.
+Keys = Annotated[list[SecretStr], NoDecode]
 
 
 def _default_cache_dir() -> Path:
@@ -80,8 +85,40 @@ class Settings(BaseSettings):
     engine_watchdog_s: float = 120.0
     # How long an engine may take to load its model and open its device.
     engine_start_timeout_s: float = 900.0
+    # Security (README "Security"). API keys (`Authorization: Bearer KEY`) for every route but the health probes,
+    # given inline or one per line in a file (OVMS's --api_key_file); admin keys for /metrics, /docs,
+    # /openapi.json and /ops. With no admin key those routes are open only while no API key is configured either.
+    api_keys: Keys = Field(default_factory=list)
+    api_key_file: Path | None = None
+    admin_keys: Keys = Field(default_factory=list)
+    admin_key_file: Path | None = None
+    # Input limits, checked in the API before anything is queued (each a 4xx naming the field).
+    max_body_bytes: int = 32 * 1024 * 1024  # 413; /images/edits takes up to 2 x max_upload_bytes + 1 MiB
+    max_message_chars: int = 256_000  # characters in one message's content (text parts)
+    max_prompt_chars: int = 512_000  # characters in all messages (or the completion prompt, or its token ids)
+    max_stop_chars: int = 1_000  # characters in one stop string
+    max_schema_bytes: int = 64 * 1024  # response_format's schema, and all tools together, as JSON
+    max_echo_prompt_chars: int = 16_000  # completions with echo: the prompt comes back token by token
+    # HTTP timeouts: a request's headers must arrive within header_timeout_s of its first byte (or of the
+    # connection opening), its body within body_timeout_s; a client that reads nothing of an answer for
+    # write_timeout_s is disconnected (its job cancelled).
+    header_timeout_s: float = 10.0
+    body_timeout_s: float = 60.0
+    write_timeout_s: float = 60.0
+    # Kernel send buffer per connection (SO_SNDBUF); 0: the system's own (Linux grows it up to 4 MB).
+    send_buffer_bytes: int = 0
     # Models the API expects to be served (readiness); empty: those of the models file, else every announced one.
     models: list[str] = Field(default_factory=list)
+
+    @field_validator("api_keys", "admin_keys", mode="before")
+    @classmethod
+    def _key_list(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            text = value.strip()
+            if text.startswith("["):
+                return json.loads(text)
+            return [key.strip() for key in text.split(",") if key.strip()]
+        return value
 
     @property
     def models_dir(self) -> Path:

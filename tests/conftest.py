@@ -29,6 +29,7 @@ STATEFUL = "smollm2-stateful"  # SmolLM2 as OVMS's stateful (NPU-style) servable
 STATEFUL_VLM = "tiny-llava-stateful"  # the tiny LLaVA in VLMPipeline
 TOOLS = "smollm2-tools"  # the default model's tools settings, unguided `auto`, and the qwen3 reasoning parser
 MODELS = ROOT / "tests" / "models"
+UNRESOLVABLE = "no-such-host.invalid"  # on the media allow-list, resolves nowhere (RFC 2606)
 
 
 def free_port() -> int:
@@ -64,6 +65,7 @@ class Stack:
     config: Path
     logs: Path
     env: dict[str, str]
+    media_port: int  # the one port of localhost on the media allow-list (tests serve images there)
 
     def url(self, path: str) -> str:
         return self.base_url.rsplit("/v3", 1)[0] + path
@@ -118,8 +120,9 @@ def stack(model_dir: Path, redis_url: str, tmp_path_factory: pytest.TempPathFact
     port = free_port()
     media = work / "media"
     media.mkdir()
+    media_port = free_port()
     env = {**os.environ, "REDIS_URL": redis_url, "OVQ_ALLOWED_LOCAL_MEDIA_PATH": str(media),
-           "OVQ_ALLOWED_MEDIA_DOMAINS": '["localhost"]',
+           "OVQ_ALLOWED_MEDIA_DOMAINS": f'["localhost:{media_port}", "{UNRESOLVABLE}"]', "OVQ_MEDIA_TIMEOUT_S": "2",
            "OVQ_CONFIG": str(config), "OVQ_PORT": str(port),
            "OVQ_KEY_PREFIX": "ovqtest", "OVQ_LOG_LEVEL": "warning", "OVQ_RECLAIM_INTERVAL_S": "1",
            "OVQ_WORKER_TTL_S": "3", "OVQ_FIRST_EVENT_CHECK_S": "1"}
@@ -136,7 +139,7 @@ def stack(model_dir: Path, redis_url: str, tmp_path_factory: pytest.TempPathFact
     base = f"http://127.0.0.1:{port}"
     try:
         _wait_ready(f"{base}/health", procs, work, set(models))
-        yield Stack(f"{base}/v3", redis_url, config, work, env)
+        yield Stack(f"{base}/v3", redis_url, config, work, env, media_port)
     finally:
         for proc in procs:
             proc.terminate()
