@@ -125,7 +125,7 @@ def stack(model_dir: Path, redis_url: str, tmp_path_factory: pytest.TempPathFact
            "OVQ_ALLOWED_MEDIA_DOMAINS": f'["localhost:{media_port}", "{UNRESOLVABLE}"]', "OVQ_MEDIA_TIMEOUT_S": "2",
            "OVQ_CONFIG": str(config), "OVQ_PORT": str(port),
            "OVQ_KEY_PREFIX": "ovqtest", "OVQ_LOG_LEVEL": "warning", "OVQ_RECLAIM_INTERVAL_S": "1",
-           "OVQ_WORKER_TTL_S": "3", "OVQ_FIRST_EVENT_CHECK_S": "1"}
+           "OVQ_WORKER_TTL_S": "5", "OVQ_FIRST_EVENT_CHECK_S": "1"}
     procs = [
         _spawn(["workers", "--model", MODEL], env, work / "worker.log"),
         _spawn(["workers", "--model", SINGLE], env, work / "single.log"),

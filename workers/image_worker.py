@@ -22,6 +22,7 @@ from common.modelcard import ModelCard
 from common.servable import ServableType
 from common.settings import Settings
 from workers.base import BaseWorker
+from workers.engine import error_message
 from workers.imaging import ImagePipelines, decode_image, image_limits, latent_preview, to_png
 from workers.publisher import Outbox
 
@@ -109,7 +110,7 @@ class ImageWorker(BaseWorker):
             pixels = await asyncio.to_thread(self.pipes.generate, str(job.prompt), job.image, image, mask, on_step)
             pngs = [] if state.cancelled else await asyncio.to_thread(lambda: [to_png(p) for p in pixels])
         except Exception as exc:  # GenAI refuses a size or a setting: the request's fault
-            message = str(exc).strip().splitlines()[0] if str(exc).strip() else repr(exc)
+            message = error_message(exc)
             log.warning("image job %s failed: %s", job.id, message)
             self._end(state, error=message)
             return
