@@ -14,10 +14,12 @@ from sse_starlette.sse import AppStatus
 from starlette.exceptions import HTTPException
 from starlette.responses import JSONResponse, Response
 
+from api.heartbeat import ApiHeartbeat
 from api.hub import EventHub
 from api.images import ImageServing
 from api.jobs import JobClient
 from api.metrics import Metrics
+from api.ops import router as ops_router
 from api.protocol import ModelList, ModelObject
 from api.registry import Registry
 from api.serving import Serving
@@ -52,6 +54,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         keys = Keys(settings.key_prefix)
         hub = EventHub(redis, keys)
         await hub.start()
+        heartbeat = await ApiHeartbeat(redis, keys, hub.reply_to, settings).start()
         registry = Registry(redis, keys, settings, expected_models(settings))
         metrics = Metrics(redis, keys, settings.worker_ttl_s)
         app.state.registry, app.state.metrics = registry, metrics
@@ -60,12 +63,14 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         app.state.images = ImageServing(jobs, registry, settings)
         _log_stop_signals(settings)
         yield
+        await heartbeat.stop()
         await hub.stop()
         await redis.aclose()
 
     app = FastAPI(title="ovq", lifespan=lifespan)
     _install_error_handlers(app)
     _install_routes(app)
+    app.include_router(ops_router)
     return app
 
 
