@@ -162,7 +162,7 @@ class TextWorker(BaseWorker):
     # ---- engine output ---------------------------------------------------------------------------------
     def _on_message(self, outputs: list[list[Any]], stats: list[Any] | None) -> None:
         outbox = Outbox()
-        now = time.time()
+        now, tokens = time.time(), 0
         updates, work = [], []
         for update in outputs:
             state = self.running.get(update[0])
@@ -189,9 +189,12 @@ class TextWorker(BaseWorker):
             elif finish == "prompt" and choice is not None:
                 self._echo(state, choice, ids, logprobs, outbox)
             elif generated:
-                self.tokens_generated += len(ids)
+                tokens += len(ids)
                 self._count(state, choice, ids, now, outbox)
                 self._generated(state, choice, ids, text, finish, logprobs, outbox)
+        if tokens:
+            self.tokens_generated += tokens
+            outbox.count("tokens", tokens)
         self.publisher.put(outbox)
         if stats is not None:
             if self.admission is not None:
@@ -201,10 +204,9 @@ class TextWorker(BaseWorker):
             self._slot_free.set()
 
     def _count(self, state: RunningJob, choice: Choice, ids: list[int], now: float, outbox: Outbox) -> None:
-        """Tokens, TTFT and inter-token latency into this step's stats: counted in memory, written with its events."""
+        """TTFT and inter-token latency into this step's stats: counted in memory, written with its events."""
         if not ids:
             return
-        outbox.count("tokens", len(ids))
         if state.first_token is None:
             outbox.observe("ttft", (now - state.job.created) * 1000)
         gap = state.gaps(choice, now)
