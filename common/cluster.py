@@ -76,7 +76,7 @@ class Failure(BaseModel):
     time: float
     message: str
     type: str = ""
-    code: str | None = None
+    code: str | int | None = None
 
 
 class Overview(BaseModel):

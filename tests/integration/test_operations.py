@@ -107,20 +107,26 @@ def test_an_unreadable_job_still_gets_its_terminal_event(stack: Stack, redis_cli
     assert redis_client.xlen(KEYS.dead) == dead_before + 1
 
 
-def _engine_pid(model: str) -> int:
-    """The engine process of the model's worker: the child of `python -m workers --model <model>`."""
+def _engine_pid(model: str, redis_url: str) -> int:
+    """The engine process of the model's worker: the child of `python -m workers --model <model>` on this test's
+    Redis (other sessions on the machine may run workers of the same name)."""
     import psutil
 
     for proc in psutil.process_iter(["cmdline"]):
         cmdline = proc.info["cmdline"] or []
         if "workers" in cmdline and model in cmdline:
+            try:
+                if proc.environ().get("REDIS_URL") != redis_url:
+                    continue
+            except psutil.Error:
+                continue
             # Besides the engine, multiprocessing may run its resource tracker.
             (engine,) = [c for c in proc.children() if "spawn_main" in " ".join(c.cmdline())]
             return engine.pid
     raise LookupError(model)
 
 
-def test_an_engine_crash_fails_its_jobs_and_the_worker_recovers(client: OpenAI) -> None:
+def test_an_engine_crash_fails_its_jobs_and_the_worker_recovers(stack: Stack, client: OpenAI) -> None:
     import os
     import signal
 
@@ -129,7 +135,7 @@ def test_an_engine_crash_fails_its_jobs_and_the_worker_recovers(client: OpenAI) 
     stream = client.chat.completions.create(model=SINGLE, messages=[{"role": "user", "content": "Go on and on."}],
                                             max_tokens=3000, stream=True, extra_body={"ignore_eos": True})
     next(iter(stream))
-    os.kill(_engine_pid(SINGLE), signal.SIGKILL)  # what a native crash looks like from outside
+    os.kill(_engine_pid(SINGLE, stack.redis_url), signal.SIGKILL)  # what a native crash looks like from outside
     with pytest.raises(openai.APIError, match="crashed"):
         for _ in stream:
             pass
