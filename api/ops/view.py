@@ -28,7 +28,7 @@ def clock(timestamp: float) -> str:
 
 
 def rate(value: float) -> str:
-    return f"{value:.1f}" if value < 100 else f"{value:.0f}"
+    return f"{value:.2f}" if value < 10 else f"{value:.1f}" if value < 100 else f"{value:.0f}"
 
 
 def line(values: Sequence[float], top: float) -> str:

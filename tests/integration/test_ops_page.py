@@ -24,7 +24,7 @@ from tests.conftest import MODEL, Tiers
 CHROMIUM = "/usr/bin/chromium"
 ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
         "--disable-background-networking", "--disable-component-update", "--disable-sync"]
-STREAMS, TOKENS = 6, 64
+STREAMS, TOKENS = 6, 96
 
 
 def _installed() -> str | None:
@@ -139,17 +139,25 @@ def test_the_ops_page_shows_what_redis_holds_and_steers_the_queue(
     assert page.locator(f'tr[data-stream="{MODEL}:CPU"]').count() == 1
     assert page.locator('[data-k="dead-total"]').inner_text() == "2"
 
+    # A job the worker refuses (its prompt is longer than the model's context): a failure with its error.
+    refused = Job(model=MODEL, device="CPU", kind="completion", prompt=[1] * 9000, reply_to="nobody")
+    redis_client.xadd(keys.jobs(MODEL, "CPU"), refused.to_fields())
+    wait_for(lambda: redis_client.hget(keys.job(refused.id), "status") == b"error", 30, "the long prompt refused")
+
     load = Load(t.base_url)
     agreed = None
     deadline = time.monotonic() + 90
     while agreed is None and time.monotonic() < deadline:
+        # Redis read just before and just after the page is rendered: equal, the page had no other choice.
         before = redis_numbers(redis_client, keys, worker)
-        next_refresh(page)
-        shown = page_numbers(page, worker)
+        page.reload()
         after = redis_numbers(redis_client, keys, worker)
-        if before == shown == after and before[1] > 0:  # steady for one refresh, with jobs in flight
+        shown = page_numbers(page, worker)
+        if before == shown == after and before[1] > 0:  # with jobs in flight
             agreed = shown
     assert agreed is not None, "the page's numbers never matched Redis during the load"
+    failure = page.locator(f'tr[data-failed="{refused.id}"] .error').inner_text()
+    assert failure == redis_client.hget(keys.job(refused.id), "error").decode().split('"message":"')[1].split('"')[0]
     assert agreed[2] == 1 and agreed[1] <= 2
     screenshot = tmp_path / "ops-page.png"
     page.screenshot(path=str(screenshot), full_page=True)
@@ -164,6 +172,9 @@ def test_the_ops_page_shows_what_redis_holds_and_steers_the_queue(
             float(row.locator('[data-k="tokens-per-s"]').inner_text()) > 0
     wait_for(stats_shown, 30, "the jobs' stats on the page")
     assert "–" not in page.locator(f'tr[data-stream="{MODEL}:CPU"] [data-k="ttft"]').inner_text()
+    after_load = tmp_path / "ops-page-after-load.png"
+    page.screenshot(path=str(after_load), full_page=True)
+    print(f"ops page screenshot (after the load: rates, latencies, the failure): {after_load}")
 
     page.locator(f'tr[data-dead="{letter}"] button').click()
     page.wait_for_selector("#flash:not([hidden])")
