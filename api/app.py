@@ -16,10 +16,12 @@ from starlette.responses import JSONResponse, Response
 from api.auth import ApiKeyMiddleware, load_keys
 from api.body import BodyGuard
 from api.docs import install_docs
+from api.heartbeat import ApiHeartbeat
 from api.hub import EventHub
 from api.images import ImageServing
 from api.jobs import JobClient
 from api.metrics import Metrics, Record
+from api.ops import router as ops_router
 from api.protocol import ModelList, ModelObject
 from api.registry import Registry
 from api.serving import Serving
@@ -52,6 +54,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         keys = Keys(settings.key_prefix)
         hub = EventHub(redis, keys, redis_url(settings))
         await hub.start()
+        heartbeat = await ApiHeartbeat(redis, keys, hub.reply_to, settings).start()
         registry = Registry(redis, keys, settings, expected_models(settings))
         metrics = Metrics(redis, keys, settings.worker_ttl_s, settings.access_log)
         app.state.registry, app.state.metrics = registry, metrics
@@ -60,6 +63,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         app.state.images = ImageServing(jobs, registry, settings)
         _log_stop_signals(settings)
         yield
+        await heartbeat.stop()
         await hub.stop()
         await redis.aclose()
 
@@ -67,6 +71,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     _install_error_handlers(app)
     _install_routes(app)
     install_docs(app)
+    app.include_router(ops_router)
     app.add_middleware(BodyGuard, settings=settings)
     app.add_middleware(ApiKeyMiddleware, keys=load_keys(settings))  # refuses before any body is read
     return RawSend(app)  # type: ignore[return-value]

@@ -18,8 +18,8 @@ CARD_CACHE_S = 1.0
 
 
 # KEYS: job hash, then per device (in preference order): its workers zset, its stream.
-# ARGV: oldest live heartbeat, max backlog, job TTL, created, then per device the job as JSON.
-# Returns the 1-based device chosen, 0 when none has a live worker, -1 when its backlog is full.
+# ARGV: oldest live heartbeat, max backlog, job TTL, created, reply_to, model, then per device its name and the
+# job as JSON. Returns the 1-based device chosen, 0 when none has a live worker, -1 when its backlog is full.
 ENQUEUE = """
 local best, best_len = 0, 0
 for i = 1, (#KEYS - 1) / 2 do
@@ -30,9 +30,10 @@ for i = 1, (#KEYS - 1) / 2 do
 end
 if best == 0 then return 0 end
 if best_len >= tonumber(ARGV[2]) then return -1 end
-redis.call('HSET', KEYS[1], 'status', 'queued', 'created', ARGV[4])
+redis.call('HSET', KEYS[1], 'status', 'queued', 'created', ARGV[4], 'api', ARGV[5], 'model', ARGV[6],
+           'device', ARGV[5 + 2 * best])
 redis.call('EXPIRE', KEYS[1], ARGV[3])
-redis.call('XADD', KEYS[2 * best + 1], '*', 'job', ARGV[4 + best])
+redis.call('XADD', KEYS[2 * best + 1], '*', 'job', ARGV[6 + 2 * best])
 return best
 """
 
@@ -113,9 +114,10 @@ class Registry:
         """
         devices = list(servable.cards)
         keys = [k for d in devices for k in (self.keys.workers(servable.model, d), self.keys.jobs(servable.model, d))]
-        jobs = [orjson.dumps(job.model_copy(update={"device": d}).model_dump()) for d in devices]
+        jobs = [(d, orjson.dumps(job.model_copy(update={"device": d}).model_dump())) for d in devices]
         since = time.time() - self.settings.worker_ttl_s
-        args = [since, self.settings.max_queue_depth, self.settings.job_ttl_s, job.created, *jobs]
+        args = [since, self.settings.max_queue_depth, self.settings.job_ttl_s, job.created, job.reply_to,
+                servable.model, *(part for pair in jobs for part in pair)]
         chosen = await self._enqueue(keys=[self.keys.job(job.id), *keys], args=args)
         if chosen == 0:
             raise unavailable(f"The model `{servable.model}` is not being served by any worker right now")

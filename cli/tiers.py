@@ -63,10 +63,14 @@ def api(args: argparse.Namespace) -> int:
 
 
 def worker(args: argparse.Namespace) -> int:
+    if not args.model:
+        print("ovq worker: --model is required (or an action: ovq worker drain ID)", file=sys.stderr)
+        return 2
     return _exec("workers", ["--model", args.model, "--device", args.device], config_env(args))
 
 
-def add_parsers(sub: argparse._SubParsersAction) -> None:
+def add_parsers(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    """`ovq api` and `ovq worker`; returns the worker's parser (its actions, like drain, live elsewhere)."""
     p = sub.add_parser("api", help="the HTTP API (any number, on any hosts)")
     p.add_argument("--config", help="models file (YAML or JSON)")
     p.add_argument("--host")
@@ -75,9 +79,10 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     ovms.add_arguments(p, server=True)
     add_key_arguments(p)
     p.set_defaults(func=api)
-    p = sub.add_parser("worker", help="one worker: a model on a device")
-    p.add_argument("--model", required=True)
+    p = sub.add_parser("worker", help="one worker: a model on a device (or: ovq worker drain ID)")
+    p.add_argument("--model", help="the model to serve (required to run a worker)")
     p.add_argument("--device", default="CPU")
     p.add_argument("--config", help="models file (YAML or JSON)")
     ovms.add_arguments(p)
     p.set_defaults(func=worker)
+    return p

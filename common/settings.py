@@ -69,6 +69,18 @@ class Settings(BaseSettings):
     # A job delivered more often than this is poison and goes to the dead-letter stream.
     max_deliveries: int = 3
     reclaim_interval_s: float = 5.0
+    # The dead-letter stream keeps about this many entries (older ones are trimmed).
+    max_dead_letters: int = 1000
+    # An API process whose heartbeat is older than this is gone: its running jobs are cancelled, its queued skipped.
+    api_ttl_s: float = 5.0
+    # Per model and device, workers count tokens, outcomes and latencies in windows kept this long (ops page).
+    stats_ttl_s: int = 900
+    # How many recent failed jobs (with their error) are kept for the ops page.
+    failed_jobs_kept: int = 100
+    # Keep each job's generated text in its job hash (`text`) for OVQ_JOB_TTL_S; off: metadata and counts only.
+    keep_job_text: bool = False
+    # Workers log one line per finished job (id, model, status, tokens, queue ms, TTFT, total ms).
+    log_jobs: bool = False
     # While a request runs: how often the API checks that the worker running it is alive, when no event came.
     first_event_check_s: float = 5.0
     # A job no worker has started this long after it was queued ends with a 503 (it waits across restarts).

@@ -42,6 +42,10 @@ class ImageJob:
         self.seq += 1
         return self.seq
 
+    def summary(self) -> dict[str, float | int | None]:
+        return {"queue_ms": round((self.received - self.job.created) * 1000, 1),
+                "total_ms": round((time.time() - self.job.created) * 1000, 1)}
+
 
 class ImageWorker(BaseWorker):
     def __init__(self, settings: Settings, model: ModelConfig, device: str) -> None:
@@ -76,6 +80,7 @@ class ImageWorker(BaseWorker):
         outbox.publish(job.reply_to, Accepted(job=job.id, seq=state.next_seq(), worker=self.id, prompt_tokens=0,
                                               queue_ms=queue_ms))
         outbox.set_status(job.id, status="running", worker=self.id, streamed=0)
+        outbox.observe("queue", queue_ms)
         task = asyncio.create_task(self._generate(state))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
@@ -142,17 +147,18 @@ class ImageWorker(BaseWorker):
         if job.id not in self.running:
             return
         self._job_done(state, outbox)
+        summary = state.summary()
         if error is not None:
             body = ErrorBody(message=error)
             outbox.publish(job.reply_to, Error(job=job.id, seq=state.next_seq(), status=400, error=body))
-            outbox.set_status(job.id, status="error", error=body.model_dump())
+            outbox.set_status(job.id, status="error", error=body.model_dump(), **summary)
         elif images is None:
             outbox.publish(job.reply_to, Cancelled(job=job.id, seq=state.next_seq()))
-            outbox.set_status(job.id, status="cancelled")
+            outbox.set_status(job.id, status="cancelled", **summary)
         else:
             now = time.time()
             timings = Timings(queue_ms=(state.received - job.created) * 1000, total_ms=(now - job.created) * 1000)
             done = Done(job=job.id, seq=state.next_seq(), timings=timings, images=images, size=size)
             outbox.publish(job.reply_to, done)
-            outbox.set_status(job.id, status="done", result=done.model_dump(mode="json"))
+            outbox.set_status(job.id, status="done", result=done.model_dump(mode="json"), **summary)
         self.publisher.put(outbox)

@@ -22,6 +22,7 @@ class Choice:
     tokens: int = 0
     emitted: int = 0  # characters sent (echo excluded): where the log-probabilities are released up to
     finish: str | None = None
+    last_token: float | None = None  # when its latest tokens came (unix s): inter-token latency
 
 
 @dataclass
@@ -98,6 +99,19 @@ class RunningJob:
         if text:
             choice.text.append(text)
         return delta(self.job.id, self.next_seq(), choice.index, text, tokens, entries or None)
+
+    def gaps(self, choice: Choice, now: float) -> float | None:
+        """Milliseconds since this choice's previous tokens (None for its first); marks `now` as the latest."""
+        last, choice.last_token = choice.last_token, now
+        return None if last is None else (now - last) * 1000
+
+    def summary(self) -> dict[str, float | int | None]:
+        """The counts and timings the job hash keeps (and the job log line shows), whatever the job's end."""
+        now = time.time()
+        return {"prompt_tokens": self.prompt_tokens, "completion_tokens": sum(c.tokens for c in self.choices),
+                "queue_ms": round((self.received - self.job.created) * 1000, 1),
+                "ttft_ms": round((self.first_token - self.job.created) * 1000, 1) if self.first_token else None,
+                "total_ms": round((now - self.job.created) * 1000, 1)}
 
     def done(self) -> Done:
         now = time.time()

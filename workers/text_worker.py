@@ -4,6 +4,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import logging
+import time
 from collections import deque
 from pathlib import Path
 from typing import Any
@@ -156,10 +157,13 @@ class TextWorker(BaseWorker):
                             queue_ms=queue_ms)
         outbox.publish(job.reply_to, accepted)
         outbox.set_status(job.id, status="running", worker=self.id, prompt_tokens=prompt_tokens, streamed=0)
+        outbox.count("prompt_tokens", prompt_tokens)
+        outbox.observe("queue", queue_ms)
 
     # ---- engine output ---------------------------------------------------------------------------------
     def _on_message(self, outputs: list[list[Any]], stats: list[Any] | None) -> None:
         outbox = Outbox()
+        now, tokens = time.time(), 0
         updates, work = [], []
         for update in outputs:
             state = self.running.get(update[0])
@@ -186,8 +190,12 @@ class TextWorker(BaseWorker):
             elif finish == "prompt" and choice is not None:
                 self._echo(state, choice, ids, logprobs, outbox)
             elif generated:
-                self.tokens_generated += len(ids)
+                tokens += len(ids)
+                self._count(state, choice, ids, now, outbox)
                 self._generated(state, choice, ids, text, finish, logprobs, outbox)
+        if tokens:
+            self.tokens_generated += tokens
+            outbox.count("tokens", tokens)
         self.publisher.put(outbox)
         if stats is not None:
             if self.admission is not None:
@@ -195,6 +203,16 @@ class TextWorker(BaseWorker):
             self._probing = None  # a step went through with it
             self._next_probation()
             self._slot_free.set()
+
+    def _count(self, state: RunningJob, choice: Choice, ids: list[int], now: float, outbox: Outbox) -> None:
+        """TTFT and inter-token latency into this step's stats: counted in memory, written with its events."""
+        if not ids:
+            return
+        if state.first_token is None:
+            outbox.observe("ttft", (now - state.job.created) * 1000)
+        gap = state.gaps(choice, now)
+        if gap is not None:
+            outbox.observe("itl", gap / len(ids), len(ids))
 
     def _generated(self, state: RunningJob, choice: Choice, ids: list[int], text: str, finish: str | None,
                    logprobs: list[float] | None, outbox: Outbox) -> None:
@@ -237,19 +255,21 @@ class TextWorker(BaseWorker):
         """The job's one terminal event: done (every choice finished), cancelled or error."""
         job = state.job
         self._job_done(state, outbox)
+        summary = state.summary()
         if end == "cancelled":
             outbox.publish(job.reply_to, Cancelled(job=job.id, seq=state.next_seq()))
-            outbox.set_status(job.id, status="cancelled")
+            outbox.set_status(job.id, status="cancelled", **summary)
         elif end == "error":
             status = extra.pop("status")
             error = ErrorBody.model_validate(extra)
             outbox.publish(job.reply_to, Error(job=job.id, seq=state.next_seq(), status=status, error=error))
-            outbox.set_status(job.id, status="error", error=error.model_dump())
+            outbox.set_status(job.id, status="error", error=error.model_dump(), **summary)
         else:
             done = state.done()
             outbox.publish(job.reply_to, done)
-            outbox.set_status(job.id, status="done", text="".join(state.choices[0].text),
-                              result=done.model_dump(mode="json"))
+            outbox.set_status(job.id, status="done", result=done.model_dump(mode="json"), **summary)
+            if self.settings.keep_job_text:  # off by default: the client has had the text; Redis need not keep it
+                outbox.set_status(job.id, text="".join(state.choices[0].text))
 
     def _job_done(self, state: RunningJob, outbox: Outbox) -> None:
         super()._job_done(state, outbox)

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -73,7 +74,7 @@ def test_default_model_serves_tools_with_the_shipped_template(tmp_path: Path, mo
 def test_the_shipped_template_is_package_data() -> None:
     text = (Path(__file__).resolve().parents[2] / "pyproject.toml").read_text()  # tomllib needs Python 3.11
     section = text.split("[tool.setuptools.package-data]", 1)[1].split("\n[", 1)[0]
-    globs = section.split("common = ", 1)[1].strip().strip("[]").replace('"', "").split(",")
+    globs = re.search(r"^common = \[(.*?)\]", section, re.M).group(1).replace('"', "").split(",")
     relative = TOOLS_CHAT_TEMPLATE.relative_to(TOOLS_CHAT_TEMPLATE.parents[1])
     assert any(relative.match(glob.strip()) for glob in globs)
 
