@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import shutil
 import subprocess
+import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -93,6 +94,13 @@ def test_the_tiers_run_with_the_documented_least_privilege_acl_users(tiers: Call
     t = tiers(tiny(), url=f"redis://admin:admin-pw@{base}", OVQ_KEY_PREFIX="ovqacl")
     t.prefix = "ovqacl"
     serve_and_chat(t, f"redis://ovq-api:change-me-api@{base}", f"redis://ovq-worker:change-me-worker@{base}")
+    ops = httpx.get(t.base_url.rsplit("/v3", 1)[0] + "/ops/data", timeout=30)
+    assert ops.status_code == 200, ops.text
+    operator = {**t.env, "REDIS_URL": f"redis://ovq-operator:change-me-operator@{base}"}
+    for command in (["status", "--json"], ["dead", "list"]):
+        done = subprocess.run([sys.executable, "-m", "cli.main", *command], env=operator, cwd=ROOT,
+                              capture_output=True, text=True, timeout=60)
+        assert done.returncode == 0 and "permission" not in done.stderr.lower(), done.stderr
 
 
 def test_a_wrong_password_is_one_line_and_an_exit(tiers: Callable[..., Tiers], tmp_path: Path,
