@@ -9,6 +9,7 @@ import sys
 
 import uvicorn
 
+from api.auth import KeyFileError, load_keys
 from common.config import ConfigError, configured_models
 from common.redis_client import RedisURLError, connect, redis_url, wait_until_up
 from common.settings import Settings, get_settings
@@ -32,9 +33,10 @@ def main() -> int:
     logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
     try:
         configured_models(settings)  # one line here for a broken models file, not a traceback per process
+        load_keys(settings)
         redis_url(settings)
         asyncio.run(_wait_for_redis(settings))
-    except (ConfigError, RedisURLError) as exc:
+    except (ConfigError, RedisURLError, KeyFileError) as exc:
         print(f"ovq api: {exc}", file=sys.stderr)
         return 2
     except TimeoutError as exc:
@@ -45,7 +47,8 @@ def main() -> int:
         signal.signal(sig, lambda *_: None)
     uvicorn.run("api.app:create_app", factory=True, host=settings.host, port=settings.port,
                 workers=api_processes(settings), log_level=settings.log_level, access_log=False,
-                timeout_graceful_shutdown=int(settings.shutdown_grace_s), timeout_keep_alive=settings.keep_alive_s)
+                timeout_graceful_shutdown=int(settings.shutdown_grace_s), timeout_keep_alive=settings.keep_alive_s,
+                http="api.http:GuardedHttpToolsProtocol")
     return 0
 
 

@@ -10,22 +10,27 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from prometheus_client import CONTENT_TYPE_LATEST
-from sse_starlette.sse import AppStatus
 from starlette.exceptions import HTTPException
 from starlette.responses import JSONResponse, Response
 
 from api import batches, files
+from api.auth import ApiKeyMiddleware, load_keys
+from api.body import BodyGuard
+from api.docs import install_docs
+from api.heartbeat import ApiHeartbeat
 from api.hub import EventHub
 from api.images import ImageServing
 from api.jobs import JobClient
-from api.metrics import Metrics
+from api.metrics import Metrics, Record
+from api.ops import router as ops_router
 from api.protocol import ModelList, ModelObject
 from api.registry import Registry
 from api.serving import Serving
+from api.sse import RawSend
 from common.config import configured_models, has_models
 from common.errors import ErrorBody, OvqError, not_found, unavailable
 from common.keys import Keys
-from common.redis_client import UNAVAILABLE, connect
+from common.redis_client import UNAVAILABLE, connect, redis_url
 from common.settings import Settings, get_settings
 
 log = logging.getLogger("ovq.api")
@@ -43,31 +48,34 @@ def expected_models(settings: Settings) -> list[str]:
 
 def create_app(settings: Settings | None = None) -> FastAPI:
     settings = settings or get_settings()
-    # sse-starlette ends every open stream as soon as uvicorn is told to stop; a drain lets them finish (uvicorn
-    # cancels what is left after timeout_graceful_shutdown).
-    AppStatus.disable_automatic_graceful_drain()
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         redis = connect(settings)
         keys = Keys(settings.key_prefix)
-        hub = EventHub(redis, keys)
+        hub = EventHub(redis, keys, redis_url(settings))
         await hub.start()
+        heartbeat = await ApiHeartbeat(redis, keys, hub.reply_to, settings).start()
         registry = Registry(redis, keys, settings, expected_models(settings))
-        metrics = Metrics(redis, keys, settings.worker_ttl_s)
+        metrics = Metrics(redis, keys, settings.worker_ttl_s, settings.access_log)
         app.state.registry, app.state.metrics = registry, metrics
-        jobs = JobClient(redis, keys, hub, registry, settings)
+        jobs = JobClient(redis, keys, hub, registry, settings, metrics)
         app.state.serving = Serving(jobs, registry, metrics)
         app.state.images = ImageServing(jobs, registry, settings)
         _log_stop_signals(settings)
         yield
+        await heartbeat.stop()
         await hub.stop()
         await redis.aclose()
 
-    app = FastAPI(title="ovq", lifespan=lifespan)
+    app = FastAPI(title="ovq", lifespan=lifespan, docs_url=None, redoc_url=None)
     _install_error_handlers(app)
     _install_routes(app)
-    return app
+    install_docs(app)
+    app.include_router(ops_router)
+    app.add_middleware(BodyGuard, settings=settings)
+    app.add_middleware(ApiKeyMiddleware, keys=load_keys(settings))  # refuses before any body is read
+    return RawSend(app)  # type: ignore[return-value]
 
 
 def _log_stop_signals(settings: Settings) -> None:
@@ -91,7 +99,10 @@ RETRY_AFTER = {429: "1", 503: "2"}
 def _install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(OvqError)
     async def ovq_error(request: Request, exc: OvqError) -> JSONResponse:
-        headers = {"Retry-After": RETRY_AFTER[exc.status]} if exc.status in RETRY_AFTER else None
+        headers = {"Retry-After": RETRY_AFTER[exc.status]} if exc.status in RETRY_AFTER else {}
+        record = getattr(request.state, "record", None)
+        if record is not None and record.request_id:
+            headers["X-Request-Id"] = record.request_id
         return error_response(exc.status, exc.body, headers)
 
     @app.exception_handler(RequestValidationError)
@@ -188,13 +199,24 @@ def _install_routes(app: FastAPI) -> None:
 
 
 async def _counted(request: Request, endpoint: str, handler: Any) -> Response:
+    """Run a generation endpoint with its `Record`: finished here, or by its stream when it streams."""
     metrics = request.app.state.metrics
+    record = request.state.record = Record(endpoint)
     try:
         response = await handler(request)
     except OvqError as exc:
-        metrics.requests.labels(endpoint, str(exc.status)).inc()
+        record.failed(exc.status, exc.body.code)
+        metrics.finish(record)
         raise
-    metrics.requests.labels(endpoint, str(response.status_code)).inc()
+    except BaseException:
+        record.failed(500)
+        metrics.finish(record)
+        raise
+    if not record.streaming:
+        record.status = response.status_code
+        if response.status_code >= 400 and not record.outcome:
+            record.failed(response.status_code)
+        metrics.finish(record)
     return response
 
 

@@ -20,12 +20,23 @@ def check_for_model(body: SamplingRequest, card: ModelCard) -> None:
     if body.n > card.best_of_limit:
         raise OvqError(f"n exceeds limit provided in the model config: {card.best_of_limit} (best_of_limit)",
                        param="n")
+    _check_token_ids(body, card)
     lookup = [name for name in ("num_assistant_tokens", "max_ngram_size") if getattr(body, name) is not None]
     if lookup and not card.prompt_lookup:
         raise OvqError(f"{lookup[0]} needs a model served with prompt lookup decoding "
                        '(plugin_config {"prompt_lookup": true})', param=lookup[0])
     if card.servable_type in STATEFUL:
         _check_stateful(body)
+
+
+def _check_token_ids(body: SamplingRequest, card: ModelCard) -> None:
+    """Token ids must name tokens of this model, as prompt token ids must (an unknown id would never match)."""
+    ids = body.stop_token_ids or []
+    vocab = card.vocab_size
+    bad = [i for i in ids if i < 0 or (vocab is not None and i >= vocab)]
+    if bad:
+        limit = f"[0, {vocab})" if vocab is not None else "non-negative"
+        raise OvqError(f"stop_token_ids must be in {limit}: {bad[0]} is not", param="stop_token_ids")
 
 
 def _check_stateful(body: SamplingRequest) -> None:

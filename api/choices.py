@@ -1,46 +1,55 @@
-"""One choice of an answer as the API builds it: text through the output parser, log-probabilities, finish."""
+"""One choice of an answer as the API builds it: text through the output parser, log-probabilities, finish.
+
+Events are the worker's plain dicts (see `common.events.Delta` for their fields): this is the hot path.
+"""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from api.parsers import OutputParser, Parsed, ParsedDelta
-from common.events import Delta, TokenLogprob
 
 
-@dataclass
+@dataclass(eq=False)  # identity: a response keys its choices' pending texts by the choice itself
 class ChoiceState:
-    index: int
+    index: int  # in the answer: prompt_index * n + the job's own choice index
     parser: OutputParser | None = None
     top: int | None = None  # None: no log-probabilities; else how many alternatives per token (0 or 1)
     text: list[str] = field(default_factory=list)
-    logprobs: list[TokenLogprob] = field(default_factory=list)
+    logprobs: list[dict[str, Any]] = field(default_factory=list)
     finish: str | None = None
     called: bool = False  # a tool call went out in the stream
     offset: int = 0  # characters of text so far: a completion's `text_offset`
 
-    def add(self, delta: Delta) -> None:
+    @property
+    def plain(self) -> bool:
+        """Text goes out as it comes: no parser, no log-probabilities (the fast path)."""
+        return self.parser is None and self.top is None
+
+    def add(self, delta: dict[str, Any]) -> None:
         """Whole answers: keep everything for `parsed()` at the end."""
-        self.text.append(delta.text)
-        if delta.logprobs:
-            self.logprobs.extend(delta.logprobs)
-        if delta.finish_reason:
-            self.finish = delta.finish_reason
+        self.text.append(delta["text"])
+        if delta.get("logprobs"):
+            self.logprobs.extend(delta["logprobs"])
+        if delta.get("finish_reason"):
+            self.finish = delta["finish_reason"]
 
     def parsed(self) -> Parsed:
         text = "".join(self.text)
         if self.parser is None:
             return Parsed(text, None, [])
-        return self.parser.parse(text)
+        return self.parser.parse(text, cut=self.finish == "length")
 
-    def feed(self, delta: Delta) -> ParsedDelta:
+    def feed(self, delta: dict[str, Any]) -> ParsedDelta:
         """Streams: what this delta adds, through the parser; at the choice's end, whatever it held back."""
-        if delta.finish_reason:
-            self.finish = delta.finish_reason
+        finish = delta.get("finish_reason")
+        if finish:
+            self.finish = finish
         if self.parser is None:
-            return ParsedDelta(content=delta.text)
-        out = self.parser.feed(delta.text) if delta.text else ParsedDelta()
-        if delta.finish_reason:
-            tail = self.parser.finish()
+            return ParsedDelta(content=delta["text"])
+        out = self.parser.feed(delta["text"]) if delta["text"] else ParsedDelta()
+        if finish:
+            tail = self.parser.finish(cut=finish == "length")
             out = ParsedDelta(out.content + tail.content, out.reasoning + tail.reasoning,
                               out.tool_calls + tail.tool_calls)
         self.called = self.called or bool(out.tool_calls)

@@ -86,6 +86,7 @@ class ChatPlan:
 
     tools: list[dict[str, Any]] | None = None  # what the chat template sees
     tool_parser: str | None = None
+    forced: bool = False  # tool_choice `required` or a named function: the answer is calls only
     structure: structured.Node | None = None
     reasoning_parser: str | None = None
     template_kwargs: dict[str, Any] = field(default_factory=dict)
@@ -95,7 +96,7 @@ class ChatPlan:
         """A fresh parser for one choice, or None when the text goes out as it is."""
         if self.tool_parser is None and self.reasoning_parser is None:
             return None
-        return output_parser(self.tool_parser, self.reasoning_parser, self.prompt)
+        return output_parser(self.tool_parser, self.reasoning_parser, self.prompt, self.forced)
 
     def opened(self, prompt: str) -> None:
         """Note whether the template left the prompt inside a reasoning block (thinking on, `<think>` written).
@@ -130,6 +131,7 @@ def chat_plan(body: ChatCompletionRequest, card: ModelCard) -> ChatPlan:
         plan.structure = structure
         return plan
     plan.tool_parser = card.tool_parser
+    plan.forced = forced
     # A forced call is always guided (nothing else can guarantee it); `auto` when the model asks for it.
     if forced or (card.enable_tool_guided_generation and structure is None):
         plan.structure = _tool_structure(body, card.tool_parser, forced)
@@ -148,4 +150,7 @@ def _tool_structure(body: ChatCompletionRequest, parser: str, forced: bool) -> s
     if isinstance(body.tool_choice, NamedToolChoice):
         tools = [t for t in tools if t.function.name == body.tool_choice.function.name]
     functions = [Function(t.function.name, t.function.parameters or EMPTY_PARAMETERS) for t in tools]
-    return TOOL_PARSERS[parser]().guided(functions, required=forced, parallel=body.parallel_tool_calls)
+    # A named function is one call (as vLLM does): left to repeat calls, a small greedy model writes the same
+    # call again and again until the token limit. `required` allows several when parallel_tool_calls says so.
+    parallel = body.parallel_tool_calls and not isinstance(body.tool_choice, NamedToolChoice)
+    return TOOL_PARSERS[parser]().guided(functions, required=forced, parallel=parallel)

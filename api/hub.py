@@ -1,67 +1,146 @@
 """One pub/sub connection per API process carries the events of every job it waits for.
 
-Workers publish to this process's own channel (`reply_to` in the job); the hub hands each event to the
-queue of its job. No per-request subscription, so no race between subscribing and enqueueing.
+Workers publish to this process's own channel (`reply_to` in the job), one message per engine step holding
+that step's events; the hub parses it once (orjson, no model validation on this hot path: both tiers speak the
+versioned contract in `common/events.py`) and hands each event to the inbox of the response waiting for it.
+
+An inbox has a single waiter: its response's task sleeps until events arrive, then takes everything buffered at
+once, so a response that falls behind catches up in one write. A ticker wakes idle inboxes every second, which
+is how waits get their bounds (queue timeout, a dead worker, pings) without a timer per event.
+
+If the connection to Redis drops, events published meanwhile are lost: every inbox is told (`lost`), and the
+hub resubscribes with backoff, logging each attempt once.
 """
 from __future__ import annotations
 
 import asyncio
 import logging
+import time
 import uuid
 from typing import Any
 
+import orjson
 import redis.asyncio as aioredis
 
-from common.events import batch_adapter
 from common.keys import Keys
+from common.redis_client import UNAVAILABLE, Backoff, describe
 
 log = logging.getLogger("ovq.api.hub")
+TICK_S = 1.0
+
+
+class Inbox:
+    """Events for one response (one job, or one per prompt), buffered until its task takes them."""
+
+    __slots__ = ("events", "_waiter", "last", "lost")
+
+    def __init__(self) -> None:
+        self.events: list[dict[str, Any]] = []
+        self._waiter: asyncio.Future[None] | None = None
+        self.last = time.monotonic()
+        self.lost = False  # the hub lost its subscription: events may be missing
+
+    def push(self, event: dict[str, Any]) -> None:
+        self.events.append(event)
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    def wake(self) -> None:
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    async def take(self) -> list[dict[str, Any]]:
+        """Everything buffered; if nothing is, wait for an event (or a tick: then an empty list)."""
+        if not self.events:
+            self._waiter = asyncio.get_running_loop().create_future()
+            try:
+                await self._waiter
+            finally:
+                self._waiter = None
+        events, self.events = self.events, []
+        if events:
+            self.last = time.monotonic()
+        return events
 
 
 class EventHub:
-    def __init__(self, redis: aioredis.Redis, keys: Keys) -> None:
-        self.redis = redis
-        self.keys = keys
+    def __init__(self, redis: aioredis.Redis, keys: Keys, url: str) -> None:
+        self.redis, self.keys, self.url = redis, keys, url
         self.reply_to = f"api-{uuid.uuid4().hex[:12]}"
-        self._queues: dict[str, asyncio.Queue[Any]] = {}
-        self._task: asyncio.Task[None] | None = None
-        self._pubsub: Any = None
+        self._inboxes: dict[str, Inbox] = {}
+        self._tasks: list[asyncio.Task[None]] = []
+        self.subscribed = asyncio.Event()
+        self._ever_subscribed = False
 
     async def start(self) -> None:
-        self._pubsub = self.redis.pubsub()
-        await self._pubsub.subscribe(self.keys.events(self.reply_to))
-        while (await self._pubsub.get_message(timeout=5.0)) is None:  # wait for the subscription's confirmation
+        self._tasks = [asyncio.create_task(self._run(), name="event-hub"),
+                       asyncio.create_task(self._tick(), name="event-hub-ticker")]
+        try:  # usually at once; if Redis is away, the API still starts and answers 503 until it is back
+            await asyncio.wait_for(self.subscribed.wait(), timeout=5)
+        except asyncio.TimeoutError:
             pass
-        self._task = asyncio.create_task(self._run(), name="event-hub")
 
     async def stop(self) -> None:
-        if self._task:
-            self._task.cancel()
-        if self._pubsub is not None:
-            await self._pubsub.aclose()
+        for task in self._tasks:
+            task.cancel()
 
-    def register(self, job_id: str) -> asyncio.Queue[Any]:
-        queue: asyncio.Queue[Any] = asyncio.Queue()
-        self._queues[job_id] = queue
-        return queue
+    def register(self, job_id: str, inbox: Inbox) -> None:
+        self._inboxes[job_id] = inbox
 
     def unregister(self, job_id: str) -> None:
-        self._queues.pop(job_id, None)
+        self._inboxes.pop(job_id, None)
+
+    @property
+    def waiting(self) -> int:
+        return len(self._inboxes)
 
     async def _run(self) -> None:
+        backoff = Backoff()
+        where = f"event hub waiting for Redis at {describe(self.url)}"
         while True:
+            pubsub = self.redis.pubsub()
             try:
-                async for message in self._pubsub.listen():
+                await pubsub.subscribe(self.keys.events(self.reply_to))
+                while True:
+                    message = await pubsub.get_message(ignore_subscribe_messages=False, timeout=None)
+                    if message is None:
+                        continue
                     if message["type"] == "message":
                         self._dispatch(message["data"])
-            except asyncio.CancelledError:
-                raise
-            except Exception:
-                log.exception("event hub lost its connection; resubscribing")
-                await asyncio.sleep(0.5)
+                    elif message["type"] == "subscribe":
+                        if self._ever_subscribed:  # a resubscription (ours, or redis-py's own reconnect): a gap
+                            self._lost()
+                        self._ever_subscribed = True
+                        self.subscribed.set()
+                        backoff.succeeded(log, where)
+            except UNAVAILABLE as exc:
+                self.subscribed.clear()
+                self._lost()
+                await asyncio.sleep(backoff.failed(log, where, exc))
+            finally:
+                try:
+                    await pubsub.aclose()
+                except UNAVAILABLE:
+                    pass
 
     def _dispatch(self, data: bytes) -> None:
-        for event in batch_adapter.validate_json(data).events:
-            queue = self._queues.get(event.job)
-            if queue is not None:
-                queue.put_nowait(event)
+        inboxes = self._inboxes
+        for event in orjson.loads(data)["events"]:
+            inbox = inboxes.get(event["job"])
+            if inbox is not None:
+                inbox.push(event)
+
+    def _lost(self) -> None:
+        for inbox in set(self._inboxes.values()):
+            inbox.lost = True
+            inbox.wake()
+
+    async def _tick(self) -> None:
+        while True:
+            await asyncio.sleep(TICK_S)
+            now = time.monotonic()
+            for inbox in set(self._inboxes.values()):
+                if now - inbox.last >= TICK_S:
+                    inbox.wake()

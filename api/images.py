@@ -5,25 +5,26 @@ the keys; this process reads them once and deletes them).
 """
 from __future__ import annotations
 
-import asyncio
 import base64
 import time
 from collections.abc import AsyncIterator
 from typing import Any
 
 from pydantic import ValidationError
-from sse_starlette import ServerSentEvent
 from starlette.datastructures import UploadFile
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 
-from api.jobs import ClientGone, Generation, JobClient
+from api.jobs import ClientGone, Generation, JobClient, deadline, request_id
+from api.limits import check_image_prompts, require_media_type
 from api.media import check_image
+from api.metrics import Record
 from api.protocol import ImageData, ImageEditRequest, ImageRequest, ImagesResponse, ImageStreamEvent, StreamError
 from api.registry import Registry, Servable
 from api.serving import parse_body, validation_error
+from api.sse import frame
 from common.config import parse_size
-from common.errors import OvqError, internal
+from common.errors import OvqError, exc_text, internal
 from common.jobs import ImageParams, Job
 from common.modelcard import ImageLimits
 from common.servable import ServableType
@@ -68,7 +69,7 @@ class ImageServing:
     async def generations(self, request: Request) -> Response:
         body = await parse_body(request, ImageRequest)
         servable, limits = await self._servable(body.model)
-        job = self._job(body, limits)
+        job = self._job(body, limits, request_id(request))
         return await self._respond(request, body, servable, job, "image_generation")
 
     async def edits(self, request: Request) -> Response:
@@ -80,7 +81,7 @@ class ImageServing:
         servable, limits = await self._servable(body.model)
         if not limits.edits:
             raise OvqError(f"The model `{body.model}` cannot edit images (it has no VAE encoder)", param="model")
-        job = self._job(body, limits)
+        job = self._job(body, limits, request_id(request))
         uploads = {"input": await self._upload(form.get("image"), "image", required=True),
                    "mask": await self._upload(form.get("mask"), "mask", required=False)}
         keys = {name: self.jobs.keys.blob(job.id, name) for name, data in uploads.items() if data}
@@ -94,12 +95,13 @@ class ImageServing:
         return await self._respond(request, body, servable, job, "image_edit")
 
     async def _form(self, request: Request) -> dict[str, Any]:
-        if "multipart/form-data" not in request.headers.get("content-type", ""):
-            raise OvqError("/images/edits takes multipart/form-data", 415)
+        require_media_type(request.headers.get("content-type"), "multipart/form-data", request.url.path)
         try:
             form = await request.form(max_part_size=self.settings.max_upload_bytes)
+        except (ClientDisconnect, OvqError):  # the client left, or the body guard refused the body
+            raise
         except Exception as exc:  # malformed multipart, or a part over the size limit
-            raise OvqError(f"could not read the form: {exc}") from exc
+            raise OvqError(f"could not read the form: {exc_text(exc)}") from exc
         # OpenAI's SDK names a list of images `image[]`; one image is what the pipelines take.
         images = form.getlist("image") + form.getlist("image[]")
         if len(images) > 1:
@@ -118,17 +120,20 @@ class ImageServing:
             raise OvqError(f"{name} must be a file", param=name)
         return check_image(await part.read(self.settings.max_upload_bytes + 1), self.settings, name, name)
 
-    def _job(self, body: ImageRequest, limits: ImageLimits) -> Job:
+    def _job(self, body: ImageRequest, limits: ImageLimits, job_id: str) -> Job:
+        check_image_prompts(body, self.settings)
         width, height = check_limits(body, limits)
         fields = body.model_dump(include=set(ImageParams.model_fields) - {"width", "height"}, exclude_none=True)
         params = ImageParams(**fields, width=width, height=height, previews=body.stream)
-        return Job(model=body.model, device="", kind="image", prompt=body.prompt, image=params,
+        return Job(id=job_id, model=body.model, device="", kind="image", prompt=body.prompt, image=params,
                    reply_to=self.jobs.hub.reply_to)
 
     async def _respond(self, request: Request, body: ImageRequest, servable: Servable, job: Job,
                        kind: str) -> Response:
-        stream = (lambda generation: self._stream(generation, kind)) if body.stream else None
-        return await self.jobs.respond(request, job, servable, stream, self._whole)
+        request.state.record.model = body.model
+        stream = (lambda generation, record: self._stream(generation, kind, record)) if body.stream else None
+        return await self.jobs.respond(request, [job], servable, deadline(request, self.settings.request_timeout_s),
+                                       stream, self._whole)
 
     async def _images(self, keys: list[str]) -> list[str]:
         pipe = self.jobs.redis.pipeline(transaction=False)
@@ -139,38 +144,48 @@ class ImageServing:
             raise internal("the generated images expired before they could be read")
         return [base64.b64encode(b).decode() for b in blobs]
 
-    async def _whole(self, generation: Generation, disconnect: asyncio.Future[None]) -> Response:
-        async for event in generation.events(disconnect):
-            if event.type == "done":
-                data = [ImageData(b64_json=b) for b in await self._images(event.images)]
-                await generation.close()
-                answer = ImagesResponse(created=int(time.time()), data=data, size=event.size)
-                return Response(answer.model_dump_json(exclude_none=True), media_type="application/json")
-            if event.type == "error":
-                await generation.close()
-                raise OvqError(event.error.message, event.status, event.error.type, event.error.param)
+    async def _whole(self, generation: Generation, record: Record, headers: dict[str, str]) -> Response:
+        while not generation.finished:
+            for event in await generation.events():
+                if event["type"] == "done":
+                    record.done(event)
+                    data = [ImageData(b64_json=b) for b in await self._images(event["images"])]
+                    answer = ImagesResponse(created=int(time.time()), data=data, size=event.get("size"))
+                    return Response(answer.model_dump_json(exclude_none=True), media_type="application/json",
+                                    headers=headers)
+                if event["type"] == "error":
+                    error = event["error"]
+                    raise OvqError(error["message"], event["status"], error.get("type", "invalid_request_error"),
+                                   error.get("param"), error.get("code"))
+                if event["type"] == "cancelled":
+                    raise ClientGone()
         raise ClientGone()
 
-    async def _stream(self, generation: Generation, kind: str) -> AsyncIterator[ServerSentEvent]:
+    async def _stream(self, generation: Generation, kind: str, record: Record) -> AsyncIterator[bytes]:
         size = "auto"
         try:
-            async for event in generation.events():
-                now = int(time.time())
-                if event.type == "progress":
-                    partial = ImageStreamEvent(
-                        type=f"{kind}.partial_image", b64_json=event.preview or "", created_at=now, size=size,
-                        partial_image_index=event.step - 1, step=event.step, total_steps=event.total,
-                        index=event.index)
-                    yield ServerSentEvent(partial.model_dump_json(exclude_none=True), event=partial.type)
-                elif event.type == "done":
-                    for index, b64 in enumerate(await self._images(event.images)):
-                        completed = ImageStreamEvent(type=f"{kind}.completed", b64_json=b64, created_at=now,
-                                                     size=event.size or size, index=index, usage=NO_USAGE)
-                        yield ServerSentEvent(completed.model_dump_json(exclude_none=True), event=completed.type)
-                elif event.type == "error":
-                    yield ServerSentEvent(
-                        StreamError(error=event.error).model_dump_json(), event="error")
+            while not generation.finished:
+                for event in await generation.events():
+                    now = int(time.time())
+                    if event["type"] == "progress":
+                        partial = ImageStreamEvent(
+                            type=f"{kind}.partial_image", b64_json=event.get("preview") or "", created_at=now,
+                            size=size, partial_image_index=event["step"] - 1, step=event["step"],
+                            total_steps=event["total"], index=event.get("index", 0))
+                        yield frame(partial.model_dump_json(exclude_none=True).encode(), partial.type.encode())
+                    elif event["type"] == "done":
+                        record.done(event)
+                        for index, b64 in enumerate(await self._images(event["images"])):
+                            completed = ImageStreamEvent(type=f"{kind}.completed", b64_json=b64, created_at=now,
+                                                         size=event.get("size") or size, index=index, usage=NO_USAGE)
+                            yield frame(completed.model_dump_json(exclude_none=True).encode(),
+                                        completed.type.encode())
+                    elif event["type"] == "error":
+                        record.failed(event["status"], event["error"].get("code"))
+                        error = StreamError(error=event["error"]).model_dump_json().encode()
+                        yield frame(error, b"error")
         except OvqError as exc:
-            yield ServerSentEvent(StreamError(error=exc.body).model_dump_json(), event="error")
-        finally:
-            await generation.close()
+            record.failed(exc.status, exc.body.code)
+            yield frame(StreamError(error=exc.body).model_dump_json().encode(), b"error")
+        except ClientGone:
+            record.failed(499)

@@ -1,40 +1,132 @@
-"""Prometheus: this API process's own counters, and queue depth per model and device read from Redis on scrape."""
+"""Prometheus for the API tier, and its access log.
+
+Each request leaves one `Record` (model, device, outcome, tokens, timings) when it ends: for a stream that is
+when the stream ends, so a stream that fails mid-way counts as that failure, not as its 200. Queue depth per
+model and device is read from Redis on scrape (every API process exports the same values: aggregate them with
+`max`, never `sum`); series of models no longer announced are dropped at scrape.
+"""
 from __future__ import annotations
 
+import logging
 import time
+from dataclasses import dataclass, field
 
+import orjson
 import redis.asyncio as aioredis
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from redis.exceptions import ResponseError
 
-from common.events import Done
 from common.keys import GROUP, Keys
 
 LABELS = ("model", "device")
+access_log = logging.getLogger("ovq.access")
+
+LATENCY = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
+TOKEN_LATENCY = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.2, 0.3, 0.5, 1, 2.5)
+DURATION = (0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 40, 80, 160, 320, 640)
+
+
+def outcome_of(status: int, code: str | int | None = None) -> str:
+    """The kind of a request that ended in an error status."""
+    if status == 499:
+        return "cancelled"
+    if status == 429:
+        return "rate_limited"
+    if status == 503:
+        return "unavailable"
+    if status == 504:
+        return "timeout"
+    if status < 500:
+        return "rejected"
+    return "worker_died" if code == "worker_died" else "engine_error"
+
+
+@dataclass
+class Record:
+    """What one request did."""
+
+    endpoint: str
+    request_id: str = ""
+    method: str = "POST"
+    started: float = field(default_factory=time.monotonic)
+    model: str = ""
+    device: str = ""
+    status: int = 200
+    outcome: str = ""
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    queue_ms: float | None = None
+    ttft_ms: float | None = None
+    itl_ms: float | None = None  # the request's mean inter-token latency
+    streaming: bool = False  # ended by its stream, not by the handler's return
+
+    def failed(self, status: int, code: str | int | None = None) -> None:
+        self.status, self.outcome = status, outcome_of(status, code)
+
+    def done(self, event: dict) -> None:
+        """A job's `done` event: its usage and the worker's timings (several jobs add up)."""
+        usage, timings = event.get("usage") or {}, event.get("timings") or {}
+        completion = usage.get("completion_tokens", 0)
+        self.prompt_tokens += usage.get("prompt_tokens", 0)
+        self.completion_tokens += completion
+        self.queue_ms = timings.get("queue_ms")
+        ttft = timings.get("ttft_ms")
+        if ttft is not None:
+            self.ttft_ms = ttft
+            if completion > 1:
+                self.itl_ms = (timings["total_ms"] - ttft) / (completion - 1)
 
 
 class Metrics:
-    def __init__(self, redis: aioredis.Redis, keys: Keys, worker_ttl_s: float) -> None:
-        self.redis, self.keys, self.worker_ttl_s = redis, keys, worker_ttl_s
+    def __init__(self, redis: aioredis.Redis, keys: Keys, worker_ttl_s: float, log_access: bool = False) -> None:
+        self.redis, self.keys, self.worker_ttl_s, self.log_access = redis, keys, worker_ttl_s, log_access
         self.registry = CollectorRegistry()
         r = self.registry
-        self.requests = Counter("ovq_requests", "HTTP requests answered", ("endpoint", "status"), registry=r)
-        self.waiting = Gauge("ovq_queue_waiting_jobs", "Jobs waiting in the stream (consumer-group lag)", LABELS,
+        self.requests = Counter("ovq_requests", "HTTP requests answered, by the status their headers carried",
+                                ("endpoint", "status"), registry=r)
+        self.outcomes = Counter("ovq_request_outcomes", "Requests by how they ended: a finish reason, or a failure "
+                                "kind (rejected, rate_limited, unavailable, timeout, worker_died, engine_error, "
+                                "cancelled)", (*LABELS, "outcome"), registry=r)
+        self.prompt_tokens = Counter("ovq_prompt_tokens", "Prompt tokens of finished requests", LABELS, registry=r)
+        self.generation_tokens = Counter("ovq_generation_tokens", "Tokens generated for finished requests", LABELS,
+                                         registry=r)
+        self.ttft = Histogram("ovq_time_to_first_token_seconds", "From enqueue to the first token", LABELS,
+                              registry=r, buckets=LATENCY)
+        self.itl = Histogram("ovq_inter_token_latency_seconds", "Mean time between tokens, one sample per request",
+                             LABELS, registry=r, buckets=TOKEN_LATENCY)
+        self.duration = Histogram("ovq_request_duration_seconds", "From the request's arrival to its last byte",
+                                  LABELS, registry=r, buckets=DURATION)
+        self.queue_time = Histogram("ovq_queue_time_seconds", "From enqueue to a worker taking the job", LABELS,
+                                    registry=r, buckets=LATENCY)
+        self.waiting = Gauge("ovq_queue_waiting_jobs", "Jobs waiting in the stream (XLEN - pending)", LABELS,
                              registry=r)
         self.in_flight = Gauge("ovq_queue_in_flight_jobs", "Jobs delivered to a worker, not yet acked", LABELS,
                                registry=r)
         self.workers = Gauge("ovq_live_workers", "Workers with a fresh heartbeat", LABELS, registry=r)
-        self.tokens = Counter("ovq_generated_tokens", "Completion tokens generated", ("model",), registry=r)
-        self.ttft = Histogram("ovq_time_to_first_token_seconds", "From enqueue to first token", ("model",),
-                              registry=r, buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30))
-        self.queue_time = Histogram("ovq_queue_seconds", "From enqueue to a worker taking the job", ("model",),
-                                    registry=r, buckets=(0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 5, 30))
+        self._labelled = (self.outcomes, self.prompt_tokens, self.generation_tokens, self.ttft, self.itl,
+                          self.duration, self.queue_time, self.waiting, self.in_flight, self.workers)
 
-    def observe_done(self, model: str, event: Done) -> None:
-        self.tokens.labels(model).inc(event.usage.completion_tokens)
-        self.queue_time.labels(model).observe(event.timings.queue_ms / 1000)
-        if event.timings.ttft_ms is not None:
-            self.ttft.labels(model).observe(event.timings.ttft_ms / 1000)
+    def finish(self, record: Record) -> None:
+        self.requests.labels(record.endpoint, str(record.status)).inc()
+        if record.model:
+            labels = (record.model, record.device)
+            self.outcomes.labels(*labels, record.outcome or "stop").inc()
+            self.prompt_tokens.labels(*labels).inc(record.prompt_tokens)
+            self.generation_tokens.labels(*labels).inc(record.completion_tokens)
+            self.duration.labels(*labels).observe(time.monotonic() - record.started)
+            if record.queue_ms is not None:
+                self.queue_time.labels(*labels).observe(record.queue_ms / 1000)
+            if record.ttft_ms is not None:
+                self.ttft.labels(*labels).observe(record.ttft_ms / 1000)
+            if record.itl_ms is not None:
+                self.itl.labels(*labels).observe(record.itl_ms / 1000)
+        if self.log_access:
+            access_log.info(orjson.dumps({
+                "request_id": record.request_id, "method": record.method, "endpoint": record.endpoint,
+                "status": record.status, "outcome": record.outcome, "model": record.model, "device": record.device,
+                "prompt_tokens": record.prompt_tokens, "completion_tokens": record.completion_tokens,
+                "queue_ms": record.queue_ms, "ttft_ms": record.ttft_ms,
+                "total_ms": round((time.monotonic() - record.started) * 1000, 1)}).decode())
 
     async def queue_depth(self, model: str, device: str) -> tuple[int, int, int]:
         """(waiting, in flight, live workers). Redis 6.2 has no group `lag`: waiting = XLEN - pending."""
@@ -51,10 +143,14 @@ class Metrics:
         return max(int(length) - in_flight, 0), in_flight, int(live)
 
     async def render(self, models: dict[str, list[str]]) -> bytes:
-        for model, devices in models.items():
-            for device in devices:
-                waiting, in_flight, live = await self.queue_depth(model, device)
-                self.waiting.labels(model, device).set(waiting)
-                self.in_flight.labels(model, device).set(in_flight)
-                self.workers.labels(model, device).set(live)
+        served = {(model, device) for model, devices in models.items() for device in devices}
+        for metric in self._labelled:  # a retired model's series go with it
+            for labels in list(metric._metrics):  # noqa: SLF001 - prometheus_client has no public listing
+                if tuple(labels[:2]) not in served:
+                    metric.remove(*labels)
+        for model, device in served:
+            waiting, in_flight, live = await self.queue_depth(model, device)
+            self.waiting.labels(model, device).set(waiting)
+            self.in_flight.labels(model, device).set(in_flight)
+            self.workers.labels(model, device).set(live)
         return generate_latest(self.registry)

@@ -291,22 +291,32 @@ def _check_top(value: int, name: str, limit: int) -> None:
                        "log-probability (1 works with greedy decoding, where it is the most likely one)", param=name)
 
 
+MAX_PROMPTS = 128
+
+
 class CompletionRequest(SamplingRequest):
-    prompt: str | list[str] | list[int]
+    # A string, token ids, or a list of either (several prompts: one job each, choices indexed prompt * n + i).
+    prompt: str | list[str] | list[int] | list[list[int]]
     echo: bool = False
     logprobs: int | None = None
     suffix: str | None = None
 
     @field_validator("prompt")
     @classmethod
-    def _one_prompt(cls, value: str | list[str] | list[int]) -> str | list[int]:
-        if isinstance(value, list) and value and isinstance(value[0], str):
-            if len(value) != 1:
-                raise ValueError("only one prompt per request is supported")
-            value = value[0]
-        if not value:
+    def _prompts_given(cls, value: str | list[str] | list[int] | list[list[int]]) -> Any:
+        if not value or (isinstance(value, list) and any(isinstance(p, (str, list)) and not p for p in value)):
             raise ValueError("prompt must not be empty")
+        if isinstance(value, list) and isinstance(value[0], (str, list)) and len(value) > MAX_PROMPTS:
+            raise ValueError(f"at most {MAX_PROMPTS} prompts per request")
         return value
+
+    @property
+    def prompts(self) -> list[str | list[int]]:
+        """One entry per job: a list of strings or of token-id lists is several prompts."""
+        value = self.prompt
+        if isinstance(value, list) and value and isinstance(value[0], (str, list)):
+            return list(value)
+        return [value]
 
     @model_validator(mode="after")
     def _completion_checks(self) -> CompletionRequest:

@@ -1,6 +1,7 @@
 """Which models exist, what they accept, and which device stream a new job goes to."""
 from __future__ import annotations
 
+import asyncio
 import time
 from dataclasses import dataclass
 
@@ -17,12 +18,12 @@ CARD_CACHE_S = 1.0
 
 
 # KEYS: job hash, then per device (in preference order): its workers zset, its stream, its batch stream.
-# ARGV: oldest live heartbeat, max backlog, job TTL, created, priority, then per device the job as JSON.
-# An interactive job goes to the device with the fewest interactive jobs (batch jobs never delay it: workers read
-# them only when no interactive job waits); a batch job to the device with the fewest jobs of either kind.
-# Returns the 1-based device chosen, 0 when none has a live worker, -1 when its backlog is full.
+# ARGV: oldest live heartbeat, max backlog, job TTL, created, reply_to, model, priority, then per device its name
+# and the job as JSON. An interactive job goes to the device with the fewest interactive jobs (batch jobs never
+# delay it: workers read them only when no interactive job waits); a batch job to the device with the fewest jobs
+# of either kind. Returns the 1-based device chosen, 0 when none has a live worker, -1 when its backlog is full.
 ENQUEUE = """
-local batch = ARGV[5] == 'batch'
+local batch = ARGV[7] == 'batch'
 local best, best_len = 0, 0
 for i = 1, (#KEYS - 1) / 3 do
   if redis.call('ZCOUNT', KEYS[3 * i - 1], ARGV[1], '+inf') > 0 then
@@ -33,9 +34,10 @@ for i = 1, (#KEYS - 1) / 3 do
 end
 if best == 0 then return 0 end
 if best_len >= tonumber(ARGV[2]) then return -1 end
-redis.call('HSET', KEYS[1], 'status', 'queued', 'created', ARGV[4])
+redis.call('HSET', KEYS[1], 'status', 'queued', 'created', ARGV[4], 'api', ARGV[5], 'model', ARGV[6],
+           'device', ARGV[6 + 2 * best])
 redis.call('EXPIRE', KEYS[1], ARGV[3])
-redis.call('XADD', KEYS[3 * best + (batch and 1 or 0)], '*', 'job', ARGV[5 + best])
+redis.call('XADD', KEYS[3 * best + (batch and 1 or 0)], '*', 'job', ARGV[7 + 2 * best])
 return best
 """
 
@@ -56,13 +58,22 @@ class Registry:
         self.redis, self.keys, self.settings = redis, keys, settings
         self.expected = expected
         self._cards: dict[str, tuple[float, dict[str, ModelCard]]] = {}
+        self._loading: dict[str, asyncio.Future[dict[str, ModelCard]]] = {}
         self._enqueue = redis.register_script(ENQUEUE)
 
     async def cards(self, model: str) -> dict[str, ModelCard]:
-        """Device -> card, as the model's workers last announced it (cached for a second)."""
+        """Device -> card, as the model's workers last announced it (cached for a second; concurrent misses
+        share one read, so a burst costs Redis one HGETALL, not one per request)."""
         cached = self._cards.get(model)
         if cached and time.monotonic() - cached[0] < CARD_CACHE_S:
             return cached[1]
+        loading = self._loading.get(model)
+        if loading is None:
+            loading = self._loading[model] = asyncio.ensure_future(self._load(model))
+            loading.add_done_callback(lambda _: self._loading.pop(model, None))
+        return await asyncio.shield(loading)
+
+    async def _load(self, model: str) -> dict[str, ModelCard]:
         raw = await self.redis.hgetall(self.keys.model(model))
         parsed = [ModelCard.model_validate_json(v) for v in raw.values()]
         cards = {c.device: c for c in sorted(parsed, key=lambda c: (c.preference, c.device))}
@@ -109,9 +120,10 @@ class Registry:
         devices = list(servable.cards)
         keys = [k for d in devices for k in (self.keys.workers(servable.model, d), self.keys.jobs(servable.model, d),
                                              self.keys.batch_jobs(servable.model, d))]
-        jobs = [orjson.dumps(job.model_copy(update={"device": d}).model_dump()) for d in devices]
+        jobs = [(d, orjson.dumps(job.model_copy(update={"device": d}).model_dump())) for d in devices]
         since = time.time() - self.settings.worker_ttl_s
-        args = [since, self.settings.max_queue_depth, self.settings.job_ttl_s, job.created, job.priority, *jobs]
+        args = [since, self.settings.max_queue_depth, self.settings.job_ttl_s, job.created, job.reply_to,
+                servable.model, job.priority, *(part for pair in jobs for part in pair)]
         chosen = await self._enqueue(keys=[self.keys.job(job.id), *keys], args=args)
         if chosen == 0:
             raise unavailable(f"The model `{servable.model}` is not being served by any worker right now")

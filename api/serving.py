@@ -2,27 +2,31 @@
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncIterator
 from typing import Any, TypeVar
 
 import orjson
 from pydantic import BaseModel, ValidationError
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
+from starlette.responses import Response
 
 from api.checks import check_for_model
 from api.choices import ChoiceState
 from api.formats import ChatFormat, CompletionFormat, Format
 from api.guidance import chat_plan
-from api.jobs import ClientGone, Generation, JobClient
+from api.jobs import CLIENT_CLOSED, ClientGone, Generation, JobClient, deadline, request_id
+from api.limits import check_sampling, require_media_type
 from api.media import load_image
-from api.metrics import Metrics
-from api.protocol import ChatCompletionRequest, CompletionRequest, SamplingRequest, UsageInfo
+from api.metrics import Metrics, Record
+from api.protocol import ChatCompletionRequest, CompletionRequest, SamplingRequest
 from api.registry import Registry, Servable
+from api.sse import DONE, PING
 from api.templates import render, template_message
 from common.errors import OvqError
 from common.jobs import Job, SamplingParams
 from common.modelcard import ModelCard
+from common.redis_client import UNAVAILABLE
 from common.servable import ServableType
 
 M = TypeVar("M", bound=BaseModel)
@@ -31,9 +35,7 @@ VISION_SERVABLES = (ServableType.VLM_CB, ServableType.VLM)
 
 
 async def parse_body(request: Request, model: type[M]) -> M:
-    content_type = request.headers.get("content-type", "")
-    if "json" not in content_type:
-        raise OvqError(f"Content-Type must be application/json, not {content_type or 'missing'!r}", 415)
+    require_media_type(request.headers.get("content-type"), "application/json", request.url.path)
     try:
         data = orjson.loads(await request.body())
     except orjson.JSONDecodeError as exc:
@@ -65,11 +67,17 @@ def sampling_params(body: SamplingRequest, card: ModelCard, structure: dict[str,
     return SamplingParams.model_validate(values)
 
 
+PING_S = 15.0
+REDIS_AWAY = OvqError("The job queue (Redis) became unreachable while this request ran; retry shortly", 503,
+                      "service_unavailable", code="service_unavailable")
+
+
 class Serving:
     def __init__(self, jobs: JobClient, registry: Registry, metrics: Metrics) -> None:
         self.jobs, self.registry, self.metrics = jobs, registry, metrics
 
     async def _servable(self, body: SamplingRequest) -> Servable:
+        check_sampling(body, self.jobs.settings)
         servable = await self.registry.servable(body.model)
         if servable.card.servable_type not in TEXT_SERVABLES:
             raise OvqError(f"The model `{body.model}` does not generate text", param="model")
@@ -92,11 +100,12 @@ class Serving:
         # Tool-call markers are often special tokens (<|python_tag|>, [TOOL_CALLS]): the parser must see them.
         skip = False if plan.tool_parser else None
         params = sampling_params(body, card, plan.structure, skip)
-        job = self._job(body, servable, "chat", prompt, params)
+        rid = request_id(request)
+        job = self._job(body, servable, "chat", prompt, params, rid)
         job.images = await self._store_images(job.id, urls)
-        fmt = ChatFormat(f"chatcmpl-{job.id}", body.model)
-        choices = [ChoiceState(i, plan.parser(), params.logprobs) for i in range(body.n)]
-        return await self._respond(request, body, servable, job, fmt, choices)
+        fmt = ChatFormat(f"chatcmpl-{rid}", body.model, body.include_usage, card.reasoning_parser is not None)
+        choices = {(job.id, i): ChoiceState(i, plan.parser(), params.logprobs) for i in range(body.n)}
+        return await self._respond(request, body, servable, [job], fmt, choices)
 
     async def _store_images(self, job_id: str, urls: list[str]) -> list[str]:
         """Fetch and check every image now (a bad one is the request's 400); the worker reads them by key."""
@@ -112,63 +121,142 @@ class Serving:
         return keys
 
     async def completions(self, request: Request) -> Response:
+        """One job per prompt (OpenAI takes a list of prompts); choice i of prompt p is index p * n + i."""
         body = await parse_body(request, CompletionRequest)
         servable = await self._servable(body)
         if servable.card.servable_type in VISION_SERVABLES:
             raise OvqError(f"The model `{body.model}` is a vision-language model: use /chat/completions",
                            param="model")
         params = sampling_params(body, servable.card)
-        job = self._job(body, servable, "completion", body.prompt, params, add_special_tokens=True)
-        choices = [ChoiceState(i, None, params.logprobs) for i in range(body.n)]
-        fmt = CompletionFormat(f"cmpl-{job.id}", body.model)
-        return await self._respond(request, body, servable, job, fmt, choices)
+        rid = request_id(request)
+        prompts = body.prompts
+        jobs = [self._job(body, servable, "completion", prompt, params, rid if len(prompts) == 1 else f"{rid}-{p}",
+                          add_special_tokens=True) for p, prompt in enumerate(prompts)]
+        choices = {(job.id, i): ChoiceState(p * body.n + i, None, params.logprobs)
+                   for p, job in enumerate(jobs) for i in range(body.n)}
+        fmt = CompletionFormat(f"cmpl-{rid}", body.model, body.include_usage)
+        return await self._respond(request, body, servable, jobs, fmt, choices)
 
     def _job(self, body: SamplingRequest, servable: Servable, kind: str, prompt: Any, params: SamplingParams,
-             add_special_tokens: bool = False) -> Job:
-        return Job(model=body.model, device=servable.card.device, kind=kind, prompt=prompt,
+             job_id: str, add_special_tokens: bool = False) -> Job:
+        return Job(id=job_id, model=body.model, device=servable.card.device, kind=kind, prompt=prompt,
                    add_special_tokens=add_special_tokens, params=params, reply_to=self.jobs.hub.reply_to)
 
-    async def _respond(self, request: Request, body: SamplingRequest, servable: Servable, job: Job,
-                       fmt: Format, choices: list[ChoiceState]) -> Response:
-        stream = (lambda generation: self._stream(generation, body, fmt, choices)) if body.stream else None
-        return await self.jobs.respond(request, job, servable, stream, lambda g, d: self._whole(g, fmt, choices, d))
+    async def _respond(self, request: Request, body: SamplingRequest, servable: Servable, jobs: list[Job],
+                       fmt: Format, choices: dict[tuple[str, int], ChoiceState]) -> Response:
+        request.state.record.model = body.model
+        stream = (lambda generation, record: self._stream(generation, fmt, choices, record)) if body.stream else None
+        return await self.jobs.respond(request, jobs, servable, deadline(request, self.jobs.settings.request_timeout_s),
+                                       stream, lambda g, record, headers: self._whole(g, fmt, choices, record, headers))
 
-    async def _whole(self, generation: Generation, fmt: Format, choices: list[ChoiceState],
-                     disconnect: asyncio.Future[None]) -> Response:
-        async for event in generation.events(disconnect):
-            if event.type == "delta":
-                choices[event.index].add(event)
-            elif event.type == "done":
-                self.metrics.observe_done(generation.job.model, event)
-                for choice, reason in zip(choices, event.finish_reasons or [event.finish_reason], strict=False):
-                    choice.finish = choice.finish or reason
-                answer = fmt.whole(choices, UsageInfo(**event.usage.model_dump()))
-                await generation.close()
-                return Response(answer.model_dump_json(), media_type="application/json")
-            elif event.type == "error":
-                await generation.close()
-                return JSONResponse({"error": event.error.model_dump()}, status_code=event.status)
-        raise ClientGone()  # cancelled elsewhere
+    async def _whole(self, generation: Generation, fmt: Format, choices: dict[tuple[str, int], ChoiceState],
+                     record: Record, headers: dict[str, str]) -> Response:
+        usage = {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0}
+        while not generation.finished:
+            for event in await generation.events():
+                kind = event["type"]
+                if kind == "delta":
+                    choices[event["job"], event.get("index", 0)].add(event)
+                elif kind == "done":
+                    _add_usage(usage, event)
+                    record.done(event)
+                    _finish_choices(choices, event)
+                elif kind == "error":
+                    error = event["error"]
+                    raise OvqError(error["message"], event["status"], error.get("type", "server_error"),
+                                   error.get("param"), error.get("code"))
+                elif kind == "cancelled":
+                    raise ClientGone()
+        ordered = sorted(choices.values(), key=lambda c: c.index)
+        record.outcome = ordered[0].finish_reason(bool(ordered[0].parsed().tool_calls)) or "stop"
+        return Response(fmt.whole(ordered, usage), media_type="application/json", headers=headers)
 
-    async def _stream(self, generation: Generation, body: SamplingRequest, fmt: Format,
-                      choices: list[ChoiceState]) -> AsyncIterator[str]:
+    async def _stream(self, generation: Generation, fmt: Format, choices: dict[tuple[str, int], ChoiceState],
+                      record: Record) -> AsyncIterator[bytes]:
+        """SSE frames, one batch per write. Within `stream_interval_ms` of the last write, new tokens wait for the
+        rest of the interval and go out together (a plain choice's texts merged into one chunk): the API's cost
+        then follows writes, not tokens. The first token and the end never wait."""
+        usage = {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0}
+        interval = self.jobs.settings.stream_interval_ms / 1000
+        first = fmt.first(sorted(choices.values(), key=lambda c: c.index))
+        if first:
+            yield first
+        last, sent = time.monotonic(), False
         try:
-            for first in fmt.first(choices):
-                yield first.model_dump_json()
-            async for event in generation.events():
-                if event.type == "delta":
-                    chunk = fmt.chunk(choices[event.index], event)
-                    if chunk is not None:
-                        yield chunk.model_dump_json()
-                elif event.type == "done":
-                    self.metrics.observe_done(generation.job.model, event)
-                    if body.include_usage:
-                        yield fmt.usage_chunk(UsageInfo(**event.usage.model_dump())).model_dump_json()
-                elif event.type == "error":
-                    yield orjson.dumps({"error": event.error.model_dump()}).decode()
-            yield "[DONE]"
+            while not generation.finished:
+                events = await generation.events()
+                now = time.monotonic()
+                if events and sent and now - last < interval and not generation.finished:
+                    await asyncio.sleep(interval - (now - last))
+                    events += generation.drain()
+                out = self._frames(events, fmt, choices, record, usage, generation)
+                now = time.monotonic()
+                if out:
+                    last, sent = now, True
+                    yield out
+                elif now - last >= PING_S:  # idle (queued behind others, a long prefill): keep proxies open
+                    last = now
+                    yield PING
+            if fmt.include_usage:
+                yield fmt.usage(usage)
+            if not record.outcome:
+                finished = sorted(choices.values(), key=lambda c: c.index)[0]
+                record.outcome = finished.finish_reason(finished.called) or "stop"
         except OvqError as exc:
-            yield orjson.dumps({"error": exc.body.model_dump()}).decode()
-        finally:
-            await generation.close()
+            record.failed(exc.status, exc.body.code)
+            yield b"data: " + orjson.dumps({"error": exc.body.model_dump()}) + b"\n\n"
+        except UNAVAILABLE:
+            record.failed(503)
+            yield b"data: " + orjson.dumps({"error": REDIS_AWAY.body.model_dump()}) + b"\n\n"
+        except ClientGone:
+            record.failed(CLIENT_CLOSED)
+            return
+        yield DONE
 
+    @staticmethod
+    def _frames(events: list[dict[str, Any]], fmt: Format, choices: dict[tuple[str, int], ChoiceState],
+                record: Record, usage: dict[str, int], generation: Generation) -> bytes:
+        out: list[bytes] = []
+        plain: dict[ChoiceState, list[str]] = {}  # texts of plain choices, merged into one chunk each
+
+        def flush() -> None:
+            for choice, texts in plain.items():
+                out.append(fmt.plain(choice, "".join(texts), None))
+            plain.clear()
+
+        for event in events:
+            kind = event["type"]
+            if kind == "delta":
+                choice = choices[event["job"], event.get("index", 0)]
+                if choice.plain and not event.get("finish_reason"):
+                    plain.setdefault(choice, []).append(event["text"])
+                    continue
+                texts = plain.pop(choice, None)
+                if texts:
+                    event = {**event, "text": "".join(texts) + event["text"]}
+                out.append(fmt.chunk(choice, event))
+            elif kind == "done":
+                _add_usage(usage, event)
+                record.done(event)
+            elif kind == "error":
+                flush()
+                record.failed(event["status"], event["error"].get("code"))
+                out.append(b"data: " + orjson.dumps({"error": event["error"]}) + b"\n\n")
+                generation.end()  # the response ends here; close() cancels its other jobs
+            elif kind == "cancelled":
+                raise ClientGone()
+        flush()
+        return b"".join(out)
+
+
+def _add_usage(usage: dict[str, int], event: dict[str, Any]) -> None:
+    for name, value in (event.get("usage") or {}).items():
+        usage[name] = usage.get(name, 0) + value
+
+
+def _finish_choices(choices: dict[tuple[str, int], ChoiceState], done: dict[str, Any]) -> None:
+    reasons = done.get("finish_reasons") or [done.get("finish_reason", "stop")]
+    for index, reason in enumerate(reasons):
+        choice = choices.get((done["job"], index))
+        if choice is not None:
+            choice.finish = choice.finish or reason

@@ -14,9 +14,11 @@ import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 
+from api.auth import KeyFileError, read_key_file
 from cli import ovms
-from cli.tiers import config_env
+from cli.tiers import add_key_arguments, config_env, key_env
 from common.redis_client import embedded_socket
 from common.redis_server import EmbeddedRedis
 from common.settings import Settings
@@ -89,8 +91,27 @@ def _module(name: str, *args: str) -> list[str]:
     return [sys.executable, "-m", name, *args]
 
 
+def _check_key_files(env: dict[str, str]) -> None:
+    """A key file the API cannot read would make it exit at once, again and again: say so before starting."""
+    for name in ("OVQ_API_KEY_FILE", "OVQ_ADMIN_KEY_FILE"):
+        if env.get(name):
+            read_key_file(Path(env[name]))
+
+
+def _batch_key(env: dict[str, str], keys: dict[str, str]) -> dict[str, str]:
+    """The batch worker calls this stack's API: with API keys on, it sends the first one."""
+    merged = {**env, **keys}
+    if merged.get("OVQ_BATCH_API_KEY"):
+        return {}
+    key_file = merged.get("OVQ_API_KEY_FILE")
+    found = [k.get_secret_value() for k in Settings(api_keys=merged.get("OVQ_API_KEYS", [])).api_keys]
+    found += read_key_file(Path(key_file)) if key_file else []
+    return {"OVQ_BATCH_API_KEY": found[0]} if found else {}
+
+
 def serve(args: argparse.Namespace) -> int:
     env = {**os.environ, **config_env(args)}
+    keys = key_env(args)  # for the API only: workers never see a key
     if args.host:
         env["OVQ_HOST"] = args.host
     if args.port:
@@ -99,6 +120,11 @@ def serve(args: argparse.Namespace) -> int:
         env["OVQ_API_PROCESSES"] = str(args.api_processes)
     os.environ.update(env)
     settings = Settings()
+    try:
+        _check_key_files({**env, **keys})
+    except KeyFileError as exc:
+        log(str(exc))
+        return 2
     from workers.prepare import prepare
 
     models = ovms.checked_models(settings, "ovq serve")
@@ -116,8 +142,9 @@ def serve(args: argparse.Namespace) -> int:
             return 1
     workers = [Child(f"worker {m.name} on {d}", _module("workers", "--model", m.name, "--device", d), env)
                for m in models for d in m.devices]
-    api = Child("api", _module("api"), {**env, "OVQ_MODELS": json.dumps([m.name for m in models])})
-    batch = Child("batch worker", _module("cli.main", "batch-worker"), env)  # lines go to this API (OVQ_PORT)
+    api = Child("api", _module("api"), {**env, **keys, "OVQ_MODELS": json.dumps([m.name for m in models])})
+    # Lines go to this API (OVQ_PORT), with one of its keys.
+    batch = Child("batch worker", _module("cli.main", "batch-worker"), {**env, **_batch_key(env, keys)})
     stopping: list[str] = []
 
     def stop(signum: int, _frame: object) -> None:
@@ -158,4 +185,5 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--port", type=int)
     p.add_argument("--api-processes", type=int, help="API processes sharing the port (default: OVQ_API_PROCESSES)")
     ovms.add_arguments(p, server=True)
+    add_key_arguments(p)
     p.set_defaults(func=serve)

@@ -6,6 +6,7 @@ that ignores it, orphans a worker or kills one mid-job.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 
@@ -29,8 +30,29 @@ def config_env(args: argparse.Namespace) -> dict[str, str]:
     return env
 
 
+def key_env(args: argparse.Namespace) -> dict[str, str]:
+    """Keys travel to the API in its environment, never on a command line another user's `ps` shows."""
+    env = {}
+    for option, name in (("api_key", "OVQ_API_KEYS"), ("admin_key", "OVQ_ADMIN_KEYS")):
+        if getattr(args, option, None):
+            env[name] = json.dumps(getattr(args, option))
+    for option, name in (("api_key_file", "OVQ_API_KEY_FILE"), ("admin_key_file", "OVQ_ADMIN_KEY_FILE")):
+        if getattr(args, option, None):
+            env[name] = os.path.abspath(getattr(args, option))
+    return env
+
+
+def add_key_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--api-key", action="append", metavar="KEY",
+                   help="a key clients must send as `Authorization: Bearer KEY` (repeatable; OVQ_API_KEYS)")
+    p.add_argument("--api-key-file", metavar="PATH", help="API keys, one per line (OVMS's --api_key_file)")
+    p.add_argument("--admin-key", action="append", metavar="KEY",
+                   help="a key for /metrics, /docs, /openapi.json and /ops (repeatable; OVQ_ADMIN_KEYS)")
+    p.add_argument("--admin-key-file", metavar="PATH", help="admin keys, one per line")
+
+
 def api(args: argparse.Namespace) -> int:
-    env = config_env(args)
+    env = {**config_env(args), **key_env(args)}
     if args.host:
         env["OVQ_HOST"] = args.host
     if args.port:
@@ -41,20 +63,26 @@ def api(args: argparse.Namespace) -> int:
 
 
 def worker(args: argparse.Namespace) -> int:
+    if not args.model:
+        print("ovq worker: --model is required (or an action: ovq worker drain ID)", file=sys.stderr)
+        return 2
     return _exec("workers", ["--model", args.model, "--device", args.device], config_env(args))
 
 
-def add_parsers(sub: argparse._SubParsersAction) -> None:
+def add_parsers(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    """`ovq api` and `ovq worker`; returns the worker's parser (its actions, like drain, live elsewhere)."""
     p = sub.add_parser("api", help="the HTTP API (any number, on any hosts)")
     p.add_argument("--config", help="models file (YAML or JSON)")
     p.add_argument("--host")
     p.add_argument("--port", type=int)
     p.add_argument("--processes", type=int, help="API processes sharing the port (default: OVQ_API_PROCESSES)")
     ovms.add_arguments(p, server=True)
+    add_key_arguments(p)
     p.set_defaults(func=api)
-    p = sub.add_parser("worker", help="one worker: a model on a device")
-    p.add_argument("--model", required=True)
+    p = sub.add_parser("worker", help="one worker: a model on a device (or: ovq worker drain ID)")
+    p.add_argument("--model", help="the model to serve (required to run a worker)")
     p.add_argument("--device", default="CPU")
     p.add_argument("--config", help="models file (YAML or JSON)")
     ovms.add_arguments(p)
     p.set_defaults(func=worker)
+    return p

@@ -12,6 +12,8 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from common.settings import Settings
 
 DEFAULT_MODEL = "smollm2-135m-instruct"
+# Shipped with the package: the default model's template with tools in the Hermes format (its own has no tools).
+TOOLS_CHAT_TEMPLATE = Path(__file__).with_name("chat_templates") / "chatml_hermes_tools.jinja"
 
 
 def parse_size(value: str) -> tuple[int, int]:
@@ -61,6 +63,9 @@ class ModelConfig(BaseModel):
     # Sampling defaults (request field names) for requests that set none, below the directory's own
     # generation_config.json: for models whose source carries none, as a GGUF does.
     sampling_defaults: dict[str, Any] = Field(default_factory=dict)
+    # A Jinja file used instead of the model directory's own chat template (for models whose template lacks
+    # something, such as tools); relative paths are relative to the models file.
+    chat_template: Path | None = None
     tool_parser: Literal["hermes3", "llama3", "phi4", "mistral"] | None = None
     reasoning_parser: Literal["qwen3"] | None = None
     enable_tool_guided_generation: bool = False
@@ -94,12 +99,19 @@ def default_model(settings: Settings) -> ModelConfig:
     # cache_size 0 (grow as needed) rather than OVMS's 8 GB up front: the default model is 135M parameters.
     # Sampling as SmolLM2's model card recommends (its GGUF has no generation_config.json): at OpenAI's
     # default temperature 1.0 a 135M model rambles.
+    # Tools: the GGUF's template has none, so the shipped one renders them (and tool results) as Hermes does and
+    # the hermes3 parser reads the calls back; guided, so even a 135M model writes valid calls. The template is
+    # a setting, not a file written into the prepared directory, so directories prepared before it existed
+    # serve tools too, and an upgrade of the package upgrades the template.
     return ModelConfig(
         name=DEFAULT_MODEL,
         path=settings.models_dir / DEFAULT_MODEL,
         source=DEFAULT_SOURCE,
         cache_size=0,
         sampling_defaults={"temperature": 0.2, "top_p": 0.9},
+        chat_template=TOOLS_CHAT_TEMPLATE,
+        tool_parser="hermes3",
+        enable_tool_guided_generation=True,
     )
 
 
@@ -114,8 +126,10 @@ def load_models(path: Path) -> list[ModelConfig]:
     models = []
     for name, options in entries.items():
         options = {**options, "name": name}
-        model_path = Path(options["path"]).expanduser()
-        options["path"] = model_path if model_path.is_absolute() else base / model_path
+        for key in ("path", "chat_template"):
+            if options.get(key) is not None:
+                given = Path(options[key]).expanduser()
+                options[key] = given if given.is_absolute() else base / given
         models.append(ModelConfig.model_validate(options))
     return models
 

@@ -50,6 +50,20 @@ class Delta(_Event):
     echo: bool = False  # the prompt, sent back first when the request asked for echo
 
 
+def delta(job: str, seq: int, index: int, text: str, tokens: int, logprobs: list[dict] | None = None,
+          finish_reason: str | None = None, echo: bool = False) -> dict:
+    """A `Delta` as the hot path sends it: a plain dict, fields at their default left out (a worker makes one per
+    job per engine step; building and dumping the model would cost more than the rest of the step's work)."""
+    event = {"type": "delta", "job": job, "seq": seq, "index": index, "text": text, "tokens": tokens}
+    if logprobs:
+        event["logprobs"] = logprobs
+    if finish_reason:
+        event["finish_reason"] = finish_reason
+    if echo:
+        event["echo"] = True
+    return event
+
+
 class Progress(_Event):
     """Image jobs: one denoising step done (of `total` for image `index`), with an optional small preview."""
 

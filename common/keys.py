@@ -56,7 +56,33 @@ class Keys:
 
     @property
     def dead(self) -> str:
+        """Stream of jobs that failed delivery too often or could not be read (capped: OVQ_MAX_DEAD_LETTERS)."""
         return f"{self.prefix}:dead"
+
+    def stats(self, model: str, device: str, window: int) -> str:
+        """Hash of one model on one device over one stats window starting at `window` (unix s): counters and
+        latency histogram buckets that its workers HINCRBY (TTL OVQ_STATS_TTL_S). Fields: `common/stats.py`."""
+        return f"{self.prefix}:stats:{model}:{device}:{window}"
+
+    @property
+    def failed(self) -> str:
+        """List of the most recent failed jobs, newest first, JSON each (capped: OVQ_FAILED_JOBS_KEPT)."""
+        return f"{self.prefix}:failed"
+
+    def drain(self, worker_id: str) -> str:
+        """String set by an operator (TTL): the worker reads it each heartbeat, stops taking jobs, finishes, exits."""
+        return f"{self.prefix}:drain:{worker_id}"
+
+    def api(self, reply_to: str) -> str:
+        """Hash announcing one API process (host, pid, started, heartbeat), named by its `reply_to`; short TTL."""
+        return f"{self.prefix}:api:{reply_to}"
+
+    @property
+    def apis(self) -> str:
+        """Sorted set: `reply_to` of every API process heard within the last hour, scored by its last heartbeat
+        (set past the TTL once it stops cleanly). A job whose API scores older than OVQ_API_TTL_S has nobody
+        listening; one not in the set at all (an API without heartbeats) counts as listening."""
+        return f"{self.prefix}:apis"
 
     # ---- Batch API (common/files.py, common/batches.py, workers/batch.py) ------------------------------------
     @property

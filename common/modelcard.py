@@ -22,6 +22,7 @@ class ModelCard(BaseModel):
     device: str
     servable_type: ServableType
     context_length: int = 0
+    vocab_size: int | None = None  # token ids a request names (stop_token_ids) must be below it
     max_tokens_limit: int | None = None
     best_of_limit: int = 20
     chat_template: str = ""

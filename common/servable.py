@@ -43,8 +43,11 @@ def _json(path: Path) -> dict[str, Any]:
         return {}
 
 
-def chat_template(path: Path, tokenizer_template: str = "") -> str:
-    """First found: chat_template.jinja, template.jinja, tokenizer_config.json, the tokenizer's, OVMS default."""
+def chat_template(path: Path, tokenizer_template: str = "", configured: Path | None = None) -> str:
+    """First found: the models file's `chat_template` file, the directory's chat_template.jinja, template.jinja,
+    tokenizer_config.json, the tokenizer's, OVMS default."""
+    if configured is not None:
+        return configured.read_text()
     for name in ("chat_template.jinja", "template.jinja"):
         if (path / name).exists():
             return (path / name).read_text()

@@ -1,12 +1,16 @@
 """One settings object for the CLI, the API and the workers (env `OVQ_*`, `REDIS_URL`)."""
 from __future__ import annotations
 
+import json
 from functools import lru_cache
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import AliasChoices, Field, model_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic import AliasChoices, Field, SecretStr, field_validator, model_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+
+# A list of keys from the environment: a JSON array, or comma-separated.
+Keys = Annotated[list[SecretStr], NoDecode]
 
 
 def _default_cache_dir() -> Path:
@@ -65,13 +69,56 @@ class Settings(BaseSettings):
     # A job delivered more often than this is poison and goes to the dead-letter stream.
     max_deliveries: int = 3
     reclaim_interval_s: float = 5.0
-    # How long the API waits for a worker's first event before it checks the model is still served.
+    # The dead-letter stream keeps about this many entries (older ones are trimmed).
+    max_dead_letters: int = 1000
+    # An API process whose heartbeat is older than this is gone: its running jobs are cancelled, its queued skipped.
+    api_ttl_s: float = 5.0
+    # Per model and device, workers count tokens, outcomes and latencies in windows kept this long (ops page).
+    stats_ttl_s: int = 900
+    # How many recent failed jobs (with their error) are kept for the ops page.
+    failed_jobs_kept: int = 100
+    # Keep each job's generated text in its job hash (`text`) for OVQ_JOB_TTL_S; off: metadata and counts only.
+    keep_job_text: bool = False
+    # Workers log one line per finished job (id, model, status, tokens, queue ms, TTFT, total ms).
+    log_jobs: bool = False
+    # While a request runs: how often the API checks that the worker running it is alive, when no event came.
     first_event_check_s: float = 5.0
+    # A job no worker has started this long after it was queued ends with a 503 (it waits across restarts).
+    queue_timeout_s: float = 300.0
+    # Every request's deadline unless it sends X-Request-Timeout (seconds): past it, a 504. None: no deadline.
+    request_timeout_s: float | None = None
+    # Streams: tokens that come within this long of the last write go out together (merged into one chunk per
+    # choice); the first token and the end never wait. 0: one write per engine step.
+    stream_interval_ms: float = 10.0
+    # One JSON line per request on the `ovq.access` logger (status, model, tokens, TTFT, total time).
+    access_log: bool = False
     shutdown_grace_s: float = 30.0
     # An engine that has work and reports nothing (no step finished) for this long is killed and restarted.
     engine_watchdog_s: float = 120.0
     # How long an engine may take to load its model and open its device.
     engine_start_timeout_s: float = 900.0
+    # Security (README "Security"). API keys (`Authorization: Bearer KEY`) for every route but the health probes,
+    # given inline or one per line in a file (OVMS's --api_key_file); admin keys for /metrics, /docs,
+    # /openapi.json and /ops. With no admin key those routes are open only while no API key is configured either.
+    api_keys: Keys = Field(default_factory=list)
+    api_key_file: Path | None = None
+    admin_keys: Keys = Field(default_factory=list)
+    admin_key_file: Path | None = None
+    # Input limits, checked in the API before anything is queued (each a 4xx naming the field).
+    max_body_bytes: int = 32 * 1024 * 1024  # 413; /images/edits takes up to 2 x max_upload_bytes + 1 MiB
+    max_message_chars: int = 256_000  # characters in one message's content (text parts)
+    max_prompt_chars: int = 512_000  # characters in all messages (or the completion prompt, or its token ids)
+    max_stop_chars: int = 1_000  # characters in one stop string
+    max_schema_bytes: int = 64 * 1024  # response_format's schema, and all tools together, as JSON
+    max_echo_prompt_chars: int = 16_000  # completions with echo: the prompt comes back token by token
+    # HTTP timeouts: a request's headers must arrive within header_timeout_s of its first byte (or of the
+    # connection opening), its body within body_timeout_s; a client that reads nothing of an answer for
+    # write_timeout_s is disconnected (its job cancelled).
+    header_timeout_s: float = 10.0
+    body_timeout_s: float = 60.0
+    write_timeout_s: float = 60.0
+    # Kernel send buffer per connection (SO_SNDBUF); 0: the system's own (Linux grows it up to 4 MB).
+    send_buffer_bytes: int = 0
     # Models the API expects to be served (readiness); empty: those of the models file, else every announced one.
     models: list[str] = Field(default_factory=list)
 
@@ -112,6 +159,16 @@ class Settings(BaseSettings):
     @property
     def batch_api(self) -> str:
         return self.batch_api_url or f"http://127.0.0.1:{self.port}"
+
+    @field_validator("api_keys", "admin_keys", mode="before")
+    @classmethod
+    def _key_list(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            text = value.strip()
+            if text.startswith("["):
+                return json.loads(text)
+            return [key.strip() for key in text.split(",") if key.strip()]
+        return value
 
     @property
     def models_dir(self) -> Path:

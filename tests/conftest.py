@@ -27,20 +27,9 @@ IMAGE = "tiny-sd"  # random-weight Stable Diffusion built by tests/models/build_
 VLM = "tiny-llava"  # random-weight LLaVA, continuous batching
 STATEFUL = "smollm2-stateful"  # SmolLM2 as OVMS's stateful (NPU-style) servable, run on CPU
 STATEFUL_VLM = "tiny-llava-stateful"  # the tiny LLaVA in VLMPipeline
-TOOLS = "smollm2-tools"  # SmolLM2 with a tools-aware template, hermes3 tool parser, qwen3 reasoning parser
+TOOLS = "smollm2-tools"  # the default model's tools settings, unguided `auto`, and the qwen3 reasoning parser
 MODELS = ROOT / "tests" / "models"
-FIXTURES = ROOT / "tests" / "fixtures"
-
-
-def tools_model_dir(model_dir: Path, work: Path) -> Path:
-    """The default model's files (linked) with a chat template that renders tools and `enable_thinking`."""
-    target = work / TOOLS
-    target.mkdir()
-    for item in model_dir.iterdir():
-        if item.name not in ("chat_template.jinja", "template.jinja"):
-            (target / item.name).symlink_to(item)
-    (target / "chat_template.jinja").write_text((FIXTURES / "tools_chat_template.jinja").read_text())
-    return target
+UNRESOLVABLE = "no-such-host.invalid"  # on the media allow-list, resolves nowhere (RFC 2606)
 
 
 def free_port() -> int:
@@ -76,6 +65,7 @@ class Stack:
     config: Path
     logs: Path
     env: dict[str, str]
+    media_port: int  # the one port of localhost on the media allow-list (tests serve images there)
 
     def url(self, path: str) -> str:
         return self.base_url.rsplit("/v3", 1)[0] + path
@@ -110,14 +100,18 @@ def stack(model_dir: Path, redis_url: str, tmp_path_factory: pytest.TempPathFact
     """The real API and two real workers (the default model, and a one-at-a-time variant) on a private Redis."""
     work = tmp_path_factory.mktemp("stack")
     config = work / "models.json"
-    common = {"path": str(model_dir), "cache_size": 0, "max_tokens_limit": 4096}
+    default = default_model(Settings())
+    # MODEL is the built-in default model as `ovq serve` runs it (its template and tool settings), on a directory
+    # prepared once per machine; sampling defaults stay OpenAI's so tests control sampling themselves.
+    tools_options = {"chat_template": str(default.chat_template), "tool_parser": default.tool_parser,
+                     "enable_tool_guided_generation": default.enable_tool_guided_generation}
+    common = {"path": str(model_dir), "cache_size": 0, "max_tokens_limit": 4096, **tools_options}
     image = {"path": str(MODELS / "tiny-sd"), "max_resolution": "256x256", "max_num_images_per_prompt": 3,
              "default_num_inference_steps": 4, "max_num_inference_steps": 100}
     vlm = {"path": str(MODELS / "tiny-llava"), "cache_size": 0}
     stateful = {**common, "pipeline_type": "LM", "max_num_seqs": 8,
                 "plugin_config": {"ATTENTION_BACKEND": "SDPA", "MAX_PROMPT_LEN": 96}}
-    tools = {**common, "path": str(tools_model_dir(model_dir, work)), "tool_parser": "hermes3",
-             "reasoning_parser": "qwen3", "enable_tool_guided_generation": True}
+    tools = {**common, "reasoning_parser": "qwen3", "enable_tool_guided_generation": False}
     # SINGLE also decodes with prompt lookup: greedy answers must not change.
     single = {**common, "max_num_seqs": 1, "plugin_config": {"prompt_lookup": True}}
     models = {MODEL: common, SINGLE: single, IMAGE: image, VLM: vlm, STATEFUL: stateful,
@@ -126,11 +120,12 @@ def stack(model_dir: Path, redis_url: str, tmp_path_factory: pytest.TempPathFact
     port = free_port()
     media = work / "media"
     media.mkdir()
+    media_port = free_port()
     env = {**os.environ, "REDIS_URL": redis_url, "OVQ_ALLOWED_LOCAL_MEDIA_PATH": str(media),
-           "OVQ_ALLOWED_MEDIA_DOMAINS": '["localhost"]',
+           "OVQ_ALLOWED_MEDIA_DOMAINS": f'["localhost:{media_port}", "{UNRESOLVABLE}"]', "OVQ_MEDIA_TIMEOUT_S": "2",
            "OVQ_CONFIG": str(config), "OVQ_PORT": str(port),
            "OVQ_KEY_PREFIX": "ovqtest", "OVQ_LOG_LEVEL": "warning", "OVQ_RECLAIM_INTERVAL_S": "1",
-           "OVQ_WORKER_TTL_S": "3", "OVQ_FIRST_EVENT_CHECK_S": "1"}
+           "OVQ_WORKER_TTL_S": "5", "OVQ_FIRST_EVENT_CHECK_S": "1"}
     procs = [
         _spawn(["workers", "--model", MODEL], env, work / "worker.log"),
         _spawn(["workers", "--model", SINGLE], env, work / "single.log"),
@@ -144,7 +139,7 @@ def stack(model_dir: Path, redis_url: str, tmp_path_factory: pytest.TempPathFact
     base = f"http://127.0.0.1:{port}"
     try:
         _wait_ready(f"{base}/health", procs, work, set(models))
-        yield Stack(f"{base}/v3", redis_url, config, work, env)
+        yield Stack(f"{base}/v3", redis_url, config, work, env, media_port)
     finally:
         for proc in procs:
             proc.terminate()
@@ -263,8 +258,8 @@ class Tiers:
 def tiers(redis_url: str, tmp_path: Path) -> Iterator[Callable[..., Tiers]]:
     made: list[Tiers] = []
 
-    def make(models: dict[str, dict], **env: str) -> Tiers:
-        made.append(Tiers(redis_url, tmp_path, models, **env))
+    def make(models: dict[str, dict], url: str | None = None, **env: str) -> Tiers:
+        made.append(Tiers(url or redis_url, tmp_path, models, **env))
         return made[-1]
 
     yield make

@@ -26,6 +26,7 @@ from common.keys import GROUP, Keys
 from common.modelcard import ModelCard
 from common.redis_client import UNAVAILABLE, Backoff, connect
 from common.settings import Settings
+from workers.accounting import Accounting
 from workers.health import HealthServer
 from workers.heartbeat import Heartbeat
 from workers.intake import Intake
@@ -40,6 +41,8 @@ class JobState(Protocol):
     entry_id: bytes
 
     def next_seq(self) -> int: ...
+
+    def summary(self) -> dict[str, float | int | None]: ...
 
     @property
     def streamed(self) -> bool: ...
@@ -61,13 +64,17 @@ class BaseWorker:
         self.engine_restarts = 0
         self.started = time.time()
         self._cancelled_early: dict[str, float] = {}
+        # Jobs whose API process is not listening right now (reconnecting to Redis): started once it is.
+        self._deferred: dict[str, tuple[bytes, Job, float]] = {}
         self._cancels_heard_ms: int | None = None
         self._slot_free = asyncio.Event()
         self._stopping = asyncio.Event()
         self.draining = False
         self.redis = connect(settings, max_connections=32)
-        self.publisher = Publisher(self.redis, self.keys, self.stream, settings.job_ttl_s)
+        accounting = Accounting(self.keys, model.name, device, self.id, settings)
+        self.publisher = Publisher(self.redis, self.keys, self.stream, settings.job_ttl_s, accounting)
         self.intake = Intake(self.redis, self.id, self.stream, self.batch_stream)
+        self._orphaned: set[str] = set()  # running jobs cancelled because their API process is gone
         self.heartbeat = Heartbeat(self)
         self.reclaimer = Reclaimer(self)
         self.health = HealthServer(self, settings.worker_host, settings.worker_port) \
@@ -117,6 +124,7 @@ class BaseWorker:
             asyncio.create_task(self._cancel_loop(), name="cancel"),
             asyncio.create_task(self.heartbeat.run(), name="heartbeat"),
             asyncio.create_task(self.reclaimer.run(), name="reclaim"),
+            asyncio.create_task(self._deferred_loop(), name="deferred"),
         ]
         stopper = asyncio.create_task(self._stopping.wait())
         done, _ = await asyncio.wait([stopper, *tasks], return_when=asyncio.FIRST_COMPLETED)
@@ -227,21 +235,55 @@ class BaseWorker:
                 jobs.append((entry_id, job))
             except Exception:
                 log.exception("unreadable job %s moved to the dead-letter stream", entry_id)
-                await self.redis.xadd(self.keys.dead, {**fields, b"reason": b"unreadable"})
+                await self.dead_letter(fields, "unreadable")
                 outbox.ack(entry_id, stream)
                 self._refuse_unreadable(fields.get(b"job", b""), outbox)
-        cancelled = await self._flagged([j for e, j in jobs if not self._heard_since(e)])
+        self.publisher.put(outbox)
+        await self.admit_jobs(jobs, taken)
+
+    async def admit_jobs(self, jobs: list[tuple[bytes, Job]], taken: float | None = None) -> None:
+        taken = taken or time.time()
+        outbox = Outbox()
+        cancelled, gone, deaf = await self._screen([j for e, j in jobs if not self._heard_since(e)],
+                                                   {j.reply_to for _, j in jobs})
         for entry_id, job in jobs:
-            if job.id in cancelled or self._cancelled_early.pop(job.id, None):
+            if job.id in cancelled or job.reply_to in gone or self._cancelled_early.pop(job.id, None):
                 outbox.publish(job.reply_to, Cancelled(job=job.id, seq=1))
-                outbox.set_status(job.id, status="cancelled")
-                outbox.ack(entry_id, stream)
+                outbox.set_status(job.id, status="cancelled",
+                                  reason=f"its API process {job.reply_to} is gone" if job.reply_to in gone else None)
+                outbox.ack(entry_id, self.stream_of(job))
                 continue
+            if job.reply_to in deaf:
+                self._deferred.setdefault(job.id, (entry_id, job, time.monotonic()))
+                continue
+            self._deferred.pop(job.id, None)
             self.jobs_taken += 1
             # Its stream entry (Redis time it was queued) and when it left the stream: the queue order, visible.
             outbox.set_status(job.id, entry=entry_id.decode(), taken=taken)
             self._start(entry_id, job, outbox)
         self.publisher.put(outbox)
+
+    async def _deferred_loop(self) -> None:
+        """Start deferred jobs once their API listens; drop those nobody has listened for in worker_ttl_s * 4
+        (their API process is gone: nobody would hear the answer)."""
+        while True:
+            await asyncio.sleep(0.25)
+            if not self._deferred:
+                continue
+            now, outbox = time.monotonic(), Outbox()
+            for job_id, (entry_id, job, since) in list(self._deferred.items()):
+                if now - since > self.settings.worker_ttl_s * 4:
+                    log.warning("job %s dropped: its API process (%s) stopped listening", job_id, job.reply_to)
+                    del self._deferred[job_id]
+                    outbox.set_status(job_id, status="cancelled")
+                    outbox.ack(entry_id, self.stream_of(job))
+            self.publisher.put(outbox)
+            waiting = [(e, j) for e, j, _ in self._deferred.values()][: self.room()]
+            try:
+                if waiting:
+                    await self.admit_jobs(waiting)
+            except UNAVAILABLE:
+                pass
 
     @staticmethod
     def _refuse_unreadable(raw: bytes, outbox: Outbox) -> None:
@@ -267,8 +309,57 @@ class BaseWorker:
             pipe.exists(self.keys.cancel(job.id))
         return {job.id for job, hit in zip(jobs, await pipe.execute(), strict=True) if hit}
 
+    async def _screen(self, jobs: list[Job], reply_tos: set[str]) -> tuple[set[str], set[str], set[str]]:
+        """In one round trip: which of `jobs` have their cancel flag set, which API processes are gone, and which
+        live ones are not subscribed right now ("deaf": reconnecting to Redis). An event published to a deaf API
+        would be lost, so its jobs wait until it listens again."""
+        if not jobs and not reply_tos:
+            return set(), set(), set()
+        pipe = self.redis.pipeline(transaction=False)
+        for job in jobs:
+            pipe.exists(self.keys.cancel(job.id))
+        listeners = sorted(reply_tos)
+        if listeners:
+            pipe.zmscore(self.keys.apis, listeners)
+            pipe.pubsub_numsub(*[self.keys.events(c) for c in listeners])
+        replies = await pipe.execute()
+        flagged = {job.id for job, hit in zip(jobs, replies, strict=False) if hit}
+        if not listeners:
+            return flagged, set(), set()
+        scores, subscribers = replies[-2], dict(replies[-1])
+        gone = self.gone_apis(listeners, scores)
+        deaf = {c for c, score in zip(listeners, scores, strict=True)
+                if score is not None and c not in gone and not subscribers.get(self.keys.events(c).encode())}
+        return flagged, gone, deaf
+
+    def gone_apis(self, reply_tos: list[str], scores: list[float | None]) -> set[str]:
+        """API processes whose heartbeat is older than OVQ_API_TTL_S. One never heard of (an API without
+        heartbeats, or a retried dead letter: `ops-retry`) counts as there: nobody can tell it is gone."""
+        since = time.time() - self.settings.api_ttl_s
+        return {r for r, score in zip(reply_tos, scores, strict=True) if score is not None and score < since}
+
+    def cancel_orphans(self, gone: set[str]) -> None:
+        """Cancel the running jobs of API processes that are gone: nobody reads what they would generate."""
+        orphans = [s.job for s in self.running.values() if s.job.reply_to in gone and s.job.id not in self._orphaned]
+        if not orphans:
+            return
+        log.warning("cancelling %d running jobs: their API process is gone (%s)", len(orphans),
+                    ", ".join(sorted({job.reply_to for job in orphans})))
+        outbox = Outbox()
+        for job in orphans:
+            self._orphaned.add(job.id)
+            outbox.set_status(job.id, reason=f"its API process {job.reply_to} is gone")
+            self.cancel(job.id)
+        self.publisher.put(outbox)
+
+    async def dead_letter(self, fields: dict[bytes, bytes], reason: str) -> None:
+        """Into the dead-letter stream (trimmed to about OVQ_MAX_DEAD_LETTERS), for `ovq dead` and the ops page."""
+        await self.redis.xadd(self.keys.dead, {**fields, b"reason": reason.encode(), b"worker": self.id.encode()},
+                              maxlen=self.settings.max_dead_letters, approximate=True)
+
     def _job_done(self, state: JobState, outbox: Outbox) -> None:
         del self.running[state.job.id]
+        self._orphaned.discard(state.job.id)
         self._slot_free.set()
         outbox.ack(state.entry_id, self.stream_of(state.job))
 
@@ -278,9 +369,10 @@ class BaseWorker:
             error = OvqError(message, status, "server_error" if status >= 500 else "invalid_request_error")
             outbox.publish(state.job.reply_to, Error(job=state.job.id, seq=state.next_seq(), status=status,
                                                      error=error.body))
-            outbox.set_status(state.job.id, status="error", error=error.body.model_dump())
+            outbox.set_status(state.job.id, status="error", error=error.body.model_dump(), **state.summary())
             outbox.ack(state.entry_id, self.stream_of(state.job))
         self.running.clear()
+        self._orphaned.clear()
         self._slot_free.set()
         self.publisher.put(outbox)
 

@@ -5,8 +5,9 @@ I/O process over two one-way pipes (blocking `multiprocessing.Connection`s here;
 side), one frame of JSON per message:
 
   in  (a list of commands):
-      ["add", job, prompt, add_special_tokens, sampling params, images, resume]
+      ["add", job, prompt, add_special_tokens, sampling params, images, resume, kind]
           images: base64 image files for vision-language models, in prompt order
+          kind: the job's ("chat" or "completion"), which names the field a refusal of the prompt points at
           resume: null, or {"generated": {index: [ids]}, "done": [index, ...]}: the job ran on an engine that
           failed; each unfinished choice goes on from its generated ids (prompt + ids, budget less them)
       ["cancel", job] | ["cancel", job, index] (the I/O half ended choice `index` itself: drop it, no answer)
@@ -43,7 +44,8 @@ import orjson
 
 from common.errors import OvqError
 from common.jobs import SamplingParams
-from workers.generation import choice_configs, token_budget
+from workers.generation import choice_configs, prompt_param, token_budget
+from workers.prompt_length import prompt_length
 from workers.structured import structured_config
 
 log = logging.getLogger("ovq.engine")
@@ -180,11 +182,13 @@ class Engine:
         return tokenize(self.tokenizer, prompt, add_special_tokens, self.spec.vocab_size)
 
     def add(self, job: str, prompt: str | list[int], add_special: bool, params: dict[str, Any],
-            images: list[str], resume: dict[str, Any] | None, out: list[list[Any]]) -> None:
+            images: list[str], resume: dict[str, Any] | None, out: list[list[Any]], kind: str = "chat") -> None:
         try:
             ids = self.tokenize(prompt, add_special)
             sampling = SamplingParams.model_validate(params)
-            budget = token_budget(sampling, self.spec.defaults, len(ids), self.spec.context_length)
+            context = self.spec.context_length
+            length = prompt_length(self.tokenizer, prompt, add_special, ids, context)
+            budget = token_budget(sampling, self.spec.defaults, length, context, prompt_param(kind))
             configs = [self._config(c, sampling) for c in choice_configs(sampling, self.spec.defaults, budget)]
             tensors = [image_tensor(b) for b in images]
             handles, generated = self._add_choices(prompt, ids, tensors, configs, resume)
@@ -280,6 +284,15 @@ class Engine:
                     break
             if not request.handles:
                 self._forget(job)
+
+    def release(self) -> None:
+        """Let the scheduler free what cancelled requests hold (it does so at a step), so the pipeline is destroyed
+        clean; otherwise GenAI logs leaked KV blocks on exit."""
+        try:
+            while self.pipe.has_non_finished_requests():
+                self.pipe.step()
+        except Exception as exc:  # exiting anyway
+            log.warning("could not release the cancelled requests: %s", error_message(exc))
 
     def stats(self) -> list[Any]:
         metrics = self.pipe.get_metrics()
@@ -397,13 +410,13 @@ def _apply(engine: Engine, commands: list[list[Any]], out: list[list[Any]]) -> b
     """One message's commands; False on "stop"."""
     for command in commands:
         if command[0] == "add":
-            engine.add(command[1], command[2], command[3], command[4], command[5],
-                       command[6] if len(command) > 6 else None, out)
+            engine.add(*command[1:6], command[6] if len(command) > 6 else None, out, *command[7:8])
         elif command[0] == "cancel":
             engine.cancel(command[1], out, command[2] if len(command) > 2 else None)
         elif command[0] == "stop":
             for job in list(engine.requests):
                 engine.cancel(job, out)
+            engine.release()
             return False
     return True
 

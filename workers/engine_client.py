@@ -52,6 +52,8 @@ class EngineClient:
     async def start(self) -> None:
         """Start the engine process and wait for its handshake; EngineError when it cannot open its device."""
         loop = asyncio.get_running_loop()
+        if self._process is not None:  # the engine this one replaces: reap it (no zombie left behind)
+            await loop.run_in_executor(None, self._process.join, 5)
         commands_in, commands_out = self._ctx.Pipe(duplex=False)
         outputs_in, outputs_out = self._ctx.Pipe(duplex=False)
         self._process = self._ctx.Process(target=self.target, args=(commands_in, outputs_out, self.spec),

@@ -12,14 +12,21 @@ BUILTIN_DEFAULTS: dict[str, Any] = {"temperature": 1.0, "top_p": 1.0}
 SAMPLING_ONLY = ("temperature", "top_p", "top_k", "min_p", "rng_seed")
 
 
-def token_budget(params: SamplingParams, defaults: dict[str, Any], prompt_tokens: int, context: int) -> int:
-    """max_new_tokens for this job, or a 400 when the prompt (plus what was asked for) does not fit."""
+def prompt_param(kind: str) -> str:
+    """The request field a job's prompt came from: what a 400 about the prompt names."""
+    return "prompt" if kind == "completion" else "messages"
+
+
+def token_budget(params: SamplingParams, defaults: dict[str, Any], prompt_tokens: int, context: int,
+                 param: str = "messages") -> int:
+    """max_new_tokens for this job, or a 400 when the prompt (plus what was asked for) does not fit; `param`
+    is the prompt's field (prompt_param)."""
     room = context - prompt_tokens
     if room <= 0:
         raise OvqError(
             f"This model's maximum context length is {context} tokens. However, your prompt resulted in "
             f"{prompt_tokens} tokens. Please reduce the length of the prompt.",
-            param="messages",
+            param=param,
             code="context_length_exceeded",
         )
     if params.max_tokens is None:

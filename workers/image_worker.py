@@ -22,6 +22,7 @@ from common.modelcard import ModelCard
 from common.servable import ServableType
 from common.settings import Settings
 from workers.base import BaseWorker
+from workers.engine import error_message
 from workers.imaging import ImagePipelines, decode_image, image_limits, latent_preview, to_png
 from workers.publisher import Outbox
 
@@ -40,6 +41,10 @@ class ImageJob:
     def next_seq(self) -> int:
         self.seq += 1
         return self.seq
+
+    def summary(self) -> dict[str, float | int | None]:
+        return {"queue_ms": round((self.received - self.job.created) * 1000, 1),
+                "total_ms": round((time.time() - self.job.created) * 1000, 1)}
 
 
 class ImageWorker(BaseWorker):
@@ -75,6 +80,7 @@ class ImageWorker(BaseWorker):
         outbox.publish(job.reply_to, Accepted(job=job.id, seq=state.next_seq(), worker=self.id, prompt_tokens=0,
                                               queue_ms=queue_ms))
         outbox.set_status(job.id, status="running", worker=self.id, streamed=0)
+        outbox.observe("queue", queue_ms)
         task = asyncio.create_task(self._generate(state))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
@@ -109,7 +115,7 @@ class ImageWorker(BaseWorker):
             pixels = await asyncio.to_thread(self.pipes.generate, str(job.prompt), job.image, image, mask, on_step)
             pngs = [] if state.cancelled else await asyncio.to_thread(lambda: [to_png(p) for p in pixels])
         except Exception as exc:  # GenAI refuses a size or a setting: the request's fault
-            message = str(exc).strip().splitlines()[0] if str(exc).strip() else repr(exc)
+            message = error_message(exc)
             log.warning("image job %s failed: %s", job.id, message)
             self._end(state, error=message)
             return
@@ -141,17 +147,18 @@ class ImageWorker(BaseWorker):
         if job.id not in self.running:
             return
         self._job_done(state, outbox)
+        summary = state.summary()
         if error is not None:
             body = ErrorBody(message=error)
             outbox.publish(job.reply_to, Error(job=job.id, seq=state.next_seq(), status=400, error=body))
-            outbox.set_status(job.id, status="error", error=body.model_dump())
+            outbox.set_status(job.id, status="error", error=body.model_dump(), **summary)
         elif images is None:
             outbox.publish(job.reply_to, Cancelled(job=job.id, seq=state.next_seq()))
-            outbox.set_status(job.id, status="cancelled")
+            outbox.set_status(job.id, status="cancelled", **summary)
         else:
             now = time.time()
             timings = Timings(queue_ms=(state.received - job.created) * 1000, total_ms=(now - job.created) * 1000)
             done = Done(job=job.id, seq=state.next_seq(), timings=timings, images=images, size=size)
             outbox.publish(job.reply_to, done)
-            outbox.set_status(job.id, status="done", result=done.model_dump(mode="json"))
+            outbox.set_status(job.id, status="done", result=done.model_dump(mode="json"), **summary)
         self.publisher.put(outbox)

@@ -3,8 +3,9 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
-from common.events import Delta, Done, Timings, TokenLogprob, Usage
+from common.events import Done, Timings, Usage, delta
 from common.jobs import Job
 from workers.detokenizer import StopFilter, Stream
 from workers.logprobs import LogprobAligner
@@ -21,6 +22,7 @@ class Choice:
     tokens: int = 0
     emitted: int = 0  # characters sent (echo excluded): where the log-probabilities are released up to
     finish: str | None = None
+    last_token: float | None = None  # when its latest tokens came (unix s): inter-token latency
 
 
 @dataclass
@@ -59,7 +61,8 @@ class RunningJob:
     def finished(self) -> bool:
         return all(choice.finish is not None for choice in self.choices)
 
-    def delta(self, choice: Choice, ids: list[int], text: str, entries: list[TokenLogprob] | None) -> Delta | None:
+    def delta(self, choice: Choice, ids: list[int], text: str,
+              entries: list[dict[str, Any]] | None) -> dict[str, Any] | None:
         """Account for new tokens and their text; a Delta when some of it (or its log-probabilities) may go out."""
         if ids and self.first_token is None:
             self.first_token = time.time()
@@ -72,21 +75,20 @@ class RunningJob:
             choice.logprobs.add(pieces, entries)
         return self._emit(choice, choice.stops.feed(text), len(ids))
 
-    def echo(self, choice: Choice, text: str, entries: list[TokenLogprob] | None) -> Delta:
+    def echo(self, choice: Choice, text: str, entries: list[dict[str, Any]] | None) -> dict[str, Any]:
         choice.text.append(text)
-        return Delta(job=self.job.id, seq=self.next_seq(), index=choice.index, text=text, tokens=0,
-                     logprobs=entries, echo=True)
+        return delta(self.job.id, self.next_seq(), choice.index, text, 0, entries, echo=True)
 
-    def finish(self, choice: Choice, reason: str) -> Delta:
+    def finish(self, choice: Choice, reason: str) -> dict[str, Any]:
         """The choice's last delta: text held back for a stop string that never came, and its finish reason."""
         choice.finish = "length" if reason == "length" else "stop"
-        delta = self._emit(choice, choice.stops.flush(), 0, final=True)
-        if delta is None:
-            delta = Delta(job=self.job.id, seq=self.next_seq(), index=choice.index, text="", tokens=0)
-        delta.finish_reason = choice.finish
-        return delta
+        last = self._emit(choice, choice.stops.flush(), 0, final=True)
+        if last is None:
+            last = delta(self.job.id, self.next_seq(), choice.index, "", 0)
+        last["finish_reason"] = choice.finish
+        return last
 
-    def _emit(self, choice: Choice, text: str, tokens: int, final: bool = False) -> Delta | None:
+    def _emit(self, choice: Choice, text: str, tokens: int, final: bool = False) -> dict[str, Any] | None:
         choice.emitted += len(text)
         entries = None
         if choice.logprobs is not None:
@@ -96,8 +98,20 @@ class RunningJob:
             return None
         if text:
             choice.text.append(text)
-        return Delta(job=self.job.id, seq=self.next_seq(), index=choice.index, text=text, tokens=tokens,
-                     logprobs=entries or None)
+        return delta(self.job.id, self.next_seq(), choice.index, text, tokens, entries or None)
+
+    def gaps(self, choice: Choice, now: float) -> float | None:
+        """Milliseconds since this choice's previous tokens (None for its first); marks `now` as the latest."""
+        last, choice.last_token = choice.last_token, now
+        return None if last is None else (now - last) * 1000
+
+    def summary(self) -> dict[str, float | int | None]:
+        """The counts and timings the job hash keeps (and the job log line shows), whatever the job's end."""
+        now = time.time()
+        return {"prompt_tokens": self.prompt_tokens, "completion_tokens": sum(c.tokens for c in self.choices),
+                "queue_ms": round((self.received - self.job.created) * 1000, 1),
+                "ttft_ms": round((self.first_token - self.job.created) * 1000, 1) if self.first_token else None,
+                "total_ms": round((now - self.job.created) * 1000, 1)}
 
     def done(self) -> Done:
         now = time.time()

@@ -3,8 +3,9 @@ cuts that text off, so a client sees exactly the tokens of the text it got, stre
 from __future__ import annotations
 
 from collections import deque
+from typing import Any
 
-from common.events import TokenLogprob
+TokenLogprob = dict[str, Any]  # {"token", "logprob", "bytes"}: see common.events.TokenLogprob
 
 
 class LogprobAligner:

@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections import defaultdict
+from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -18,6 +18,8 @@ from redis.exceptions import ResponseError
 
 from common.keys import GROUP, Keys
 from common.redis_client import UNAVAILABLE, reason
+from common.stats import observe
+from workers.accounting import Accounting
 
 log = logging.getLogger("ovq.publisher")
 
@@ -28,6 +30,8 @@ class Outbox:
     status: dict[str, dict[str, Any]] = field(default_factory=dict)
     # (stream, entry id); stream None: the worker's own (interactive) stream.
     acks: list[tuple[str | None, bytes]] = field(default_factory=list)
+    # Counts for the model's stats window (`common/stats.py` fields), added up in memory over a step.
+    stats: Counter[str] = field(default_factory=Counter)
 
     def publish(self, reply_to: str, event: Any) -> None:
         self.events[reply_to].append(event.model_dump(mode="json") if hasattr(event, "model_dump") else event)
@@ -38,20 +42,29 @@ class Outbox:
     def ack(self, entry_id: bytes, stream: str | None = None) -> None:
         self.acks.append((stream, entry_id))
 
+    def count(self, name: str, n: int = 1) -> None:
+        self.stats[name] += n
+
+    def observe(self, histogram: str, ms: float, n: int = 1) -> None:
+        observe(self.stats, histogram, ms, n)
+
     def merge(self, other: Outbox) -> None:
         for reply_to, events in other.events.items():
             self.events[reply_to].extend(events)
         for job, values in other.status.items():
             self.set_status(job, **values)
         self.acks.extend(other.acks)
+        self.stats.update(other.stats)
 
     def __bool__(self) -> bool:
-        return bool(self.events or self.status or self.acks)
+        return bool(self.events or self.status or self.acks or self.stats)
 
 
 class Publisher:
-    def __init__(self, redis: aioredis.Redis, keys: Keys, stream: str, job_ttl: int) -> None:
+    def __init__(self, redis: aioredis.Redis, keys: Keys, stream: str, job_ttl: int,
+                 accounting: Accounting | None = None) -> None:
         self.redis, self.keys, self.stream, self.job_ttl = redis, keys, stream, job_ttl
+        self.accounting = accounting
         self._queue: asyncio.Queue[Outbox] = asyncio.Queue()
         self._task: asyncio.Task[None] | None = None
 
@@ -85,10 +98,11 @@ class Publisher:
 
     async def _send_until_sent(self, batch: Outbox) -> None:
         """Redis away for a moment must not lose a terminal event: retry, newest batches wait behind."""
+        failures = self.accounting.settle(batch.status, batch.stats) if self.accounting is not None else []
         delay = 0.1
         while True:
             try:
-                await self._send(batch)
+                await self._send(batch, failures)
                 return
             except UNAVAILABLE as exc:
                 if delay == 0.1:
@@ -96,13 +110,13 @@ class Publisher:
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 5.0)
 
-    async def _send(self, batch: Outbox) -> None:
+    async def _send(self, batch: Outbox, failures: list[bytes]) -> None:
         pipe = self.redis.pipeline(transaction=False)
         for job, values in batch.status.items():
             values["updated"] = time.time()
             key = self.keys.job(job)
             pipe.hset(key, mapping={k: v if isinstance(v, (str, int, float)) else orjson.dumps(v)
-                                    for k, v in values.items()})
+                                    for k, v in values.items() if v is not None})
             pipe.expire(key, self.job_ttl)
         for reply_to, events in batch.events.items():
             pipe.publish(self.keys.events(reply_to), orjson.dumps({"v": 1, "events": events}))
@@ -112,6 +126,8 @@ class Publisher:
         for stream, entry_ids in by_stream.items():
             pipe.xack(stream, GROUP, *entry_ids)
             pipe.xdel(stream, *entry_ids)
+        if self.accounting is not None:
+            self.accounting.write(pipe, batch.stats, failures)
         for result in await pipe.execute(raise_on_error=False):
             # A command Redis refuses (NOGROUP after Redis lost its data) must not hold up the events behind it.
             if isinstance(result, ResponseError):

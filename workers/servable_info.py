@@ -34,14 +34,16 @@ class ServableInfo:
         # One inference thread: the engine process has the cores; a batched decode per step needs little.
         tokenizer = openvino_genai.Tokenizer(str(path), INFERENCE_NUM_THREADS=1)
         bos, eos = special_tokens(path, tokenizer.get_bos_token(), tokenizer.get_eos_token())
+        vocab = vocab_size(path)
         card = ModelCard(
             name=model.name,
             device=device,
             servable_type=infer_servable(path, device, model.pipeline_type),
             context_length=context_length(path),
+            vocab_size=vocab,
             max_tokens_limit=model.max_tokens_limit,
             best_of_limit=model.best_of_limit,
-            chat_template=chat_template(path, tokenizer.chat_template),
+            chat_template=chat_template(path, tokenizer.chat_template, model.chat_template),
             bos_token=bos,
             eos_token=eos,
             created=int(path.stat().st_mtime) if path.exists() else int(time.time()),
@@ -52,7 +54,7 @@ class ServableInfo:
             prompt_lookup=bool(model.plugin_config.get("prompt_lookup")),
         )
         defaults = {**model.sampling_defaults, **generation_defaults(path)}
-        return cls(tokenizer, card, defaults, vocab_size(path), path)
+        return cls(tokenizer, card, defaults, vocab, path)
 
     def decode(self, sequences: list[list[int]], skip_special_tokens: bool = True) -> list[str]:
         return self.tokenizer.decode(sequences, skip_special_tokens=skip_special_tokens)

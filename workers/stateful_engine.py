@@ -45,7 +45,8 @@ from workers.engine import (
     send,
     tokenize,
 )
-from workers.generation import engine_config, token_budget
+from workers.generation import engine_config, prompt_param, token_budget
+from workers.prompt_length import prompt_length
 from workers.structured import structured_config
 
 log = logging.getLogger("ovq.stateful_engine")
@@ -179,9 +180,9 @@ class StatefulEngine:
 
     # ---- commands ------------------------------------------------------------------------------------
     def add(self, job: str, prompt: str | list[int], add_special: bool, params: dict[str, Any],
-            images: list[str], resume: Any, out: list[list[Any]]) -> None:
+            images: list[str], resume: Any, out: list[list[Any]], kind: str = "chat") -> None:
         try:
-            pending = self._prepare(job, prompt, add_special, params)
+            pending = self._prepare(job, prompt, add_special, params, prompt_param(kind))
             if self.spec.vision:
                 pending.prompt, pending.images = str(prompt), images
         except Exception as exc:  # a prompt or a config refused is the request's fault
@@ -191,18 +192,20 @@ class StatefulEngine:
         self.queue.append(pending)
         self._start_next()
 
-    def _prepare(self, job: str, prompt: str | list[int], add_special: bool, params: dict[str, Any]) -> Pending:
+    def _prepare(self, job: str, prompt: str | list[int], add_special: bool, params: dict[str, Any],
+                 param: str = "messages") -> Pending:
         for name in MULTI_SEQUENCE:
             if (params.get(name) or 1) > 1:
                 raise _one_sequence(name)
         ids = tokenize(self.tokenizer, prompt, add_special, self.spec.vocab_size)
-        if self.max_prompt_len is not None and len(ids) > self.max_prompt_len:
+        length = prompt_length(self.tokenizer, prompt, add_special, ids, self.context)
+        if self.max_prompt_len is not None and length > self.max_prompt_len:
             raise OvqError(
-                f"prompt is {len(ids)} tokens, over MAX_PROMPT_LEN {self.max_prompt_len} of this stateful servable",
-                param="messages", code="context_length_exceeded",
+                f"prompt is {length} tokens, over MAX_PROMPT_LEN {self.max_prompt_len} of this stateful servable",
+                param=param, code="context_length_exceeded",
             )
         sampling = SamplingParams.model_validate(params)
-        budget = token_budget(sampling, self.spec.defaults, len(ids), self.context)
+        budget = token_budget(sampling, self.spec.defaults, length, self.context, param)
         config = _generation_config(engine_config(sampling, self.spec.defaults, budget),
                                     self.tokenizer.get_eos_token_id())
         if config.num_return_sequences > 1 or config.is_beam_search():
@@ -344,8 +347,7 @@ def _handle(engine: StatefulEngine, commands: list[list[Any]], out: list[list[An
     """Apply one message's commands; False on "stop"."""
     for command in commands:
         if command[0] == "add":
-            engine.add(command[1], command[2], command[3], command[4], command[5],
-                       command[6] if len(command) > 6 else None, out)
+            engine.add(*command[1:6], command[6] if len(command) > 6 else None, out, *command[7:8])
         elif command[0] == "cancel":
             engine.cancel(command[1], out)
         elif command[0] == "stop":

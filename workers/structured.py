@@ -1,16 +1,23 @@
-"""A job's structured-output tree (`common.structured`) as GenAI's `StructuredOutputConfig`."""
+"""A job's structured-output tree (`common.structured`) as GenAI's `StructuredOutputConfig`.
+
+JSON schemas become compact-JSON grammars where `compact_grammar` translates them (no whitespace between tokens;
+see workers.compact_json), else go to GenAI's JSON schema compiler as they are.
+"""
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from common.errors import OvqError
+from workers.compact_json import compact_grammar
 
 
 def _node(g: Any, node: dict[str, Any]) -> Any:
     s = g.StructuredOutputConfig
     (kind, value), = node.items()
     if kind == "json_schema":
-        return s.JSONSchema(value)
+        grammar = compact_grammar(json.loads(value))
+        return s.EBNF(grammar) if grammar is not None else s.JSONSchema(value)
     if kind == "regex":
         return s.Regex(value)
     if kind == "ebnf":
@@ -39,6 +46,9 @@ def structured_config(tree: dict[str, Any]) -> Any:
 
     (kind, value), = tree.items()
     if kind == "json_schema":
+        grammar = compact_grammar(json.loads(value))
+        if grammar is not None:
+            return g.StructuredOutputConfig(grammar=grammar)
         return g.StructuredOutputConfig(json_schema=value)
     if kind == "regex":
         return g.StructuredOutputConfig(regex=value)

@@ -4,13 +4,14 @@ from __future__ import annotations
 import asyncio
 import base64
 import logging
+import time
 from collections import deque
 from pathlib import Path
 from typing import Any
 
 from common.config import ModelConfig
 from common.errors import ErrorBody
-from common.events import Accepted, Cancelled, Error, TokenLogprob
+from common.events import Accepted, Cancelled, Error
 from common.jobs import Job
 from common.servable import ServableType
 from common.settings import Settings
@@ -133,7 +134,8 @@ class TextWorker(BaseWorker):
             self._pending.add(task)
             task.add_done_callback(self._pending.discard)
             return
-        self.engine.send(["add", job.id, job.prompt, job.add_special_tokens, job.params.model_dump(), [], resume])
+        self.engine.send(["add", job.id, job.prompt, job.add_special_tokens, job.params.model_dump(), [], resume,
+                          job.kind])
 
     async def _add_with_images(self, job: Job, resume: dict[str, Any] | None) -> None:
         blobs = await self.redis.mget(job.images)
@@ -145,7 +147,7 @@ class TextWorker(BaseWorker):
             return
         images = [base64.b64encode(b).decode() for b in blobs]
         self.engine.send(["add", job.id, job.prompt, job.add_special_tokens, job.params.model_dump(), images,
-                          resume])
+                          resume, job.kind])
 
     def _accepted(self, state: RunningJob, prompt_tokens: int, outbox: Outbox) -> None:
         job = state.job
@@ -155,10 +157,13 @@ class TextWorker(BaseWorker):
                             queue_ms=queue_ms)
         outbox.publish(job.reply_to, accepted)
         outbox.set_status(job.id, status="running", worker=self.id, prompt_tokens=prompt_tokens, streamed=0)
+        outbox.count("prompt_tokens", prompt_tokens)
+        outbox.observe("queue", queue_ms)
 
     # ---- engine output ---------------------------------------------------------------------------------
     def _on_message(self, outputs: list[list[Any]], stats: list[Any] | None) -> None:
         outbox = Outbox()
+        now, tokens = time.time(), 0
         updates, work = [], []
         for update in outputs:
             state = self.running.get(update[0])
@@ -185,8 +190,12 @@ class TextWorker(BaseWorker):
             elif finish == "prompt" and choice is not None:
                 self._echo(state, choice, ids, logprobs, outbox)
             elif generated:
-                self.tokens_generated += len(ids)
+                tokens += len(ids)
+                self._count(state, choice, ids, now, outbox)
                 self._generated(state, choice, ids, text, finish, logprobs, outbox)
+        if tokens:
+            self.tokens_generated += tokens
+            outbox.count("tokens", tokens)
         self.publisher.put(outbox)
         if stats is not None:
             if self.admission is not None:
@@ -194,6 +203,16 @@ class TextWorker(BaseWorker):
             self._probing = None  # a step went through with it
             self._next_probation()
             self._slot_free.set()
+
+    def _count(self, state: RunningJob, choice: Choice, ids: list[int], now: float, outbox: Outbox) -> None:
+        """TTFT and inter-token latency into this step's stats: counted in memory, written with its events."""
+        if not ids:
+            return
+        if state.first_token is None:
+            outbox.observe("ttft", (now - state.job.created) * 1000)
+        gap = state.gaps(choice, now)
+        if gap is not None:
+            outbox.observe("itl", gap / len(ids), len(ids))
 
     def _generated(self, state: RunningJob, choice: Choice, ids: list[int], text: str, finish: str | None,
                    logprobs: list[float] | None, outbox: Outbox) -> None:
@@ -222,33 +241,35 @@ class TextWorker(BaseWorker):
             text = self.info.decode([prompt], state.job.params.skip_special_tokens)[0]
         entries = self._entries(ids, logprobs)
         if entries:
-            entries[0].logprob = None  # nothing predicts the first token
+            entries[0]["logprob"] = None  # nothing predicts the first token
         outbox.publish(state.job.reply_to, state.echo(choice, text, entries))
 
-    def _entries(self, ids: list[int], logprobs: list[float] | None) -> list[TokenLogprob] | None:
+    def _entries(self, ids: list[int], logprobs: list[float] | None) -> list[dict[str, Any]] | None:
         if logprobs is None:
             return None
         texts = self.detokenizer.token_texts(ids)
-        return [TokenLogprob(token=text, logprob=lp, bytes=list(raw))
+        return [{"token": text, "logprob": lp, "bytes": list(raw)}
                 for (text, raw), lp in zip(texts, logprobs, strict=True)]
 
     def _end(self, state: RunningJob, end: str, outbox: Outbox, extra: Any = None) -> None:
         """The job's one terminal event: done (every choice finished), cancelled or error."""
         job = state.job
         self._job_done(state, outbox)
+        summary = state.summary()
         if end == "cancelled":
             outbox.publish(job.reply_to, Cancelled(job=job.id, seq=state.next_seq()))
-            outbox.set_status(job.id, status="cancelled")
+            outbox.set_status(job.id, status="cancelled", **summary)
         elif end == "error":
             status = extra.pop("status")
             error = ErrorBody.model_validate(extra)
             outbox.publish(job.reply_to, Error(job=job.id, seq=state.next_seq(), status=status, error=error))
-            outbox.set_status(job.id, status="error", error=error.model_dump())
+            outbox.set_status(job.id, status="error", error=error.model_dump(), **summary)
         else:
             done = state.done()
             outbox.publish(job.reply_to, done)
-            outbox.set_status(job.id, status="done", text="".join(state.choices[0].text),
-                              result=done.model_dump(mode="json"))
+            outbox.set_status(job.id, status="done", result=done.model_dump(mode="json"), **summary)
+            if self.settings.keep_job_text:  # off by default: the client has had the text; Redis need not keep it
+                outbox.set_status(job.id, text="".join(state.choices[0].text))
 
     def _job_done(self, state: RunningJob, outbox: Outbox) -> None:
         super()._job_done(state, outbox)

@@ -26,14 +26,16 @@ TOOL_PARSERS: dict[str, type[ToolParser]] = {
 REASONING_PARSERS: dict[str, type[ReasoningParser]] = {Qwen3ReasoningParser.name: Qwen3ReasoningParser}
 
 
-def output_parser(tool_parser: str | None, reasoning_parser: str | None, prompt: str = "") -> OutputParser:
+def output_parser(tool_parser: str | None, reasoning_parser: str | None, prompt: str = "",
+                  forced: bool = False) -> OutputParser:
     """A fresh pipeline for one answer of a model with these options; `prompt` is the rendered prompt, which
-    tells whether the output starts inside an already opened reasoning block."""
+    tells whether the output starts inside an already opened reasoning block; `forced`: the answer was guided to
+    be tool calls only (tool_choice `required` or a named function)."""
     reasoning = None
     if reasoning_parser is not None:
         kind = REASONING_PARSERS[reasoning_parser]
         reasoning = kind(prompt_opened=kind.opens(prompt))
-    return OutputParser(reasoning, TOOL_PARSERS[tool_parser]() if tool_parser is not None else None)
+    return OutputParser(reasoning, TOOL_PARSERS[tool_parser](forced) if tool_parser is not None else None)
 
 __all__ = [
     "REASONING_PARSERS",

@@ -12,7 +12,7 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-from common.structured import Node, json_schema, tag, triggered_tags
+from common.structured import Node, json_schema, tag, tags_with_separator, triggered_tags
 
 from .jsonscan import JsonScanner
 from .text import Trimmer
@@ -109,7 +109,11 @@ class ToolParser(Stepper):
     """Splits a model's answer into content and tool calls. One instance serves one answer.
 
     Calls are emitted whole, one fragment each, once they are complete and well-formed: nothing sent is ever
-    retracted. A call region that does not parse is not a call and stays in the content.
+    retracted. A call region that does not parse is not a call and stays in the content, with two exceptions:
+    - `forced` (tool_choice `required` or a named function): the grammar allowed nothing but calls, so nothing is
+      content; whatever is not a complete call (a call cut short) is dropped.
+    - `cut` (the output ended at the token limit): an unfinished call at the end, or the start of a marker, is
+      dropped rather than shown as content: it was never meant as text, and it was cut, not malformed.
     """
 
     name: ClassVar[str]
@@ -118,16 +122,25 @@ class ToolParser(Stepper):
     call_prefix: ClassVar[str]
     call_suffix: ClassVar[str]
     arguments_key: ClassVar[str] = "arguments"
+    # A forced answer: what the model writes between two calls (calls_in_one_list: between the list's elements,
+    # the list being call_prefix ... call_suffix once for all of them).
+    separator: ClassVar[str] = "\n"
+    calls_in_one_list: ClassVar[bool] = False
 
-    def __init__(self) -> None:
+    def __init__(self, forced: bool = False) -> None:
         super().__init__()
+        self.forced = forced
+        self._cut = False
         self._content = Trimmer()
         self._count = 0
         self._json = JsonScanner()
 
-    def parse(self, text: str) -> tuple[str | None, list[ToolCall]]:
-        steps = type(self)()._advance(text, final=True)
-        return joined([step.content for step in steps]), [self._with_id(call) for step in steps for call in step.calls]
+    def parse(self, text: str, cut: bool = False) -> tuple[str | None, list[ToolCall]]:
+        parser = type(self)(self.forced)
+        parser._cut = cut
+        steps = parser._advance(text, final=True)
+        content = None if self.forced else joined([step.content for step in steps])
+        return content, [self._with_id(call) for step in steps for call in step.calls]
 
     @staticmethod
     def call_id() -> str:
@@ -140,23 +153,40 @@ class ToolParser(Stepper):
     def feed(self, chunk: str) -> ParsedDelta:
         return self._delta(self._advance(chunk, final=False))
 
-    def finish(self) -> ParsedDelta:
+    def finish(self, cut: bool = False) -> ParsedDelta:
+        self._cut = cut
         return self._delta(self._advance("", final=True))
 
     def guided(self, tools: list[Function], required: bool, parallel: bool) -> Node:
-        """A structural tag that makes the model write calls in this parser's format, with schema-valid arguments."""
+        """A structural tag that makes the model write calls in this parser's format, with schema-valid arguments.
+
+        Left free (`auto`), the model writes text and a call starts where it writes the trigger. Forced, the output
+        is the call(s) and nothing else: the grammar ends after the last call, so only the end of sequence can
+        follow (one call unless `parallel`, then as many as the model writes, separated by `separator`).
+        """
         if not tools:
             raise ValueError("guided tool calling needs at least one tool")
-        tags = [self._tag(tool) for tool in tools]
-        return triggered_tags([self.trigger], tags, at_least_one=required, stop_after_first=not parallel)
+        if required:
+            return self._calls_only(tools, parallel)
+        tags = [self._tag(tool, self.call_prefix, self.call_suffix) for tool in tools]
+        return triggered_tags([self.trigger], tags, at_least_one=False, stop_after_first=not parallel)
 
-    def _tag(self, tool: Function) -> Node:
+    def _calls_only(self, tools: list[Function], parallel: bool) -> Node:
+        if self.calls_in_one_list:
+            elements = [self._tag(tool, "", "") for tool in tools]
+            listed = tags_with_separator(elements, self.separator, at_least_one=True, stop_after_first=not parallel)
+            return tag(self.call_prefix, listed, self.call_suffix)
+        tags = [self._tag(tool, self.call_prefix, self.call_suffix) for tool in tools]
+        return tags_with_separator(tags, self.separator, at_least_one=True, stop_after_first=not parallel)
+
+    def _tag(self, tool: Function, prefix: str, suffix: str) -> Node:
         name = json.dumps(tool.name, ensure_ascii=False)
-        begin = f'{self.call_prefix}{{"name": {name}, "{self.arguments_key}": '
-        return tag(begin, json_schema(tool.parameters), "}" + self.call_suffix)
+        begin = f'{prefix}{{"name": {name}, "{self.arguments_key}": '
+        return tag(begin, json_schema(tool.parameters), "}" + suffix)
 
     def _delta(self, steps: list[Step]) -> ParsedDelta:
-        delta = ParsedDelta(content="".join(self._content.push(step.content) for step in steps))
+        content = "" if self.forced else "".join(self._content.push(step.content) for step in steps)
+        delta = ParsedDelta(content=content)
         for call in (self._with_id(call) for step in steps for call in step.calls):
             delta.tool_calls.append(ToolCallDelta(self._count, call.id, call.name, call.arguments))
             self._count += 1

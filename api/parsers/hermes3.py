@@ -23,7 +23,7 @@ class Hermes3ToolParser(MarkedToolParser):
         start = skip_ws(buffer, len(self.marker))
         end = self._json.end(buffer, start, "{")
         if end is None:
-            return self._unsettled(final)
+            return self._unsettled(buffer, final)
         call = call_from_object(buffer[start:end]) if end != NOT_JSON else None
         if call is None:
             return self._not_a_call()

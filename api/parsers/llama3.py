@@ -8,6 +8,7 @@ from .calls import call_from_object
 from .jsonscan import NOT_JSON, skip_ws
 
 PYTHON_TAG = "<|python_tag|>"
+CALL_START = '{"name"'
 
 
 class Llama3ToolParser(ToolParser):
@@ -19,9 +20,10 @@ class Llama3ToolParser(ToolParser):
     call_prefix = ""
     call_suffix = ""
     arguments_key = "parameters"
+    separator = "; "
 
-    def __init__(self) -> None:
-        super().__init__()
+    def __init__(self, forced: bool = False) -> None:
+        super().__init__(forced)
         self._state = "start"  # start -> calls (after the first call) -> text (everything else is content)
 
     def _step(self, buffer: str, final: bool) -> Step | None:
@@ -32,7 +34,10 @@ class Llama3ToolParser(ToolParser):
             return Step(len(buffer))  # a separator left dangling at the end is part of the calls, not an answer
         end = self._json.end(buffer, start, "{") if start is not None else None
         if end is None:
-            return self._text(buffer) if final else None
+            if not final:
+                return None
+            # Cut by the token limit, a call being written (or its python tag arriving) is dropped, not content.
+            return Step(len(buffer)) if self._cut and self._call_begun(buffer, start) else self._text(buffer)
         call = call_from_object(buffer[start:end]) if end != NOT_JSON else None
         if call is None:
             return self._text(buffer)
@@ -46,6 +51,15 @@ class Llama3ToolParser(ToolParser):
         if buffer.startswith(PYTHON_TAG, start):
             return skip_ws(buffer, start + len(PYTHON_TAG))
         return None if PYTHON_TAG.startswith(buffer[start:]) else start
+
+    @staticmethod
+    def _call_begun(buffer: str, start: int | None) -> bool:
+        """Whether the unfinished text at `start` is a call being written: after the python tag, or JSON whose
+        first key is (or may still become) "name"."""
+        if start is None or PYTHON_TAG in buffer[:start]:
+            return True
+        written = "".join(buffer[start:].split())[: len(CALL_START)]
+        return CALL_START.startswith(written)
 
     @staticmethod
     def _separator(buffer: str) -> int:

@@ -18,11 +18,13 @@ class MarkedToolParser(ToolParser):
     marker: ClassVar[str]
 
     def _step(self, buffer: str, final: bool) -> Step | None:
-        plain = before_marker(buffer, self.marker, final)
+        # Output cut by the token limit: the start of a marker at its very end is held back as mid-stream (and
+        # then dropped), not settled as text.
+        plain = before_marker(buffer, self.marker, final and not self._cut)
         if plain:
             return Step(plain, content=buffer[:plain])
         if not buffer.startswith(self.marker):
-            return None  # only the beginning of a marker so far
+            return self._unsettled(buffer, final)  # only the beginning of a marker so far
         return self._call(buffer, final)
 
     @abstractmethod
@@ -32,14 +34,17 @@ class MarkedToolParser(ToolParser):
     def _not_a_call(self) -> Step:
         return Step(len(self.marker), content=self.marker)
 
-    def _unsettled(self, final: bool) -> Step | None:
-        """Needs more text; at the end of output an unfinished call is no call."""
-        return self._not_a_call() if final else None
+    def _unsettled(self, buffer: str, final: bool) -> Step | None:
+        """`buffer` may start a call but needs more text. At the end of the output an unfinished call is no call,
+        so it is content; unless the output was cut by the token limit: then it is dropped."""
+        if not final:
+            return None
+        return Step(len(buffer)) if self._cut else self._not_a_call()
 
     def _array(self, buffer: str, start: int, final: bool) -> Step | None:
         """A JSON array of call objects at `start`, the whole array being the region's end."""
         end = self._json.end(buffer, start, "[")
         if end is None:
-            return self._unsettled(final)
+            return self._unsettled(buffer, final)
         calls = calls_from_array(buffer[start:end]) if end != NOT_JSON else None
         return Step(end, calls=calls) if calls else self._not_a_call()

@@ -24,6 +24,8 @@ class MistralToolParser(MarkedToolParser):
     trigger = "[TOOL_CALLS]"
     call_prefix = "[TOOL_CALLS]["
     call_suffix = "]"
+    separator = ", "
+    calls_in_one_list = True
 
     @staticmethod
     def call_id() -> str:
@@ -33,7 +35,7 @@ class MistralToolParser(MarkedToolParser):
     def _call(self, buffer: str, final: bool) -> Step | None:
         start = skip_ws(buffer, len(self.marker))
         if start == len(buffer):
-            return self._unsettled(final)
+            return self._unsettled(buffer, final)
         if buffer[start] == "[":
             return self._array(buffer, start, final)
         return self._named(buffer, start, final)
@@ -43,12 +45,12 @@ class MistralToolParser(MarkedToolParser):
         if name is None:
             return self._not_a_call()
         if ARGS.startswith(buffer[name.end():]):
-            return self._unsettled(final)  # the name may go on, or [ARGS] is still arriving
+            return self._unsettled(buffer, final)  # the name may go on, or [ARGS] is still arriving
         if not buffer.startswith(ARGS, name.end()):
             return self._not_a_call()
         args = skip_ws(buffer, name.end() + len(ARGS))
         end = self._json.end(buffer, args, "{")
         if end is None:
-            return self._unsettled(final)
+            return self._unsettled(buffer, final)
         call = call_from_parts(name.group(), buffer[args:end]) if end != NOT_JSON else None
         return Step(end, calls=[call]) if call else self._not_a_call()

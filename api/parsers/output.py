@@ -15,25 +15,26 @@ class OutputParser:
         self.reasoning = reasoning
         self.tools = tools
 
-    def parse(self, text: str) -> Parsed:
+    def parse(self, text: str, cut: bool = False) -> Parsed:
+        """`cut`: the output ended at the token limit (see ToolParser)."""
         reasoning, content = self.reasoning.parse(text) if self.reasoning else (None, text or None)
         if self.tools is None:
             return Parsed(content, reasoning, [])
-        content, calls = self.tools.parse(content or "")
+        content, calls = self.tools.parse(content or "", cut)
         return Parsed(content, reasoning, calls)
 
     def feed(self, chunk: str) -> ParsedDelta:
         return self._tools(self.reasoning.feed(chunk) if self.reasoning else ParsedDelta(content=chunk), False)
 
-    def finish(self) -> ParsedDelta:
-        return self._tools(self.reasoning.finish() if self.reasoning else ParsedDelta(), True)
+    def finish(self, cut: bool = False) -> ParsedDelta:
+        return self._tools(self.reasoning.finish() if self.reasoning else ParsedDelta(), True, cut)
 
-    def _tools(self, delta: ParsedDelta, final: bool) -> ParsedDelta:
+    def _tools(self, delta: ParsedDelta, final: bool, cut: bool = False) -> ParsedDelta:
         if self.tools is None:
             return delta
         found = self.tools.feed(delta.content)
         if final:
-            rest = self.tools.finish()
+            rest = self.tools.finish(cut)
             found.content += rest.content
             found.tool_calls += rest.tool_calls
         return ParsedDelta(found.content, delta.reasoning, found.tool_calls)

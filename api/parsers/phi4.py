@@ -12,6 +12,8 @@ class Phi4ToolParser(MarkedToolParser):
     trigger = "functools["
     call_prefix = "functools["
     call_suffix = "]"
+    separator = ", "
+    calls_in_one_list = True
 
     def _call(self, buffer: str, final: bool) -> Step | None:
         return self._array(buffer, skip_ws(buffer, len(self.marker)), final)

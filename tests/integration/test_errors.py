@@ -13,7 +13,7 @@ from openai import OpenAI
 from common.keys import Keys
 from common.modelcard import ModelCard
 from common.servable import ServableType
-from tests.conftest import MODEL, Stack
+from tests.conftest import MODEL, VLM, Stack
 
 HELLO = [{"role": "user", "content": "hi"}]
 
@@ -50,8 +50,10 @@ def assert_envelope(response: httpx.Response, status: int) -> dict:
         ({"model": MODEL, "messages": HELLO, "response_format": {"type": "json_schema", "json_schema": {
             "name": "x", "schema": {"type": "foo"}}}}, "response_format.json_schema.schema"),
         ({"model": MODEL, "messages": HELLO, "num_assistant_tokens": 3}, "num_assistant_tokens"),
-        ({"model": MODEL, "messages": HELLO, "tool_choice": "required", "tools": [
-            {"type": "function", "function": {"name": "f"}}]}, "tool_choice"),
+        ({"model": VLM, "messages": HELLO, "tool_choice": "required", "tools": [
+            {"type": "function", "function": {"name": "f"}}]}, "tool_choice"),  # a model without a tool parser
+        ({"model": MODEL, "messages": HELLO, "stop_token_ids": [49152]}, "stop_token_ids"),  # vocabulary: 49152
+        ({"model": MODEL, "messages": HELLO, "stop_token_ids": [-1]}, "stop_token_ids"),
         ({"messages": HELLO}, "model"),
     ],
 )
@@ -87,13 +89,29 @@ def test_prompt_longer_than_the_context_is_a_400(client: OpenAI, stream: bool) -
     long = [{"role": "user", "content": "hello " * 9000}]
     with pytest.raises(openai.BadRequestError) as caught:
         client.chat.completions.create(model=MODEL, messages=long, max_tokens=5, stream=stream)
-    assert caught.value.body["code"] == "context_length_exceeded"
+    assert caught.value.body["code"] == "context_length_exceeded" and caught.value.body["param"] == "messages"
     assert "maximum context length is 8192 tokens" in caught.value.message
+
+
+@pytest.mark.parametrize("words", [8500, 12000, 20000])
+def test_context_overflow_says_the_real_prompt_length(client: OpenAI, words: int) -> None:
+    """The tokenizer cuts encodings at 8192 tokens; the message used to say 8192 for every long prompt."""
+    with pytest.raises(openai.BadRequestError) as caught:
+        client.completions.create(model=MODEL, prompt="hello " * words, max_tokens=5)
+    assert caught.value.body["param"] == "prompt"
+    # "hello", then words - 1 times " hello", then the last space
+    assert f"your prompt resulted in {words + 1} tokens" in caught.value.message
+
+
+def test_stop_token_ids_in_the_vocabulary_are_accepted(client: OpenAI) -> None:
+    reply = client.chat.completions.create(model=MODEL, messages=HELLO, max_tokens=2,
+                                           extra_body={"stop_token_ids": [49151]})
+    assert reply.usage.completion_tokens <= 2
 
 
 def test_completion_with_template_refusal_and_empty_prompt(stack: Stack) -> None:
     assert_envelope(post(stack, "/completions", {"model": MODEL, "prompt": ""}), 400)
-    assert_envelope(post(stack, "/completions", {"model": MODEL, "prompt": ["a", "b"]}), 400)
+    assert_envelope(post(stack, "/completions", {"model": MODEL, "prompt": ["a", ""]}), 400)
 
 
 def test_model_with_no_live_worker_is_a_503(stack: Stack) -> None:

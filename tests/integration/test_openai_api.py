@@ -1,10 +1,15 @@
 """The official openai SDK against the real API and worker processes."""
 from __future__ import annotations
 
+import json
 from concurrent.futures import ThreadPoolExecutor
 
+import httpx
+import pytest
+import redis
 from openai import OpenAI
 
+from common.keys import Keys
 from tests.conftest import MODEL, Stack
 
 QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
@@ -106,3 +111,49 @@ def test_sixteen_concurrent_streams_all_complete(client: OpenAI) -> None:
     with ThreadPoolExecutor(16) as pool:
         results = list(pool.map(one, range(16)))
     assert results == [("length", 24)] * 16
+
+
+def _answer(client: OpenAI, max_tokens: int, stream: bool) -> tuple[str, str | None, int, list[str]]:
+    """(content, finish_reason, completion tokens, log-probability tokens) of the greedy answer, either way."""
+    kwargs = {"model": MODEL, "messages": QUESTION, "max_tokens": max_tokens, "temperature": 0, "logprobs": True}
+    if not stream:
+        reply = client.chat.completions.create(**kwargs)
+        choice = reply.choices[0]
+        return (choice.message.content, choice.finish_reason, reply.usage.completion_tokens,
+                [t.token for t in choice.logprobs.content])
+    content, finish, tokens, usage = "", None, [], 0
+    for chunk in client.chat.completions.create(**kwargs, stream=True, stream_options={"include_usage": True}):
+        for choice in chunk.choices:
+            content += choice.delta.content or ""
+            finish = choice.finish_reason or finish
+            tokens += [t.token for t in (choice.logprobs.content if choice.logprobs else [])]
+        usage = chunk.usage.completion_tokens if chunk.usage else usage
+    return content, finish, usage, tokens
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_end_of_sequence_is_not_a_token_and_as_the_last_allowed_one_it_is_a_stop(client: OpenAI,
+                                                                                  stream: bool) -> None:
+    content, finish, length, tokens = _answer(client, 200, stream)
+    assert finish == "stop" and "".join(tokens) == content and len(tokens) == length
+    # The end of sequence is the (length + 1)-th token: allowed exactly, the answer is whole and a stop.
+    assert _answer(client, length + 1, stream) == (content, "stop", length, tokens)
+    cut = _answer(client, length, stream)
+    assert cut[1:3] == ("length", length) and cut[0] == content
+
+
+def test_a_streams_last_chunk_has_an_empty_delta_and_no_reasoning_field(stack: Stack) -> None:
+    body = {"model": MODEL, "messages": QUESTION, "max_tokens": 3, "stream": True}
+    with httpx.stream("POST", stack.base_url + "/chat/completions", json=body, timeout=60) as response:
+        chunks = [json.loads(line[6:]) for line in response.iter_lines() if line.startswith("data: {")]
+    assert chunks[-1]["choices"][0]["delta"] == {} and chunks[-1]["choices"][0]["finish_reason"] == "length"
+    assert all("reasoning_content" not in c["choices"][0]["delta"] for c in chunks)
+    assert all("usage" not in c for c in chunks)  # not asked for
+    assert response.headers["x-request-id"] and chunks[0]["id"] == f"chatcmpl-{response.headers['x-request-id']}"
+
+
+def test_x_request_id_is_the_job_id(stack: Stack, redis_client: redis.Redis) -> None:
+    response = httpx.post(stack.base_url + "/chat/completions", headers={"X-Request-Id": "trace-42.a"},
+                          json={"model": MODEL, "messages": QUESTION, "max_tokens": 2}, timeout=60)
+    assert response.headers["x-request-id"] == "trace-42.a" and response.json()["id"] == "chatcmpl-trace-42.a"
+    assert redis_client.hget(Keys("ovqtest").job("trace-42.a"), "status") == b"done"

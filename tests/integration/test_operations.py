@@ -107,20 +107,22 @@ def test_an_unreadable_job_still_gets_its_terminal_event(stack: Stack, redis_cli
     assert redis_client.xlen(KEYS.dead) == dead_before + 1
 
 
-def _engine_pid(model: str) -> int:
-    """The engine process of the model's worker: the child of `python -m workers --model <model>`."""
+def _engine_pid(model: str, stack: Stack) -> int:
+    """The engine process of the model's worker in this stack (other sessions may run stacks of their own):
+    the child of `python -m workers --model <model>` started with this stack's models file."""
     import psutil
 
     for proc in psutil.process_iter(["cmdline"]):
         cmdline = proc.info["cmdline"] or []
-        if "workers" in cmdline and model in cmdline:
+        if "workers" in cmdline and model in cmdline and proc.environ().get("OVQ_CONFIG") == str(stack.config):
             # Besides the engine, multiprocessing may run its resource tracker.
-            (engine,) = [c for c in proc.children() if "spawn_main" in " ".join(c.cmdline())]
+            live = [c for c in proc.children() if c.status() != psutil.STATUS_ZOMBIE]
+            (engine,) = [c for c in live if "spawn_main" in " ".join(c.cmdline())]
             return engine.pid
     raise LookupError(model)
 
 
-def test_an_engine_crash_fails_its_jobs_and_the_worker_recovers(client: OpenAI) -> None:
+def test_an_engine_crash_fails_its_jobs_and_the_worker_recovers(client: OpenAI, stack: Stack) -> None:
     import os
     import signal
 
@@ -129,7 +131,7 @@ def test_an_engine_crash_fails_its_jobs_and_the_worker_recovers(client: OpenAI) 
     stream = client.chat.completions.create(model=SINGLE, messages=[{"role": "user", "content": "Go on and on."}],
                                             max_tokens=3000, stream=True, extra_body={"ignore_eos": True})
     next(iter(stream))
-    os.kill(_engine_pid(SINGLE), signal.SIGKILL)  # what a native crash looks like from outside
+    os.kill(_engine_pid(SINGLE, stack), signal.SIGKILL)  # what a native crash looks like from outside
     with pytest.raises(openai.APIError, match="crashed"):
         for _ in stream:
             pass

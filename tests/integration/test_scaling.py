@@ -16,8 +16,8 @@ from common.keys import Keys
 from tests.conftest import MODEL, Tiers
 
 
-def _models(model_dir: Path) -> dict[str, dict]:
-    return {MODEL: {"path": str(model_dir), "cache_size": 0, "max_num_seqs": 64}}
+def _models(model_dir: Path, max_num_seqs: int = 64) -> dict[str, dict]:
+    return {MODEL: {"path": str(model_dir), "cache_size": 0, "max_num_seqs": max_num_seqs}}
 
 
 def _burst(t: Tiers, n: int, max_tokens: int) -> list[str]:
@@ -54,7 +54,8 @@ def test_two_workers_share_a_burst(tiers: Callable[..., Tiers], model_dir: Path)
 
 def test_a_worker_that_joins_during_a_backlog_takes_waiting_jobs(tiers: Callable[..., Tiers],
                                                                  model_dir: Path) -> None:
-    t = tiers(_models(model_dir))
+    # Four at a time and long answers: the backlog outlasts the second worker's start-up (seconds) by far.
+    t = tiers(_models(model_dir, max_num_seqs=4))
     t.api()
     first = t.worker(MODEL, name="first")
     t.wait_served(MODEL)
@@ -62,7 +63,7 @@ def test_a_worker_that_joins_during_a_backlog_takes_waiting_jobs(tiers: Callable
     keys = Keys(t.prefix)
     stream = keys.jobs(MODEL, "CPU")
     result: list[list[str]] = []
-    burst = threading.Thread(target=lambda: result.append(_burst(t, 48, 48)))
+    burst = threading.Thread(target=lambda: result.append(_burst(t, 48, 64)))
     burst.start()
     deadline = time.monotonic() + 60
     while r.xlen(stream) - r.xpending(stream, "workers")["pending"] < 16:  # a backlog has built up

@@ -222,3 +222,31 @@ def test_skip_special_tokens_false_keeps_them_in_the_text(client: OpenAI) -> Non
     assert "<|im_start|>" in kept.choices[0].text
     assert "<|im_start|>" not in skipped.choices[0].text
     assert kept.choices[0].text.replace("<|im_start|>", "") == skipped.choices[0].text
+
+
+def test_a_prompt_array_is_one_job_per_prompt_in_one_answer(client: OpenAI) -> None:
+    prompts = ["The capital of France is", "One, two, three,", "Water boils at"]
+    one_by_one = [client.completions.create(model=MODEL, prompt=p, max_tokens=5, temperature=0) for p in prompts]
+    together = client.completions.create(model=MODEL, prompt=prompts, max_tokens=5, temperature=0, n=2)
+    assert [c.index for c in together.choices] == list(range(6))
+    for p, single in enumerate(one_by_one):
+        for i in range(2):
+            assert together.choices[p * 2 + i].text == single.choices[0].text
+    assert together.usage.prompt_tokens == sum(s.usage.prompt_tokens for s in one_by_one)
+    assert together.usage.completion_tokens == 2 * sum(s.usage.completion_tokens for s in one_by_one)
+    texts: dict[int, str] = defaultdict(str)
+    finishes, usage = {}, None
+    for chunk in client.completions.create(model=MODEL, prompt=prompts, max_tokens=5, temperature=0, n=2,
+                                           stream=True, stream_options={"include_usage": True}):
+        for choice in chunk.choices:
+            texts[choice.index] += choice.text
+            if choice.finish_reason:
+                finishes[choice.index] = choice.finish_reason
+        usage = chunk.usage or usage
+    assert texts == {c.index: c.text for c in together.choices}
+    assert set(finishes) == set(range(6)) and usage.total_tokens == together.usage.total_tokens
+
+
+def test_token_id_prompt_arrays_too(client: OpenAI) -> None:
+    reply = client.completions.create(model=MODEL, prompt=[[504, 3575], [504]], max_tokens=3, temperature=0)
+    assert [c.index for c in reply.choices] == [0, 1] and reply.usage.prompt_tokens == 3

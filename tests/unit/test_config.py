@@ -1,11 +1,12 @@
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
 from pydantic import ValidationError
 
-from common.config import DEFAULT_MODEL, configured_models, load_models
+from common.config import DEFAULT_MODEL, TOOLS_CHAT_TEMPLATE, configured_models, load_models
 from common.settings import Settings
 
 
@@ -52,3 +53,38 @@ def test_sampling_defaults_sit_below_the_directory_generation_config() -> None:
     model = ModelConfig(name="m", path=tiny, sampling_defaults={"temperature": 0.2, "max_tokens": 99})
     info = ServableInfo.load(tiny, model, "CPU")
     assert info.defaults == {"temperature": 0.2, "max_tokens": 32}
+
+
+def test_default_model_serves_tools_with_the_shipped_template(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from api.templates import render
+
+    monkeypatch.setenv("OVQ_CACHE_DIR", str(tmp_path))
+    (model,) = configured_models(Settings())
+    assert model.tool_parser == "hermes3" and model.chat_template == TOOLS_CHAT_TEMPLATE
+    tools = [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}]
+    call = {"id": "c", "type": "function", "function": {"name": "get_weather", "arguments": {"city": "Paris"}}}
+    messages = [{"role": "user", "content": "Weather?"}, {"role": "assistant", "content": "", "tool_calls": [call]},
+                {"role": "tool", "tool_call_id": "c", "content": "sunny"}]
+    prompt = render(TOOLS_CHAT_TEMPLATE.read_text(), messages, "", "", {"tools": tools})
+    assert '<tools>\n{"type": "function", "function": {"name": "get_weather"' in prompt
+    assert '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>' in prompt
+    assert "<tool_response>\nsunny\n</tool_response>" in prompt and prompt.endswith("<|im_start|>assistant\n")
+
+
+def test_the_shipped_template_is_package_data() -> None:
+    text = (Path(__file__).resolve().parents[2] / "pyproject.toml").read_text()  # tomllib needs Python 3.11
+    section = text.split("[tool.setuptools.package-data]", 1)[1].split("\n[", 1)[0]
+    globs = re.search(r"^common = \[(.*?)\]", section, re.M).group(1).replace('"', "").split(",")
+    relative = TOOLS_CHAT_TEMPLATE.relative_to(TOOLS_CHAT_TEMPLATE.parents[1])
+    assert any(relative.match(glob.strip()) for glob in globs)
+
+
+def test_a_models_file_chat_template_is_relative_to_it_and_wins(tmp_path: Path) -> None:
+    from workers.servable_info import ServableInfo
+
+    tiny = Path(__file__).resolve().parent.parent / "models" / "tiny-llama"
+    (tmp_path / "t.jinja").write_text("{{ messages[0]['content'] }}!")
+    (tmp_path / "m.json").write_text(f'{{"models": {{"m": {{"path": "{tiny}", "chat_template": "t.jinja"}}}}}}')
+    (model,) = load_models(tmp_path / "m.json")
+    assert model.chat_template == tmp_path / "t.jinja"
+    assert ServableInfo.load(tiny, model, "CPU").card.chat_template == "{{ messages[0]['content'] }}!"

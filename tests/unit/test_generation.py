@@ -4,7 +4,7 @@ import pytest
 
 from common.errors import OvqError
 from common.jobs import SamplingParams
-from workers.generation import choice_configs, engine_config, token_budget
+from workers.generation import choice_configs, engine_config, prompt_param, token_budget
 
 
 def test_budget_defaults_to_the_room_left_in_the_context() -> None:
@@ -52,3 +52,10 @@ def test_top_logprob_needs_greedy() -> None:
     assert choice_configs(SamplingParams(logprobs=1, temperature=0), {}, 8)[0]["logprobs"] == 1
     with pytest.raises(OvqError, match="greedy"):
         choice_configs(SamplingParams(logprobs=1, temperature=0.5), {}, 8)
+
+
+def test_a_prompt_too_long_names_the_field_it_came_from() -> None:
+    for kind, param in (("chat", "messages"), ("completion", "prompt")):
+        with pytest.raises(OvqError) as caught:
+            token_budget(SamplingParams(), {}, prompt_tokens=20001, context=8192, param=prompt_param(kind))
+        assert caught.value.body.param == param and "resulted in 20001 tokens" in caught.value.body.message

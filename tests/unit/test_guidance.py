@@ -57,9 +57,15 @@ def test_forced_calls_are_always_guided_to_the_named_function() -> None:
     named = {"type": "function", "function": {"name": "g"}}
     tools = [TOOL, {"type": "function", "function": {"name": "g"}}]
     result = plan({"tool_parser": "hermes3"}, tools=tools, tool_choice=named, parallel_tool_calls=False)
-    triggered = result.structure["triggered_tags"]
-    assert triggered["at_least_one"] and triggered["stop_after_first"]
-    assert [t["tag"]["begin"] for t in triggered["tags"]] == ['<tool_call>\n{"name": "g", "arguments": ']
+    calls = result.structure["tags_with_separator"]
+    assert calls["at_least_one"] and calls["stop_after_first"]
+    assert [t["tag"]["begin"] for t in calls["tags"]] == ['<tool_call>\n{"name": "g", "arguments": ']
+    assert result.forced and result.parser().tools.forced
+    parallel = plan({"tool_parser": "hermes3"}, tools=tools, tool_choice=named, parallel_tool_calls=True)
+    assert parallel.structure["tags_with_separator"]["stop_after_first"]  # a named function: one call
+    required = plan({"tool_parser": "hermes3"}, tools=tools, tool_choice="required", parallel_tool_calls=True)
+    assert not required.structure["tags_with_separator"]["stop_after_first"]
+    assert not plan({"tool_parser": "hermes3"}, tools=tools).parser().tools.forced
 
 
 def test_forced_call_without_a_tool_parser_is_a_400() -> None:
@@ -81,3 +87,16 @@ def test_a_constraint_waits_for_the_end_of_reasoning_when_the_prompt_opened_it()
     first, answer = result.structure["concat"]
     assert first == {"tag": {"begin": "", "content": {"any_text": True}, "end": "</think>"}}
     assert answer == {"json_schema": '{"type": "object"}'}
+
+
+@pytest.mark.parametrize(("ids", "ok"), [([0, 49151], True), ([49152], False), ([-1], False)])
+def test_stop_token_ids_are_checked_against_the_vocabulary(ids: list[int], ok: bool) -> None:
+    from api.checks import check_for_model
+
+    body = ChatCompletionRequest(model="m", messages=MSG, stop_token_ids=ids)
+    if ok:
+        check_for_model(body, card(vocab_size=49152))
+        return
+    with pytest.raises(OvqError) as caught:
+        check_for_model(body, card(vocab_size=49152))
+    assert caught.value.body.param == "stop_token_ids"

@@ -1,6 +1,8 @@
 from __future__ import annotations
 
-from common.events import TokenLogprob
+from typing import Any
+
+from common.events import Delta
 from common.jobs import Job, SamplingParams
 from workers.jobstate import RunningJob
 
@@ -14,8 +16,8 @@ class Pieces:
         self.pieces: list[int] = []
 
 
-def entry(token: str) -> TokenLogprob:
-    return TokenLogprob(token=token, logprob=-0.5, bytes=list(token.encode()))
+def entry(token: str) -> dict[str, Any]:
+    return {"token": token, "logprob": -0.5, "bytes": list(token.encode())}
 
 
 def run(tokens: list[str], stop: list[str], keep: bool = False) -> tuple[str, list[str]]:
@@ -31,8 +33,9 @@ def run(tokens: list[str], stop: list[str], keep: bool = False) -> tuple[str, li
         if choice.stops.stopped:
             break
     deltas.append(state.finish(choice, "stop"))
-    text = "".join(d.text for d in deltas if d)
-    return text, [e.token for d in deltas if d and d.logprobs for e in d.logprobs]
+    deltas = [Delta.model_validate(d) for d in deltas if d]  # the hot path's dicts are the contract's Delta
+    text = "".join(d.text for d in deltas)
+    return text, [e.token for d in deltas if d.logprobs for e in d.logprobs]
 
 
 def test_logprobs_follow_the_text_that_reaches_the_client() -> None:

@@ -43,8 +43,9 @@ def splits(text: str) -> Iterator[list[str]]:
     yield list(text)
 
 
-def streamed(parser: Any, chunks: list[str]) -> Answer:
-    deltas: list[ParsedDelta] = [parser.feed(chunk) for chunk in chunks] + [parser.finish()]
+def streamed(parser: Any, chunks: list[str], cut: bool = False) -> Answer:
+    deltas: list[ParsedDelta] = [parser.feed(chunk) for chunk in chunks]
+    deltas.append(parser.finish(cut) if cut else parser.finish())
     calls: dict[int, list[str]] = {}
     ids: set[str] = set()
     for fragment in (fragment for delta in deltas for fragment in delta.tool_calls):
@@ -61,9 +62,9 @@ def streamed(parser: Any, chunks: list[str]) -> Answer:
     return content, reasoning, [(name, arguments) for name, arguments in calls.values()]
 
 
-def check_streaming(make: Callable[[], Any], text: str, expected: Answer) -> None:
+def check_streaming(make: Callable[[], Any], text: str, expected: Answer, cut: bool = False) -> None:
     for chunks in splits(text):
-        assert streamed(make(), chunks) == expected, chunks
+        assert streamed(make(), chunks, cut) == expected, chunks
 
 
 def case(parser: str, text: str, content: str | None, calls: Sequence[Call] = (), name: str = "") -> Any:
@@ -265,9 +266,11 @@ def test_random_outputs_stream_like_whole() -> None:
         text = "".join(rng.choice(PIECES) for _ in range(rng.randint(0, 10)))
         cut = rng.randint(0, len(text))
         for kind in TOOL_PARSERS.values():
-            content, calls = kind().parse(text)
-            expected = (content, None, [(call.name, call.arguments) for call in calls])
-            assert streamed(kind(), [text[:cut], text[cut:]]) == expected == streamed(kind(), list(text)), text
+            for forced, length in ((False, False), (False, True), (True, True)):
+                content, calls = kind(forced).parse(text, length)
+                expected = (content, None, [(call.name, call.arguments) for call in calls])
+                assert (streamed(kind(forced), [text[:cut], text[cut:]], length) == expected
+                        == streamed(kind(forced), list(text), length)), text
         whole = output_parser("hermes3", "qwen3").parse(text)
         expected = (whole.content, whole.reasoning, [(call.name, call.arguments) for call in whole.tool_calls])
         assert streamed(output_parser("hermes3", "qwen3"), list(text)) == expected, text
@@ -316,11 +319,11 @@ SEPARATOR = {"hermes3": "\n", "llama3": "; ", "phi4": "", "mistral": ""}  # what
 
 
 @pytest.mark.parametrize("parser", sorted(TOOL_PARSERS))
-@pytest.mark.parametrize(("required", "parallel"), [(False, False), (False, True), (True, False), (True, True)])
-def test_guided_tree_structure(parser: str, required: bool, parallel: bool) -> None:
-    tree = TOOL_PARSERS[parser]().guided(TOOLS, required, parallel)
+@pytest.mark.parametrize("parallel", [False, True])
+def test_auto_guidance_triggers_calls_in_free_text(parser: str, parallel: bool) -> None:
+    tree = TOOL_PARSERS[parser]().guided(TOOLS, False, parallel)
     spec = tree["triggered_tags"]
-    assert (spec["at_least_one"], spec["stop_after_first"]) == (required, not parallel)
+    assert (spec["at_least_one"], spec["stop_after_first"]) == (False, not parallel)
     assert len(spec["tags"]) == len(TOOLS)
     for tool, node in zip(TOOLS, spec["tags"], strict=True):
         assert any(node["tag"]["begin"].startswith(trigger) for trigger in spec["triggers"])
@@ -329,17 +332,105 @@ def test_guided_tree_structure(parser: str, required: bool, parallel: bool) -> N
     assert json.loads(json.dumps(tree)) == tree
 
 
+def calls_only(tree: dict) -> dict:
+    """The tags_with_separator node of a forced tree (inside the list's tag for list formats)."""
+    if "tag" in tree:
+        return tree["tag"]["content"]["tags_with_separator"]
+    return tree["tags_with_separator"]
+
+
 @pytest.mark.parametrize("parser", sorted(TOOL_PARSERS))
-def test_guided_output_parses_back(parser: str) -> None:
+@pytest.mark.parametrize("parallel", [False, True])
+def test_forced_guidance_is_the_calls_and_nothing_else(parser: str, parallel: bool) -> None:
+    """No trigger, no free text: the grammar is exactly the call(s), so it ends, and with it the generation."""
+    tree = TOOL_PARSERS[parser]().guided(TOOLS, True, parallel)
+    assert "triggered_tags" not in json.dumps(tree)
+    spec = calls_only(tree)
+    assert (spec["at_least_one"], spec["stop_after_first"]) == (True, not parallel)
+    assert [node["tag"]["content"] for node in spec["tags"]] == [json_schema(tool.parameters) for tool in TOOLS]
+
+
+def written(node: dict, arguments: list[str]) -> str:
+    """What a model writes under a forced tree, calling the tools in order with these arguments."""
+    if "tags_with_separator" in node:
+        spec = node["tags_with_separator"]
+        tags = spec["tags"][: 1 if spec["stop_after_first"] else len(arguments)]
+        return spec["separator"].join(written(tag, arguments) for tag in tags)
+    begin, content, end = node["tag"]["begin"], node["tag"]["content"], node["tag"]["end"]
+    inner = arguments.pop(0) if "json_schema" in content else written(content, arguments)
+    return begin + inner + end
+
+
+@pytest.mark.parametrize("parser", sorted(TOOL_PARSERS))
+@pytest.mark.parametrize("parallel", [False, True])
+def test_forced_output_parses_back_to_the_calls_alone(parser: str, parallel: bool) -> None:
     kind = TOOL_PARSERS[parser]
-    tags = [node["tag"] for node in kind().guided(TOOLS, True, True)["triggered_tags"]["tags"]]
-    written = [json.dumps(instance, indent=4, ensure_ascii=False) for instance in INSTANCES]
-    texts = [tag["begin"] + arguments + tag["end"] for tag, arguments in zip(tags, written, strict=True)]
-    for tool, text, arguments in zip(TOOLS, texts, written, strict=True):
-        content, calls = kind().parse(text)
-        assert (content, [(call.name, call.arguments) for call in calls]) == (None, [(tool.name, arguments)])
-    expected = (None, None, [(tool.name, arguments) for tool, arguments in zip(TOOLS, written, strict=True)])
+    arguments = [json.dumps(instance, indent=4, ensure_ascii=False) for instance in INSTANCES]
+    text = written(kind().guided(TOOLS, True, parallel), list(arguments))
+    count = len(TOOLS) if parallel else 1
+    expected = [(tool.name, args) for tool, args in zip(TOOLS[:count], arguments[:count], strict=True)]
+    content, calls = kind(forced=True).parse(text)
+    assert (content, [(call.name, call.arguments) for call in calls]) == (None, expected)
+    check_streaming(lambda: kind(forced=True), text, (None, None, expected))
+
+
+@pytest.mark.parametrize("parser", sorted(TOOL_PARSERS))
+def test_auto_guided_tags_parse_back(parser: str) -> None:
+    kind = TOOL_PARSERS[parser]
+    tags = [node["tag"] for node in kind().guided(TOOLS, False, True)["triggered_tags"]["tags"]]
+    written_args = [json.dumps(instance, indent=4, ensure_ascii=False) for instance in INSTANCES]
+    texts = [tag["begin"] + arguments + tag["end"] for tag, arguments in zip(tags, written_args, strict=True)]
+    expected = (None, None, [(tool.name, arguments) for tool, arguments in zip(TOOLS, written_args, strict=True)])
     check_streaming(kind, SEPARATOR[parser].join(texts), expected)
+
+
+CUT_CASES = [  # (parser, forced, output cut by the token limit, content, calls)
+    ("hermes3", True, "<", None, []),
+    ("hermes3", True, '<tool_call>\n{"name": "get_weather", "arguments": {"loc', None, []),
+    ("hermes3", True, f"{hermes('get_time', TIME_UTC)}\n<tool_call>\n{{", None, [("get_time", TIME_UTC)]),
+    ("hermes3", False, "Sure. <tool_", "Sure.", []),
+    ("hermes3", False, 'Checking.\n<tool_call>\n{"name": "get_weather", "arguments": {"location": "Par',
+     "Checking.", []),
+    ("hermes3", False, '<tool_call>\n{"arguments": {}} and', '<tool_call>\n{"arguments": {}} and', []),
+    ("hermes3", False, "Plain text cut mid-wor", "Plain text cut mid-wor", []),
+    ("llama3", True, '{"name": "get_weather", "parameters": {"loc', None, []),
+    ("llama3", False, '<|python_tag|>{"name": "get_weather", "parameters": {"location": "Par', None, []),
+    ("llama3", False, '{"na', None, []),
+    ("llama3", False, '{"answer": 4', '{"answer": 4', []),
+    ("llama3", False, '{"name": "a", "parameters": {}}; {"name": "b", "param', None, [("a", "{}")]),
+    ("llama3", False, "Hello", "Hello", []),
+    ("phi4", True, "functools[", None, []),
+    ("phi4", False, 'Let me look.\nfunctools[{"name"', "Let me look.", []),
+    ("phi4", False, "Python's functoo", "Python's", []),
+    ("mistral", True, '[TOOL_CALLS][{"name": "get_time", "arguments": {}}, {"na', None, []),
+    ("mistral", False, "Sure.[TOOL_CALLS]get_wea", "Sure.", []),
+    ("mistral", False, "Sure. [TOOL_C", "Sure.", []),
+]
+
+
+@pytest.mark.parametrize(("parser", "forced", "text", "content", "calls"), CUT_CASES)
+def test_output_cut_by_the_token_limit_never_shows_call_markup(parser: str, forced: bool, text: str,
+                                                             content: str | None, calls: list[Call]) -> None:
+    kind = TOOL_PARSERS[parser]
+    whole_content, whole_calls = kind(forced).parse(text, cut=True)
+    assert (whole_content, [(call.name, call.arguments) for call in whole_calls]) == (content, calls)
+    check_streaming(lambda: kind(forced), text, (content, None, calls), cut=True)
+
+
+def test_a_forced_answer_has_no_content_even_when_it_ends_early() -> None:
+    """Ended by a stop string, say: what is not a complete call is dropped, never content."""
+    text = f"{hermes('get_time', TIME_UTC)}\n<tool_call>\n{{\"name\": \"get_wea"
+    assert Hermes3ToolParser(forced=True).parse(text)[0] is None
+    assert Hermes3ToolParser().parse(text)[0] == '<tool_call>\n{"name": "get_wea'
+    check_streaming(lambda: Hermes3ToolParser(forced=True), text, (None, None, [("get_time", TIME_UTC)]))
+
+
+def test_output_parser_passes_cut_and_forced_to_the_tool_parser() -> None:
+    parser = output_parser("hermes3", "qwen3", "", forced=True)
+    whole = parser.parse("<think>\nhm\n</think>\n\n<tool_ca", cut=True)
+    assert (whole.content, whole.reasoning, whole.tool_calls) == (None, "hm", [])
+    check_streaming(lambda: output_parser("hermes3", "qwen3", "", forced=False), "<think>\nhm\n</think>\n\n<tool_ca",
+                    (None, "hm", []), cut=True)
 
 
 def test_guided_needs_tools() -> None:

@@ -100,7 +100,14 @@ def test_unknown_fields_are_ignored() -> None:
 
 
 def test_completion_prompt_forms() -> None:
-    assert CompletionRequest(model="m", prompt=["one"]).prompt == "one"
-    assert CompletionRequest(model="m", prompt=[1, 2]).prompt == [1, 2]
+    """A string, token ids, or a list of either: one job per prompt."""
+    assert CompletionRequest(model="m", prompt="one").prompts == ["one"]
+    assert CompletionRequest(model="m", prompt=["one"]).prompts == ["one"]
+    assert CompletionRequest(model="m", prompt=[1, 2]).prompts == [[1, 2]]
+    assert CompletionRequest(model="m", prompt=["a", "b"]).prompts == ["a", "b"]
+    assert CompletionRequest(model="m", prompt=[[1, 2], [3]]).prompts == [[1, 2], [3]]
+    for empty in ("", [], ["a", ""], [[1], []]):
+        with pytest.raises(ValidationError):
+            CompletionRequest(model="m", prompt=empty)
     with pytest.raises(ValidationError):
-        CompletionRequest(model="m", prompt=["a", "b"])
+        CompletionRequest(model="m", prompt=["p"] * 129)

@@ -1,0 +1,76 @@
+"""`ovq jobs show ID`: where a job is and how it went: model, device, worker, API process, status, timings, error."""
+from __future__ import annotations
+
+import argparse
+import time
+
+import redis.asyncio as aioredis
+from rich.table import Table
+
+from cli.console import console, error, print_json, run
+from common import control
+from common.keys import Keys
+from common.settings import Settings
+
+
+def _when(ts: float | None) -> str:
+    return "-" if ts is None else time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(ts)) + f".{int(ts % 1 * 1000):03d}"
+
+
+def _ms(value: float | None) -> str:
+    return "-" if value is None else f"{value:.1f} ms"
+
+
+def rows(info: control.JobInfo) -> list[tuple[str, str]]:
+    alive = {True: "alive", False: "gone", None: "never announced"}[info.api_alive]
+    out = [("job", info.id), ("status", info.status), ("model", info.model or "-"), ("device", info.device or "-"),
+           ("kind", info.kind or "-"), ("worker", info.worker or "-"),
+           ("API process", f"{info.api} ({alive})" if info.api else "-"),
+           ("created", _when(info.created)), ("updated", _when(info.updated)),
+           ("queue", _ms(info.queue_ms)), ("time to first token", _ms(info.ttft_ms)), ("total", _ms(info.total_ms)),
+           ("prompt tokens", str(info.prompt_tokens) if info.prompt_tokens is not None else "-"),
+           ("completion tokens", str(info.completion_tokens) if info.completion_tokens is not None else "-")]
+    if info.finish_reasons:
+        out.append(("finish reasons", ", ".join(info.finish_reasons)))
+    if info.deliveries is not None:
+        out.append(("deliveries", str(info.deliveries)))
+    if info.retries:
+        out.append(("retried", f"{info.retries} times from the dead letters"))
+    if info.reason:
+        out.append(("reason", info.reason))
+    if info.error:
+        out.append(("error", f"{info.error.get('type', '')}: {info.error.get('message', '')}"))
+    if info.text is not None:
+        out.append(("text", info.text))
+    return out
+
+
+async def _show(redis: aioredis.Redis, keys: Keys, settings: Settings, job_id: str, as_json: bool) -> int:
+    try:
+        info = await control.job_info(redis, keys, settings, job_id)
+    except control.NotFound as exc:
+        error(str(exc))
+        return 1
+    if as_json:
+        print_json(info.model_dump(mode="json"))
+        return 0
+    table = Table(show_header=False, box=None)
+    table.add_column(style="bold")
+    table.add_column(overflow="fold")
+    for name, value in rows(info):
+        table.add_row(name, value)
+    console().print(table)
+    return 0
+
+
+def show(args: argparse.Namespace) -> int:
+    return run(lambda redis, keys, settings: _show(redis, keys, settings, args.id, args.json))
+
+
+def add_parsers(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("jobs", help="look jobs up")
+    actions = p.add_subparsers(dest="jobs_command", required=True)
+    s = actions.add_parser("show", help="a job's model, device, worker, API process, status, timings and error")
+    s.add_argument("id", help="the job id (the API's X-Request-Id)")
+    s.add_argument("--json", action="store_true")
+    s.set_defaults(func=show)

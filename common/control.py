@@ -1,0 +1,161 @@
+"""What an operator does to the queue, straight on Redis: drain a worker, retry or purge dead letters, look a job up.
+Shared by the CLI (`ovq worker drain`, `ovq dead`, `ovq jobs show`) and the ops page's buttons."""
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import orjson
+import redis.asyncio as aioredis
+from pydantic import BaseModel
+
+from common.jobs import Job
+from common.keys import GROUP, Keys
+from common.settings import Settings
+
+# A drain request for a worker that never reads it (it died meanwhile) goes away after this long.
+DRAIN_TTL_S = 600
+# A retried dead letter's events go to a channel nobody listens on: its outcome is in its job hash. No API
+# process announces this name, so workers never take the job for one that is gone.
+RETRY_REPLY_TO = "ops-retry"
+
+# KEYS: dead-letter stream, job hash, the model's stream. ARGV: entry id, job JSON, created, reply_to, model,
+# device, job TTL. Removed from the dead letters and queued again in one step; 0 when the entry is gone already
+# (retried or purged by someone else).
+RETRY = """
+if redis.call('XDEL', KEYS[1], ARGV[1]) == 0 then return 0 end
+redis.call('XADD', KEYS[3], '*', 'job', ARGV[2])
+redis.call('HDEL', KEYS[2], 'error', 'result', 'worker', 'reason', 'streamed', 'text')
+redis.call('HSET', KEYS[2], 'status', 'queued', 'created', ARGV[3], 'api', ARGV[4], 'model', ARGV[5],
+           'device', ARGV[6])
+redis.call('HINCRBY', KEYS[2], 'retries', 1)
+redis.call('EXPIRE', KEYS[2], ARGV[7])
+return 1
+"""
+
+
+class NotFound(LookupError):
+    """No such worker, dead letter or job."""
+
+
+class Refused(ValueError):
+    """The operation cannot be done on this item (say, a dead letter whose job cannot be read)."""
+
+
+async def drain(redis: aioredis.Redis, keys: Keys, worker_id: str) -> None:
+    """Ask a live worker to drain: at its next heartbeat it stops taking jobs, finishes its running ones, exits."""
+    if not await redis.exists(keys.worker(worker_id)):
+        raise NotFound(f"no live worker {worker_id!r}")
+    await redis.set(keys.drain(worker_id), time.time(), ex=DRAIN_TTL_S)
+
+
+async def retry(redis: aioredis.Redis, keys: Keys, settings: Settings, entry_id: str) -> Job:
+    """Put a dead letter's job back on its model's stream (a fresh delivery count, created now)."""
+    entries = await redis.xrange(keys.dead, entry_id, entry_id)
+    if not entries:
+        raise NotFound(f"no dead letter {entry_id!r}")
+    try:
+        job = Job.from_fields(entries[0][1])
+    except Exception:
+        raise Refused(f"the dead letter {entry_id} holds a job this version cannot read; purge it") from None
+    job = job.model_copy(update={"created": time.time(), "reply_to": RETRY_REPLY_TO})
+    script = redis.register_script(RETRY)
+    args = [entry_id, orjson.dumps(job.model_dump()), job.created, job.reply_to, job.model, job.device,
+            settings.job_ttl_s]
+    if not await script(keys=[keys.dead, keys.job(job.id), keys.jobs(job.model, job.device)], args=args):
+        raise NotFound(f"no dead letter {entry_id!r} (retried or purged meanwhile)")
+    return job
+
+
+async def purge(redis: aioredis.Redis, keys: Keys) -> int:
+    """Delete every dead letter; how many there were."""
+    tx = redis.pipeline(transaction=True)
+    tx.xlen(keys.dead)
+    tx.delete(keys.dead)
+    count, _ = await tx.execute()
+    return int(count)
+
+
+class JobInfo(BaseModel):
+    id: str
+    status: str
+    model: str = ""
+    device: str = ""
+    kind: str = ""
+    worker: str = ""  # the worker that ran it (or holds it, while in flight)
+    api: str = ""  # the API process waiting for it (its `reply_to`)
+    api_alive: bool | None = None  # None: that API process never announced itself
+    created: float | None = None
+    updated: float | None = None
+    queue_ms: float | None = None
+    ttft_ms: float | None = None
+    total_ms: float | None = None
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
+    finish_reasons: list[str] = []
+    deliveries: int | None = None  # while in flight: how often the stream delivered it
+    retries: int = 0
+    reason: str = ""  # why it was cancelled, when not by its client
+    error: dict[str, Any] | None = None
+    text: str | None = None  # only with OVQ_KEEP_JOB_TEXT
+
+
+async def job_info(redis: aioredis.Redis, keys: Keys, settings: Settings, job_id: str) -> JobInfo:
+    raw = {k.decode(): v.decode(errors="replace") for k, v in (await redis.hgetall(keys.job(job_id))).items()}
+    if not raw:
+        raise NotFound(f"no job {job_id!r} (unknown, or ended more than OVQ_JOB_TTL_S ago)")
+
+    def number(name: str) -> float | None:
+        return float(raw[name]) if raw.get(name) not in (None, "", "null") else None
+
+    result = orjson.loads(raw["result"]) if raw.get("result") else {}
+    timings, usage = result.get("timings") or {}, result.get("usage") or {}
+    info = JobInfo(
+        id=job_id, status=raw.get("status", ""), model=raw.get("model", ""), device=raw.get("device", ""),
+        worker=raw.get("worker", ""), api=raw.get("api", ""), created=number("created"), updated=number("updated"),
+        queue_ms=number("queue_ms") if "queue_ms" in raw else timings.get("queue_ms"),
+        ttft_ms=number("ttft_ms") if "ttft_ms" in raw else timings.get("ttft_ms"),
+        total_ms=number("total_ms") if "total_ms" in raw else timings.get("total_ms"),
+        prompt_tokens=int(raw["prompt_tokens"]) if raw.get("prompt_tokens") else usage.get("prompt_tokens"),
+        completion_tokens=int(raw["completion_tokens"]) if raw.get("completion_tokens")
+        else usage.get("completion_tokens"),
+        finish_reasons=result.get("finish_reasons") or [], retries=int(raw.get("retries", 0)),
+        reason=raw.get("reason", ""), error=orjson.loads(raw["error"]) if raw.get("error") else None,
+        text=raw.get("text"))
+    if info.api:
+        score = await redis.zscore(keys.apis, info.api)
+        info.api_alive = None if score is None else score >= time.time() - settings.api_ttl_s
+    if info.status in ("queued", "running") and info.model and info.device:
+        await _find_in_stream(redis, keys, info)
+    return info
+
+
+async def _find_in_stream(redis: aioredis.Redis, keys: Keys, info: JobInfo) -> None:
+    """The job itself, while it is in its stream: its kind, and who holds it if delivered (a bounded scan: the
+    stream holds at most OVQ_MAX_QUEUE_DEPTH entries)."""
+    stream = keys.jobs(info.model, info.device)
+    created_ms = int((info.created or 0) * 1000)
+    async for entry_id, fields in _entries(redis, stream, f"{max(created_ms - 60_000, 0)}-0"):
+        try:
+            job = Job.from_fields(fields)
+        except Exception:
+            continue
+        if job.id != info.id:
+            continue
+        info.kind = job.kind
+        pending = await redis.xpending_range(stream, GROUP, entry_id, entry_id, 1)
+        if pending:
+            info.worker = info.worker or pending[0]["consumer"].decode()
+            info.deliveries = int(pending[0]["times_delivered"])
+        return
+
+
+async def _entries(redis: aioredis.Redis, stream: str, start: str, page: int = 500) -> Any:
+    lower = start
+    while True:
+        batch = await redis.xrange(stream, lower, "+", count=page)
+        for entry in batch:
+            yield entry
+        if len(batch) < page:
+            return
+        lower = f"({batch[-1][0].decode()}"  # exclusive: after the last one read

@@ -1,0 +1,390 @@
+"""Faults ovq rides out: an engine step that fails, a hung engine, a killed worker, Redis restarted (with and
+without its append-only file) or its clients killed, bursts and disconnect storms.
+
+Every test counts what its clients saw: accepted, completed, failed with a clean error, hung (no answer within
+the bound: must be 0), and internal errors (HTTP 500 or an "internal error" message: must be 0).
+"""
+from __future__ import annotations
+
+import asyncio
+import signal
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+import orjson
+import psutil
+import pytest
+import redis
+
+from common.jobs import Job, SamplingParams
+from common.keys import GROUP, Keys
+from common.redis_server import EmbeddedRedis
+from common.structured import regex
+from tests.conftest import MODEL, MODELS, Tiers, free_port
+
+TINY = "tiny-llama"
+BOUND_S = 90  # no request may take longer than this to end, one way or the other
+
+
+@dataclass
+class Counts:
+    accepted: int = 0
+    completed: int = 0
+    failed: int = 0  # a clean error: the OpenAI envelope, or an error event, with a message
+    hung: int = 0
+    internal: int = 0
+    errors: list[str] = field(default_factory=list)  # the messages of failures, for the assertion's message
+
+    def __str__(self) -> str:
+        return (f"accepted {self.accepted}, completed {self.completed}, failed cleanly {self.failed}, "
+                f"hung {self.hung}, internal errors {self.internal}; errors: {self.errors[:5]}")
+
+    def add(self, outcome: str) -> None:
+        setattr(self, outcome, getattr(self, outcome) + 1)
+
+
+def tiny(**options: object) -> dict[str, dict]:
+    return {TINY: {"path": str(MODELS / TINY), "cache_size": 0, **options}}
+
+
+def stream(base_url: str, body: dict, counts: Counts, started: threading.Event | None = None,
+           timeout: float = BOUND_S) -> None:
+    """One streamed request, counted by how it ended."""
+    lock = threading.Lock()
+    try:
+        with httpx.stream("POST", f"{base_url}/chat/completions", json={**body, "stream": True},
+                          timeout=timeout) as response:
+            if response.status_code != 200:
+                response.read()
+                error = response.json().get("error", {})
+                outcome = "internal" if response.status_code == 500 or not error.get("message") else "failed"
+            else:
+                with lock:
+                    counts.accepted += 1
+                outcome = "hung"
+                for line in response.iter_lines():
+                    if started is not None:
+                        started.set()
+                    if line.startswith("data: {"):
+                        data = orjson.loads(line[6:])
+                        if "error" in data:
+                            message = data["error"].get("message") or ""
+                            counts.errors.append(message)
+                            outcome = "internal" if message in ("", "internal error") else "failed"
+                        elif data["choices"] and data["choices"][0].get("finish_reason"):
+                            outcome = "completed"
+    except httpx.TimeoutException:
+        outcome = "hung"
+    finally:
+        if started is not None:
+            started.set()
+    with lock:
+        counts.add(outcome)
+
+
+def unary(base_url: str, body: dict, counts: Counts, timeout: float = BOUND_S) -> None:
+    try:
+        response = httpx.post(f"{base_url}/chat/completions", json=body, timeout=timeout)
+    except httpx.TimeoutException:
+        counts.add("hung")
+        return
+    if response.status_code == 200:
+        counts.accepted += 1
+        counts.add("completed")
+    else:
+        counts.errors.append(f"{response.status_code} {response.text[:200]}")
+        counts.add("internal" if response.status_code == 500 else "failed")
+
+
+def in_threads(n: int, target: Callable[[int], None]) -> list[threading.Thread]:
+    threads = [threading.Thread(target=target, args=(i,)) for i in range(n)]
+    for thread in threads:
+        thread.start()
+    return threads
+
+
+def join(threads: list[threading.Thread]) -> None:
+    for thread in threads:
+        thread.join(BOUND_S + 30)
+
+
+def engine_of(worker: psutil.Process) -> psutil.Process:
+    (engine,) = [c for c in worker.children() if c.status() != psutil.STATUS_ZOMBIE
+                 and "spawn_main" in " ".join(c.cmdline()) and "resource_tracker" not in " ".join(c.cmdline())]
+    return engine
+
+
+def worker_process(proc: object) -> psutil.Process:
+    """The worker itself: `ovq worker` exec'ed it, so it is the process we started."""
+    return psutil.Process(proc.pid)  # type: ignore[attr-defined]
+
+
+HELLO = {"model": TINY, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3}
+
+
+def test_a_failed_step_fails_only_its_culprit(tiers: Callable[..., Tiers], model_dir: Path,
+                                              redis_url: str) -> None:
+    """A job whose grammar the engine cannot compile (it got past the API's checks: here it is put on the stream
+    directly) breaks the step it joins; it alone fails, with a 400, and the jobs running beside it go on."""
+    t = tiers({MODEL: {"path": str(model_dir), "cache_size": 0, "max_num_seqs": 8}})
+    t.api()
+    worker = t.worker(MODEL)
+    t.wait_served(MODEL)
+    counts, started = Counts(), [threading.Event() for _ in range(3)]
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "Count to a hundred."}], "max_tokens": 48,
+            "temperature": 0, "ignore_eos": True}
+    threads = in_threads(3, lambda i: stream(t.base_url, body, counts, started[i]))
+    for event in started:
+        assert event.wait(60)
+    r = redis.Redis.from_url(redis_url)
+    keys = Keys(t.prefix)
+    culprit = Job(model=MODEL, device="CPU", kind="completion", prompt="Hello", reply_to=f"test-{time.time_ns()}",
+                  params=SamplingParams(max_tokens=4, structured=regex("(?=a)a+")))
+    listener = r.pubsub()
+    listener.subscribe(keys.events(culprit.reply_to))
+    r.xadd(keys.jobs(MODEL, "CPU"), culprit.to_fields())
+    events: list[dict] = []
+    deadline = time.monotonic() + 60
+    while not any(e["type"] in ("done", "error") for e in events) and time.monotonic() < deadline:
+        message = listener.get_message(timeout=1)
+        if message and message["type"] == "message":
+            events.extend(orjson.loads(message["data"])["events"])
+    join(threads)
+    assert [(e["type"], e["status"]) for e in events] == [("error", 400)], events
+    assert "invalid structured output" in events[0]["error"]["message"]
+    assert counts.completed == 3 and counts.hung == counts.internal == 0, counts
+    assert "engine step failed" in t.log(worker)
+    unary(t.base_url, {**body, "max_tokens": 3}, counts)
+    assert counts.completed == 4, counts
+
+
+def test_a_hung_engine_is_killed_by_the_watchdog_and_replaced(tiers: Callable[..., Tiers]) -> None:
+    t = tiers(tiny(), OVQ_ENGINE_WATCHDOG_S="2")
+    t.api()
+    worker = t.worker(TINY)
+    t.wait_served(TINY)
+    counts, started = Counts(), threading.Event()
+    body = {"model": TINY, "messages": [{"role": "user", "content": "go"}], "max_tokens": 1900, "ignore_eos": True}
+    thread = threading.Thread(target=stream, args=(t.base_url, body, counts, started))
+    thread.start()
+    assert started.wait(60)
+    engine_of(worker_process(worker)).send_signal(signal.SIGSTOP)  # a step that never ends
+    thread.join(BOUND_S)
+    assert counts.failed == 1 and counts.hung == counts.internal == 0, counts
+    assert "sent nothing for" in t.log(worker)
+    deadline = time.monotonic() + 60
+    while counts.completed == 0 and time.monotonic() < deadline:  # the replacement engine serves
+        unary(t.base_url, HELLO, counts)
+    assert counts.completed == 1, counts
+
+
+def test_a_killed_worker_fails_its_streams_cleanly_and_the_other_worker_serves(tiers: Callable[..., Tiers]) -> None:
+    """SIGKILL of a worker's I/O process: its engine follows (its pipe closes); a live worker of the model
+    takes over its jobs (re-run if they had sent nothing, else one error event), nothing hangs."""
+    t = tiers(tiny(max_num_seqs=4))
+    t.api()
+    first = t.worker(TINY, name="first")
+    t.wait_served(TINY)
+    second = t.worker(TINY, name="second")
+    t.wait_served(TINY, workers=2)
+    counts, started = Counts(), [threading.Event() for _ in range(6)]
+    body = {"model": TINY, "messages": [{"role": "user", "content": "go"}], "max_tokens": 1500, "ignore_eos": True}
+    threads = in_threads(6, lambda i: stream(t.base_url, body, counts, started[i]))
+    for event in started:
+        assert event.wait(60)
+    worker_process(first).kill()
+    join(threads)
+    assert counts.hung == counts.internal == 0 and counts.completed + counts.failed == 6, counts
+    assert counts.failed >= 1, counts  # the killed worker's streams: one error each
+    unary(t.base_url, HELLO, counts)
+    assert second.poll() is None and counts.completed >= 1, counts
+
+
+@pytest.fixture()
+def own_redis(tmp_path: Path) -> Iterator[EmbeddedRedis]:
+    server = EmbeddedRedis(tmp_path / "own-redis", port=free_port(), appendonly=True)
+    server.start()
+    yield server
+    server.stop()
+
+
+def restart(server: EmbeddedRedis, empty: bool = False, down_s: float = 2.0) -> None:
+    server.stop()
+    if empty:
+        for path in server.data_dir.rglob("*.aof*"):
+            path.unlink() if path.is_file() else None
+        for path in server.data_dir.glob("appendonlydir"):
+            for item in path.iterdir():
+                item.unlink()
+    time.sleep(down_s)
+    server.start()
+
+
+def test_jobs_queued_across_a_redis_restart_run_after_it_returns(tiers: Callable[..., Tiers],
+                                                                   own_redis: EmbeddedRedis) -> None:
+    t = tiers(tiny(max_num_seqs=1), url=own_redis.url)
+    t.api()
+    worker = t.worker(TINY)
+    t.wait_served(TINY)
+    counts, started = Counts(), threading.Event()
+    long = {"model": TINY, "messages": [{"role": "user", "content": "go"}], "max_tokens": 1900, "ignore_eos": True}
+    running = threading.Thread(target=stream, args=(t.base_url, long, counts, started))
+    running.start()
+    assert started.wait(60)
+    queued = in_threads(3, lambda i: unary(t.base_url, HELLO, counts))
+    r = redis.Redis.from_url(own_redis.url)
+    keys = Keys(t.prefix)
+    deadline = time.monotonic() + 30
+    while r.xlen(keys.jobs(TINY, "CPU")) < 4:  # the three wait behind the running one
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    restart(own_redis)
+    running.join(BOUND_S)
+    join(queued)
+    # The running stream lost its events with the connection: a clean 503. The queued jobs were in the
+    # append-only file: they ran once Redis was back.
+    assert counts.hung == counts.internal == 0 and counts.completed >= 3, counts
+    assert worker.poll() is None and "Traceback" not in t.log(worker)
+    unary(t.base_url, HELLO, counts)
+    assert counts.completed >= 4, counts
+
+
+def test_an_empty_redis_after_a_restart_is_set_up_again(tiers: Callable[..., Tiers],
+                                                        own_redis: EmbeddedRedis) -> None:
+    """Redis comes back without its data: the worker recreates its consumer group (NOGROUP) and its card;
+    nobody is restarted by hand."""
+    t = tiers(tiny(), url=own_redis.url)
+    api = t.api()
+    worker = t.worker(TINY)
+    t.wait_served(TINY)
+    counts = Counts()
+    unary(t.base_url, HELLO, counts)
+    restart(own_redis, empty=True)
+    deadline = time.monotonic() + 60
+    while counts.completed < 2 and time.monotonic() < deadline:
+        unary(t.base_url, HELLO, counts)
+        time.sleep(0.2)
+    assert counts.completed == 2 and counts.hung == counts.internal == 0, counts
+    assert worker.poll() is None and api.poll() is None
+    assert "Traceback" not in t.log(worker) + t.log(api)
+
+
+def test_killed_redis_clients_just_reconnect(tiers: Callable[..., Tiers], own_redis: EmbeddedRedis) -> None:
+    t = tiers(tiny(), url=own_redis.url)
+    api = t.api()
+    worker = t.worker(TINY)
+    t.wait_served(TINY)
+    counts, started = Counts(), threading.Event()
+    long = {"model": TINY, "messages": [{"role": "user", "content": "go"}], "max_tokens": 1900, "ignore_eos": True}
+    thread = threading.Thread(target=stream, args=(t.base_url, long, counts, started))
+    thread.start()
+    assert started.wait(60)
+    r = redis.Redis.from_url(own_redis.url)
+    r.execute_command("CLIENT", "KILL", "TYPE", "pubsub")
+    r.execute_command("CLIENT", "KILL", "TYPE", "normal", "SKIPME", "yes")
+    thread.join(BOUND_S)
+    deadline = time.monotonic() + 30
+    while counts.completed < 2 and time.monotonic() < deadline:
+        unary(t.base_url, HELLO, counts)
+    assert counts.completed >= 2 and counts.hung == counts.internal == 0, counts
+    assert worker.poll() is None and api.poll() is None
+
+
+def test_while_redis_is_down_the_api_answers_503_and_stays_live(tiers: Callable[..., Tiers],
+                                                                own_redis: EmbeddedRedis) -> None:
+    t = tiers(tiny(), url=own_redis.url)
+    t.api()
+    t.worker(TINY)
+    t.wait_served(TINY)
+    own_redis.stop()
+    try:
+        base = t.base_url.rsplit("/v3", 1)[0]
+        response = httpx.post(f"{t.base_url}/chat/completions", json=HELLO, timeout=30)
+        assert response.status_code == 503 and int(response.headers["retry-after"]) > 0
+        assert response.json()["error"]["message"]
+        assert httpx.get(f"{base}/v2/health/live").status_code == 200
+        assert httpx.get(f"{base}/v2/health/ready").status_code == 503
+        assert httpx.get(f"{t.base_url}/models").status_code == 503
+    finally:
+        own_redis.start()
+    counts = Counts()
+    deadline = time.monotonic() + 60
+    while counts.completed == 0 and time.monotonic() < deadline:
+        unary(t.base_url, HELLO, counts)
+        time.sleep(0.2)
+    assert counts.completed == 1, counts
+
+
+async def _burst(base: str, n: int, stream: bool) -> Counts:
+    counts = Counts()
+    body = {**HELLO, "max_tokens": 2, "stream": stream}
+    limits = httpx.Limits(max_connections=n, max_keepalive_connections=0)
+    async with httpx.AsyncClient(timeout=BOUND_S, limits=limits) as client:
+
+        async def one() -> None:
+            try:
+                async with client.stream("POST", f"{base}/chat/completions", json=body) as response:
+                    data = await response.aread()
+            except httpx.TimeoutException:
+                counts.add("hung")
+                return
+            except httpx.HTTPError:
+                counts.add("failed")
+                return
+            if response.status_code == 200 and (not stream or b"[DONE]" in data):
+                counts.accepted += 1
+                counts.add("completed")
+            else:
+                counts.add("internal" if response.status_code == 500 else "failed")
+
+        await asyncio.gather(*(one() for _ in range(n)))
+    return counts
+
+
+@pytest.mark.parametrize(("n", "stream"), [(1000, False), (2000, True)])
+def test_a_burst_never_gives_a_500(tiers: Callable[..., Tiers], n: int, stream: bool) -> None:
+    t = tiers(tiny())
+    api = t.api()
+    t.worker(TINY)
+    t.wait_served(TINY)
+    counts = asyncio.run(_burst(t.base_url, n, stream))
+    assert counts.internal == counts.hung == 0 and counts.completed + counts.failed == n, counts
+    assert "Traceback" not in t.log(api)
+
+
+def test_a_disconnect_storm_is_fully_cancelled(tiers: Callable[..., Tiers], redis_url: str) -> None:
+    t = tiers(tiny(max_num_seqs=256))
+    t.api()
+    t.worker(TINY)
+    t.wait_served(TINY)
+    body = {"model": TINY, "messages": [{"role": "user", "content": "go"}], "max_tokens": 1900, "ignore_eos": True,
+            "stream": True}
+
+    async def storm() -> None:
+        async with httpx.AsyncClient(timeout=60, limits=httpx.Limits(max_connections=200)) as client:
+            async def one() -> None:
+                async with client.stream("POST", f"{t.base_url}/chat/completions", json=body) as response:
+                    async for _ in response.aiter_lines():
+                        return  # gone after the first line
+            await asyncio.gather(*(one() for _ in range(200)))
+
+    asyncio.run(storm())
+    r = redis.Redis.from_url(redis_url)
+    stream_key = Keys(t.prefix).jobs(TINY, "CPU")
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and (r.xlen(stream_key) or r.xpending(stream_key, GROUP)["pending"]):
+        time.sleep(0.1)
+    assert r.xlen(stream_key) == 0, "jobs of departed clients were not all cancelled"
+
+
+def test_a_vision_model_answers_a_text_only_chat(stack: object) -> None:
+    base = stack.base_url  # type: ignore[attr-defined]
+    counts = Counts()
+    threads = in_threads(4, lambda i: unary(base, {"model": "tiny-llava", "messages": [
+        {"role": "user", "content": f"hi {i}"}], "max_tokens": 4}, counts))
+    join(threads)
+    assert counts.completed == 4, counts

@@ -1,0 +1,69 @@
+"""What a worker tells operators about its jobs: counts per stats window, the recent-failures list, and (when
+OVQ_LOG_JOBS is on) one log line per finished job. Added to the publisher's round trip, never one of its own."""
+from __future__ import annotations
+
+import logging
+import time
+from collections import Counter
+from typing import Any
+
+import orjson
+from redis.asyncio.client import Pipeline
+
+from common.keys import Keys
+from common.settings import Settings
+from common.stats import OUTCOMES, observe, window_of
+
+log = logging.getLogger("ovq.jobs")
+
+
+class Accounting:
+    def __init__(self, keys: Keys, model: str, device: str, worker_id: str, settings: Settings) -> None:
+        self.keys, self.model, self.device, self.worker_id = keys, model, device, worker_id
+        self.stats_ttl = settings.stats_ttl_s
+        self.failed_kept = settings.failed_jobs_kept
+        self.log_jobs = settings.log_jobs
+
+    def settle(self, status: dict[str, dict[str, Any]], stats: Counter[str]) -> list[bytes]:
+        """Count the jobs that ended in this batch (into `stats`), log them; their failure records."""
+        failures = []
+        for job_id, values in status.items():
+            outcome = values.get("status")
+            if outcome not in OUTCOMES:
+                continue
+            stats[outcome] += 1
+            if outcome == "done" and values.get("total_ms") is not None:
+                observe(stats, "e2e", float(values["total_ms"]))
+            if outcome == "error":
+                failures.append(self._failure(job_id, values))
+            if self.log_jobs:
+                self._log(job_id, outcome, values)
+        return failures
+
+    def write(self, pipe: Pipeline, stats: Counter[str], failures: list[bytes]) -> None:
+        if stats:
+            key = self.keys.stats(self.model, self.device, window_of(time.time()))
+            for name, n in stats.items():
+                pipe.hincrby(key, name, n)
+            pipe.expire(key, self.stats_ttl)
+        if failures:
+            pipe.lpush(self.keys.failed, *failures)
+            pipe.ltrim(self.keys.failed, 0, self.failed_kept - 1)
+            pipe.expire(self.keys.failed, self.stats_ttl)
+
+    def _failure(self, job_id: str, values: dict[str, Any]) -> bytes:
+        error = values.get("error") or {}
+        return orjson.dumps({"job": job_id, "model": self.model, "device": self.device, "worker": self.worker_id,
+                             "time": time.time(), "message": error.get("message", ""),
+                             "type": error.get("type", ""), "code": error.get("code")})
+
+    def _log(self, job_id: str, outcome: str, values: dict[str, Any]) -> None:
+        def ms(name: str) -> str:
+            value = values.get(name)
+            return "-" if value is None else f"{float(value):.0f}"
+
+        log.info("job %s model=%s device=%s status=%s prompt_tokens=%s completion_tokens=%s queue_ms=%s "
+                 "ttft_ms=%s total_ms=%s%s", job_id, self.model, self.device, outcome,
+                 values.get("prompt_tokens", "-"), values.get("completion_tokens", "-"), ms("queue_ms"),
+                 ms("ttft_ms"), ms("total_ms"),
+                 f" error={(values.get('error') or {}).get('message', '')!r}" if outcome == "error" else "")
