@@ -15,7 +15,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from api.files import file_store
 from api.protocol_batch import Batch, BatchCreateRequest, BatchList
-from common.batches import TERMINAL, Batches, BatchQueue, BatchState, new_batch_id, window_seconds
+from common.batches import TERMINAL, Batches, BatchQueue, BatchState, new_batch_id, per_model, window_seconds
 from common.errors import OvqError
 from common.redis_client import connect_sync
 
@@ -125,30 +125,18 @@ async def batch_metrics(request: Request) -> bytes:
     """Prometheus text for batches: lines done and failed per model (counters kept in Redis, so every API process
     reports the same), lines in flight and batches running per model."""
     registry = request.app.state.registry
-    redis, keys = registry.redis, registry.keys
     lines = CounterMetricFamily("ovq_batch_lines", "Batch lines answered, by outcome (completed: 2xx)",
                                 labels=["model", "outcome"])
-    for raw in await redis.zrange(keys.batch_stats_models, 0, -1):
-        model = raw.decode()
-        counts = await redis.hgetall(keys.batch_stats(model))
-        for outcome in ("completed", "failed"):
-            lines.add_metric([model, outcome], int(counts.get(outcome.encode(), 0)))
     in_flight = GaugeMetricFamily("ovq_batch_lines_in_flight", "Batch lines sent and not yet answered",
                                   labels=["model"])
     running = GaugeMetricFamily("ovq_batches", "Batches not yet ended, by status", labels=["model", "status"])
-    flights: dict[str, int] = {}
-    statuses: dict[tuple[str, str], int] = {}
-    for raw in await redis.zrange(keys.active_batches, 0, -1):
-        fields = await redis.hmget(keys.batch(raw.decode()), ["model", "status", "in_flight"])
-        model, status, flight = (v.decode() if v else "" for v in fields)
-        if not status:
-            continue
-        flights[model] = flights.get(model, 0) + int(flight or 0)
-        statuses[(model, status)] = statuses.get((model, status), 0) + 1
-    for model, count in flights.items():
-        in_flight.add_metric([model], count)
-    for (model, status), count in statuses.items():
-        running.add_metric([model, status], count)
+    for entry in await per_model(registry.redis, registry.keys):
+        lines.add_metric([entry.model, "completed"], entry.completed)
+        lines.add_metric([entry.model, "failed"], entry.failed)
+        if entry.batches:
+            in_flight.add_metric([entry.model], entry.in_flight)
+        for status, count in entry.batches.items():
+            running.add_metric([entry.model, status], count)
     families = [lines, in_flight, running]
 
     class Snapshot:

@@ -153,7 +153,9 @@ class Stack:
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline:
             try:
-                if httpx.get(f"{self.base}/health", timeout=2).status_code == 200:
+                # /health is the API's own readiness (Redis answers); a model is ready once a worker serves it.
+                if all(httpx.get(f"{self.base}/v2/models/{name}/ready", timeout=2).status_code == 200
+                       for name in models):
                     return
             except httpx.HTTPError:
                 pass

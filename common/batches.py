@@ -15,7 +15,7 @@ from typing import Any, Literal
 import orjson
 import redis
 import redis.asyncio as aioredis
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 
 from common.keys import Keys
 from common.settings import Settings
@@ -174,6 +174,34 @@ redis.call('EXPIRE', KEYS[1], ARGV[2])
 redis.call('ZREM', KEYS[4], redis.call('HGET', KEYS[1], 'id'))
 return 'cancelled'
 """
+
+
+class ModelBatches(BaseModel):
+    """Batches of one model, as /metrics and the ops page show them."""
+    model: str
+    completed: int = 0  # lines answered with a 2xx (counters over the counters' TTL)
+    failed: int = 0
+    in_flight: int = 0  # lines sent and not yet answered, over the batches still running
+    batches: dict[str, int] = Field(default_factory=dict)  # batches not yet ended, by status
+
+
+async def per_model(redis: aioredis.Redis, keys: Keys) -> list[ModelBatches]:
+    """Line counters and running batches per model, read from Redis (so every API process shows the same)."""
+    found: dict[str, ModelBatches] = {}
+    for raw in await redis.zrange(keys.batch_stats_models, 0, -1):
+        model = raw.decode()
+        counts = await redis.hgetall(keys.batch_stats(model))
+        found[model] = ModelBatches(model=model, completed=int(counts.get(b"completed", 0)),
+                                    failed=int(counts.get(b"failed", 0)))
+    for raw in await redis.zrange(keys.active_batches, 0, -1):
+        fields = await redis.hmget(keys.batch(raw.decode()), ["model", "status", "in_flight"])
+        model, status, flight = (v.decode() if v else "" for v in fields)
+        if not status:
+            continue
+        entry = found.setdefault(model, ModelBatches(model=model))
+        entry.in_flight += int(flight or 0)
+        entry.batches[status] = entry.batches.get(status, 0) + 1
+    return sorted(found.values(), key=lambda m: m.model)
 
 
 class Batches:

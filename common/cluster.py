@@ -7,9 +7,11 @@ import time
 
 import orjson
 import redis.asyncio as aioredis
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 from redis.exceptions import ResponseError
 
+from common.batches import ModelBatches
+from common.batches import per_model as batch_models
 from common.jobs import Job
 from common.keys import GROUP, Keys
 from common.settings import Settings
@@ -25,6 +27,9 @@ class StreamState(BaseModel):
     in_flight: int
     workers: int  # live: heartbeat within the worker TTL
     consumers: int  # in the consumer group, dead ones not yet removed included
+    # Batch API lines in the model's batch stream (read only when nothing interactive waits).
+    batch_waiting: int = 0
+    batch_in_flight: int = 0
     stats: Summary | None = None
 
 
@@ -87,6 +92,7 @@ class Overview(BaseModel):
     dead_letters: int
     dead: list[DeadLetter]
     failures: list[Failure]
+    batches: list[ModelBatches] = Field(default_factory=list)
 
 
 def _text(value: bytes | str) -> str:
@@ -119,18 +125,30 @@ async def streams(redis: aioredis.Redis, keys: Keys, settings: Settings,
         pipe.xpending(stream, GROUP)
         pipe.xinfo_groups(stream)
         pipe.zcount(keys.workers(model, device), since, "+inf")
+        pipe.xlen(keys.batch_jobs(model, device))
+        pipe.xpending(keys.batch_jobs(model, device), GROUP)
     replies = iter(await pipe.execute(raise_on_error=False))
     states = []
     for model, device in pairs:
-        length, pending, groups, live = (next(replies) for _ in range(4))
-        in_flight = 0 if isinstance(pending, ResponseError) else int(pending["pending"])
+        length, pending, groups, live, batch_length, batch_pending = (next(replies) for _ in range(6))
+        in_flight, length = _pending(pending), _length(length)
+        batch_in_flight = _pending(batch_pending)
         consumers = 0 if isinstance(groups, ResponseError) else sum(
             int(g["consumers"]) for g in groups if _text(g["name"]) == GROUP)
-        length = 0 if isinstance(length, ResponseError) else int(length)
         states.append(StreamState(model=model, device=device, stream=keys.jobs(model, device),
                                   waiting=max(length - in_flight, 0), in_flight=in_flight,
-                                  workers=int(live), consumers=consumers))
+                                  workers=int(live), consumers=consumers,
+                                  batch_waiting=max(_length(batch_length) - batch_in_flight, 0),
+                                  batch_in_flight=batch_in_flight))
     return states
+
+
+def _pending(reply: object) -> int:
+    return 0 if isinstance(reply, ResponseError) else int(reply["pending"])  # type: ignore[index]
+
+
+def _length(reply: object) -> int:
+    return 0 if isinstance(reply, ResponseError) else int(reply)  # type: ignore[call-overload]
 
 
 async def workers(redis: aioredis.Redis, keys: Keys, settings: Settings,
@@ -226,4 +244,4 @@ async def overview(redis: aioredis.Redis, keys: Keys, settings: Settings, with_s
     total, dead = await dead_letters(redis, keys, rows)
     return Overview(time=time.time(), streams=states, workers=await workers(redis, keys, settings, pairs),
                     apis=await apis(redis, keys, settings), dead_letters=total, dead=dead,
-                    failures=await failures(redis, keys, rows))
+                    failures=await failures(redis, keys, rows), batches=await batch_models(redis, keys))

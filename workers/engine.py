@@ -396,9 +396,14 @@ def handshake(outputs: Connection, factory: Callable[[], E]) -> E | None:
     try:
         engine = factory()
     except Exception as exc:
-        outputs.send_bytes(orjson.dumps({"ready": False, "error": error_message(exc)}))
+        answer: dict[str, Any] = {"ready": False, "error": error_message(exc)}
+        engine = None
+    else:
+        answer = {"ready": True}
+    try:
+        outputs.send_bytes(orjson.dumps(answer))
+    except OSError:  # the I/O half stopped while the model loaded: nobody to serve
         return None
-    outputs.send_bytes(orjson.dumps({"ready": True}))
     return engine
 
 

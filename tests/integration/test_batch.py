@@ -147,6 +147,11 @@ def test_fifty_lines_through_the_sdk_on_v1_and_v3(stack: Tiers) -> None:
         assert uploaded.id not in [f.id for f in client.files.list()]
     metrics = httpx.get(f"http://127.0.0.1:{stack.port}/metrics").text
     assert f'ovq_batch_lines_total{{model="{TINY}",outcome="completed"}} 100.0' in metrics
+    # The ops page shows the same, from Redis.
+    (shown,) = [b for b in httpx.get(f"http://127.0.0.1:{stack.port}/ops/data").json()["batches"] if b["model"] == TINY]
+    assert (shown["completed"], shown["in_flight"], shown["batches"]) == (100, 0, {})
+    panel = httpx.get(f"http://127.0.0.1:{stack.port}/ops/panel").text
+    assert f'<tr data-batches="{TINY}">' in panel and '<td class="n" data-k="batch-completed">100</td>' in panel
 
 
 def test_bad_files_fail_the_batch_in_validating_naming_the_line(stack: Tiers) -> None:
