@@ -165,7 +165,8 @@ def serve(args: argparse.Namespace) -> int:
             time.sleep(0.2)
     finally:
         why = stopping[0] if stopping else "every child failed"
-        log(f"{why}: stopping the API, then the workers (grace {settings.shutdown_grace_s:.0f}s), then Redis")
+        log(f"{why}: stopping the batch worker and the API, then the workers "
+            f"(grace {settings.shutdown_grace_s:.0f}s), then Redis")
         batch.stop(settings.shutdown_grace_s + 10)  # first: its lines in flight need the API and the workers
         api.stop(settings.shutdown_grace_s + 10)
         for child in workers:  # all at once: each drains its own jobs within the grace period
