@@ -1,6 +1,7 @@
 """Redis with a password, with the least-privilege ACL users of deploy/redis/users.acl, and over TLS."""
 from __future__ import annotations
 
+import io
 import shutil
 import subprocess
 import sys
@@ -9,6 +10,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import httpx
+import orjson
 import pytest
 import redis
 from openai import OpenAI
@@ -84,7 +86,7 @@ def tiny() -> dict[str, dict]:
 def test_the_tiers_run_with_the_documented_least_privilege_acl_users(tiers: Callable[..., Tiers], tmp_path: Path,
                                                                      servers: list[Server]) -> None:
     acl = (ROOT / "deploy" / "redis" / "users.acl").read_text()
-    acl = acl.replace("~ovq:*", "~ovqacl:*").replace("&ovq:*", "&ovqacl:*")
+    acl = acl.replace("~ovq:*", "~ovqacl:*").replace("&ovq:*", "&ovqacl:*").replace("~ovq-batches", "~ovqacl-batches")
     acl += "user admin on >admin-pw ~* &* +@all\n"  # the test's own view of Redis
     (tmp_path / "users.acl").write_text(acl)
     server = Server(tmp_path / "acl", "--aclfile", str(tmp_path / "users.acl"))
@@ -94,13 +96,44 @@ def test_the_tiers_run_with_the_documented_least_privilege_acl_users(tiers: Call
     t = tiers(tiny(), url=f"redis://admin:admin-pw@{base}", OVQ_KEY_PREFIX="ovqacl")
     t.prefix = "ovqacl"
     serve_and_chat(t, f"redis://ovq-api:change-me-api@{base}", f"redis://ovq-worker:change-me-worker@{base}")
+    admin = redis.Redis.from_url(f"redis://admin:admin-pw@{base}")
+    run_a_batch(t, f"redis://ovq-batch:change-me-batch@{base}", admin)
     ops = httpx.get(t.base_url.rsplit("/v3", 1)[0] + "/ops/data", timeout=30)
-    assert ops.status_code == 200, ops.text
+    assert ops.status_code == 200, (ops.text, denied(admin))
     operator = {**t.env, "REDIS_URL": f"redis://ovq-operator:change-me-operator@{base}"}
     for command in (["status", "--json"], ["dead", "list"]):
         done = subprocess.run([sys.executable, "-m", "cli.main", *command], env=operator, cwd=ROOT,
                               capture_output=True, text=True, timeout=60)
-        assert done.returncode == 0 and "permission" not in done.stderr.lower(), done.stderr
+        assert done.returncode == 0 and "permission" not in done.stderr.lower(), (done.stderr, denied(admin))
+    assert denied(admin) == [], denied(admin)
+
+
+def denied(admin: redis.Redis) -> list[tuple[str, str, str]]:
+    """What the ACL refused: (user, command, key or channel)."""
+    return [(e["username"], e["client-info"]["cmd"], e["object"]) for e in admin.acl_log()]
+
+
+def run_a_batch(t: Tiers, batch_url: str, admin: redis.Redis) -> None:
+    """A three-line batch through the Batch API: the API's user stores the file and queues the batch on rq, the
+    batch worker's user runs it."""
+    t.start("batch-worker", "--api-url", f"http://127.0.0.1:{t.port}", name="batch", REDIS_URL=batch_url)
+    client = OpenAI(base_url=t.base_url, api_key="unused", max_retries=0, timeout=60)
+    lines = [{"custom_id": f"line-{i}", "method": "POST", "url": "/v1/chat/completions",
+              "body": {"model": TINY, "messages": [{"role": "user", "content": f"Count to {i}"}], "max_tokens": 3}}
+             for i in range(3)]
+    data = b"".join(orjson.dumps(x) + b"\n" for x in lines)
+    uploaded = client.files.create(file=("in.jsonl", io.BytesIO(data)), purpose="batch")
+    batch = client.batches.create(input_file_id=uploaded.id, endpoint="/v1/chat/completions",
+                                  completion_window="24h")
+    deadline = time.monotonic() + 90
+    while batch.status not in ("completed", "failed", "expired", "cancelled") and time.monotonic() < deadline:
+        time.sleep(0.2)
+        batch = client.batches.retrieve(batch.id)
+    assert batch.status == "completed", (batch, denied(admin), [t.log(p)[-2000:] for p in t.procs])
+    assert batch.request_counts is not None and batch.request_counts.completed == 3
+    assert len(client.files.content(batch.output_file_id).content.splitlines()) == 3  # type: ignore[arg-type]
+    logs = "".join(t.log(p) for p in t.procs)
+    assert "NOPERM" not in logs and "Traceback" not in logs, logs[-3000:]
 
 
 def test_a_wrong_password_is_one_line_and_an_exit(tiers: Callable[..., Tiers], tmp_path: Path,
