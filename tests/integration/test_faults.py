@@ -43,8 +43,24 @@ class Counts:
         return (f"accepted {self.accepted}, completed {self.completed}, failed cleanly {self.failed}, "
                 f"hung {self.hung}, internal errors {self.internal}; errors: {self.errors[:5]}")
 
+    def __post_init__(self) -> None:
+        MADE.append(self)
+
     def add(self, outcome: str) -> None:
         setattr(self, outcome, getattr(self, outcome) + 1)
+
+
+MADE: list[Counts] = []
+
+
+@pytest.fixture(autouse=True)
+def _say_the_counts(request: pytest.FixtureRequest) -> Iterator[None]:
+    """Each test's counts, printed (`pytest -s` or `-rP` shows them): the figures the issue's table asks for."""
+    MADE.clear()
+    yield
+    for counts in MADE:
+        print(f"{request.node.name}: accepted {counts.accepted}, completed {counts.completed}, failed cleanly "
+              f"{counts.failed}, hung {counts.hung}, internal errors {counts.internal}")
 
 
 def tiny(**options: object) -> dict[str, dict]:
