@@ -19,7 +19,6 @@ import argparse
 import asyncio
 import json
 import os
-import socket
 import subprocess
 import sys
 import tempfile
@@ -34,6 +33,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
+from serving import free_port, pct  # noqa: E402
 from sse_client import Result, closed_loop  # noqa: E402
 
 from common.redis_server import EmbeddedRedis  # noqa: E402
@@ -43,22 +43,6 @@ MODEL = "tiny-llama"
 SEQS = 64
 THREADS = 2
 PROMPTS = [f"Tell me about the number {i} and its friends" for i in range(64)]
-
-
-def pct(values: list[float], p: float) -> float:
-    if not values:
-        return float("nan")
-    ordered = sorted(values)
-    k = (len(ordered) - 1) * p / 100
-    lo = int(k)
-    hi = min(lo + 1, len(ordered) - 1)
-    return ordered[lo] + (ordered[hi] - ordered[lo]) * (k - lo)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 # ---- the raw yardstick, in its own process (the same cores as worker 0) ----------------------------------------
