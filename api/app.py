@@ -17,6 +17,7 @@ from api import batches, files
 from api.auth import ApiKeyMiddleware, load_keys
 from api.body import BodyGuard
 from api.docs import install_docs
+from api.front import Endpoint, Front
 from api.heartbeat import ApiHeartbeat
 from api.hub import EventHub
 from api.images import ImageServing
@@ -26,7 +27,6 @@ from api.ops import router as ops_router
 from api.protocol import ModelList, ModelObject
 from api.registry import Registry
 from api.serving import Serving
-from api.sse import RawSend
 from common.config import configured_models, has_models
 from common.errors import ErrorBody, OvqError, not_found, unavailable
 from common.keys import Keys
@@ -70,12 +70,17 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
     app = FastAPI(title="ovq", lifespan=lifespan, docs_url=None, redoc_url=None)
     _install_error_handlers(app)
-    _install_routes(app)
+    hot = _install_routes(app)
     install_docs(app)
     app.include_router(ops_router)
+    keys = load_keys(settings)
     app.add_middleware(BodyGuard, settings=settings)
-    app.add_middleware(ApiKeyMiddleware, keys=load_keys(settings))  # refuses before any body is read
-    return RawSend(app)  # type: ignore[return-value]
+    app.add_middleware(ApiKeyMiddleware, keys=keys)  # refuses before any body is read
+
+    def guard(inner: Any) -> Any:  # the same checks, in the same order, for the generation routes
+        return ApiKeyMiddleware(BodyGuard(inner, settings=settings), keys=keys)
+
+    return Front(app, hot, guard)  # type: ignore[return-value]
 
 
 def _log_stop_signals(settings: Settings) -> None:
@@ -132,7 +137,8 @@ def _install_error_handlers(app: FastAPI) -> None:
         return error_response(500, ErrorBody(message="internal error", type="server_error"))
 
 
-def _install_routes(app: FastAPI) -> None:
+def _install_routes(app: FastAPI) -> dict[str, Endpoint]:
+    """Every route; returns the generation ones by path, for the front layer's direct path."""
     async def chat(request: Request) -> Response:
         return await _counted(request, "chat", request.app.state.serving.chat)
 
@@ -155,11 +161,12 @@ def _install_routes(app: FastAPI) -> None:
             raise not_found(f"The model `{model}` does not exist")
         return _model_object(model, listed[model])
 
+    hot: dict[str, Endpoint] = {}
     for prefix in ("/v3", "/v1"):
-        app.add_api_route(f"{prefix}/chat/completions", chat, methods=["POST"])
-        app.add_api_route(f"{prefix}/completions", completions, methods=["POST"])
-        app.add_api_route(f"{prefix}/images/generations", image_generations, methods=["POST"])
-        app.add_api_route(f"{prefix}/images/edits", image_edits, methods=["POST"])
+        for path, endpoint in (("chat/completions", chat), ("completions", completions),
+                               ("images/generations", image_generations), ("images/edits", image_edits)):
+            app.add_api_route(f"{prefix}/{path}", endpoint, methods=["POST"])
+            hot[f"{prefix}/{path}"] = endpoint
         app.add_api_route(f"{prefix}/models", list_models, methods=["GET"])
         app.add_api_route(f"{prefix}/models/{{model:path}}", get_model, methods=["GET"])
         app.include_router(files.router, prefix=prefix)
@@ -196,6 +203,8 @@ def _install_routes(app: FastAPI) -> None:
         models = {name: list(await registry.cards(name)) for name in await registry.models()}
         body = await request.app.state.metrics.render(models) + await batches.batch_metrics(request)
         return Response(body, media_type=CONTENT_TYPE_LATEST)
+
+    return hot
 
 
 async def _counted(request: Request, endpoint: str, handler: Any) -> Response:

@@ -208,11 +208,6 @@ class Generation:
             events = await self._take(tick=True)
         return self._seen(events)
 
-    def drain(self) -> list[dict[str, Any]]:
-        """Whatever arrived meanwhile, without waiting."""
-        events, self.inbox.events = self.inbox.events, []
-        return self._seen(events)
-
     def _seen(self, events: list[dict[str, Any]]) -> list[dict[str, Any]]:
         for event in events:
             if event["type"] in TERMINAL:

@@ -1,7 +1,6 @@
 """Chat completions and completions: request in, job out, events back as one answer or an SSE stream."""
 from __future__ import annotations
 
-import asyncio
 import time
 from collections.abc import AsyncIterator
 from typing import Any, TypeVar
@@ -173,26 +172,21 @@ class Serving:
 
     async def _stream(self, generation: Generation, fmt: Format, choices: dict[tuple[str, int], ChoiceState],
                       record: Record) -> AsyncIterator[bytes]:
-        """SSE frames, one batch per write. Within `stream_interval_ms` of the last write, new tokens wait for the
-        rest of the interval and go out together (a plain choice's texts merged into one chunk): the API's cost
-        then follows writes, not tokens. The first token and the end never wait."""
+        """SSE frames, one write per wake-up: whatever arrived meanwhile goes out together (a plain choice's texts
+        merged into one chunk). Workers already send a choice's text at most once per `stream_interval_ms`, so
+        the API's cost follows those events, not tokens."""
         usage = {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0}
-        interval = self.jobs.settings.stream_interval_ms / 1000
         first = fmt.first(sorted(choices.values(), key=lambda c: c.index))
         if first:
             yield first
-        last, sent = time.monotonic(), False
+        last = time.monotonic()
         try:
             while not generation.finished:
                 events = await generation.events()
-                now = time.monotonic()
-                if events and sent and now - last < interval and not generation.finished:
-                    await asyncio.sleep(interval - (now - last))
-                    events += generation.drain()
                 out = self._frames(events, fmt, choices, record, usage, generation)
                 now = time.monotonic()
                 if out:
-                    last, sent = now, True
+                    last = now
                     yield out
                 elif now - last >= PING_S:  # idle (queued behind others, a long prefill): keep proxies open
                     last = now

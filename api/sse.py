@@ -7,10 +7,9 @@ The client leaving is noticed by the generation's own watcher (api/jobs.py), whi
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
-from typing import Any
 
 from starlette.responses import Response
-from starlette.types import ASGIApp, Receive, Scope, Send
+from starlette.types import Receive, Scope, Send
 
 PING = b": ping\n\n"
 DONE = b"data: [DONE]\n\n"
@@ -33,7 +32,7 @@ class SSEResponse(Response):
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         try:
             await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
-            # The body goes through the server's own send (see RawSend): the framework's wrappers only watch for
+            # The body goes through the server's own send (see api/front.py): the framework's wrappers only watch for
             # the response start, and cost an await each per chunk.
             body = scope.get("ovq.send", send)
             if scope.get("method") != "HEAD":
@@ -45,17 +44,3 @@ class SSEResponse(Response):
         finally:
             await self.on_close()
 
-
-class RawSend:
-    """The outermost ASGI layer: keeps the server's own `send` in the scope for `SSEResponse` bodies."""
-
-    def __init__(self, app: ASGIApp) -> None:
-        self.app = app
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http":
-            scope["ovq.send"] = send
-        await self.app(scope, receive, send)
-
-    def __getattr__(self, name: str) -> Any:  # the wrapped app's state, routes, ... stay reachable
-        return getattr(self.app, name)

@@ -193,19 +193,20 @@ def summarize(m: int, a: int, results: list[Result], wall: float, cpu_s: dict[st
     ttft = [r.first - r.sent for r in ok if r.first is not None]
     return {"M": m, "A": a, "tok_s": tokens / wall, "req_s": len(ok) / wall, "failed": len(results) - len(ok),
             "ttft_p50_ms": pct(ttft, 50) * 1e3, "ttft_p95_ms": pct(ttft, 95) * 1e3, "raw_tok_s": raw,
-            "ratio": tokens / wall / (m * raw),
+            "ratio": tokens / wall / (m * raw), "tokens_per_event": tokens / max(sum(len(r.times) for r in ok), 1),
             "us_per_token": {tier: seconds / max(tokens, 1) * 1e6 for tier, seconds in cpu_s.items()},
             "api_cpu_pct_each": cpu_s["api"] / wall / a * 100}
 
 
 def table(rows: list[dict]) -> str:
     tiers = list(rows[0]["us_per_token"])
-    head = ["M × A", "tok/s", "req/s", "TTFT p50 / p95 ms", "raw tok/s (one engine)", "ratio",
+    head = ["M × A", "tok/s", "req/s", "TTFT p50 / p95 ms", "raw tok/s (one engine)", "ratio", "tokens/event",
             "API CPU % each", *[f"µs/token {t}" for t in tiers], "failed"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
         cells = [f"{r['M']} × {r['A']}", f"{r['tok_s']:,.0f}", f"{r['req_s']:.1f}",
                  f"{r['ttft_p50_ms']:.0f} / {r['ttft_p95_ms']:.0f}", f"{r['raw_tok_s']:,.0f}", f"{r['ratio']:.2f}",
+                 f"{r['tokens_per_event']:.1f}",
                  f"{r['api_cpu_pct_each']:.0f}", *[f"{r['us_per_token'][t]:.1f}" for t in tiers], str(r["failed"])]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)

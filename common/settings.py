@@ -87,8 +87,8 @@ class Settings(BaseSettings):
     queue_timeout_s: float = 300.0
     # Every request's deadline unless it sends X-Request-Timeout (seconds): past it, a 504. None: no deadline.
     request_timeout_s: float | None = None
-    # Streams: tokens that come within this long of the last write go out together (merged into one chunk per
-    # choice); the first token and the end never wait. 0: one write per engine step.
+    # Streams: a worker sends a choice's new text at most once per this interval (text that comes sooner goes
+    # with the next event, as one chunk); the first text and the end never wait. 0: an event per engine step.
     stream_interval_ms: float = 10.0
     # One JSON line per request on the `ovq.access` logger (status, model, tokens, TTFT, total time).
     access_log: bool = False

@@ -1,4 +1,10 @@
-"""What the I/O half knows about one running job: each choice's text so far, the event sequence, the timings."""
+"""What the I/O half knows about one running job: each choice's text so far, the event sequence, the timings.
+
+A choice's new text goes out at most once per stream interval (`stream_interval_ms`): text that comes sooner is
+held and sent with the next delta due, so a fast engine sends (and the API relays) a few tokens per event
+instead of one event per token per step. Its first text and its end never wait; `due()` sends what a choice
+holds once its interval has passed, whether or not this step gave it tokens.
+"""
 from __future__ import annotations
 
 import time
@@ -23,6 +29,11 @@ class Choice:
     emitted: int = 0  # characters sent (echo excluded): where the log-probabilities are released up to
     finish: str | None = None
     last_token: float | None = None  # when its latest tokens came (unix s): inter-token latency
+    # Released by the stop filter but not sent yet (within the stream interval of its last delta).
+    held: list[str] = field(default_factory=list)
+    held_tokens: int = 0
+    held_entries: list[dict[str, Any]] = field(default_factory=list)
+    sent_at: float | None = None  # time.monotonic() of its last delta
 
 
 @dataclass
@@ -34,6 +45,8 @@ class RunningJob:
     received: float = field(default_factory=time.time)
     first_token: float | None = None
     seq: int = 0
+    interval: float = 0.0  # seconds: the stream interval
+    streamed: bool = False  # some text has gone to the client: the job can no longer be handed to another worker
     choices: list[Choice] = field(init=False)
 
     def __post_init__(self) -> None:
@@ -52,10 +65,6 @@ class RunningJob:
         """What a restarted engine needs to continue this job: each choice's ids, the finished choices."""
         return {"generated": {str(c.index): c.ids for c in self.choices if c.finish is None},
                 "done": [c.index for c in self.choices if c.finish is not None]}
-
-    @property
-    def streamed(self) -> bool:
-        return any(choice.text for choice in self.choices)
 
     @property
     def finished(self) -> bool:
@@ -77,6 +86,7 @@ class RunningJob:
 
     def echo(self, choice: Choice, text: str, entries: list[dict[str, Any]] | None) -> dict[str, Any]:
         choice.text.append(text)
+        self.streamed = True
         return delta(self.job.id, self.next_seq(), choice.index, text, 0, entries, echo=True)
 
     def finish(self, choice: Choice, reason: str) -> dict[str, Any]:
@@ -90,15 +100,38 @@ class RunningJob:
 
     def _emit(self, choice: Choice, text: str, tokens: int, final: bool = False) -> dict[str, Any] | None:
         choice.emitted += len(text)
-        entries = None
         if choice.logprobs is not None:
             aligner = choice.logprobs
             entries = aligner.rest(choice.stops.stopped, choice.emitted) if final else aligner.release(choice.emitted)
-        if not text and not entries:
+            choice.held_entries.extend(entries or ())
+        if text:
+            choice.held.append(text)
+        choice.held_tokens += tokens
+        now = time.monotonic()
+        if not final and choice.sent_at is not None and now - choice.sent_at < self.interval:
             return None
+        return self._send(choice, now)
+
+    def _send(self, choice: Choice, now: float) -> dict[str, Any] | None:
+        if not choice.held and not choice.held_entries:
+            return None
+        text, entries, tokens = "".join(choice.held), choice.held_entries, choice.held_tokens
+        choice.held, choice.held_entries, choice.held_tokens = [], [], 0
+        choice.sent_at = now
         if text:
             choice.text.append(text)
+            self.streamed = True
         return delta(self.job.id, self.next_seq(), choice.index, text, tokens, entries or None)
+
+    def due(self, now: float, everything: bool = False) -> list[dict[str, Any]]:
+        """Deltas of held text whose stream interval has passed (of all held text: before an error ends it)."""
+        out = []
+        for choice in self.choices:
+            if (choice.held or choice.held_entries) and (everything or now - (choice.sent_at or 0.0) >= self.interval):
+                sent = self._send(choice, now)
+                if sent is not None:
+                    out.append(sent)
+        return out
 
     def gaps(self, choice: Choice, now: float) -> float | None:
         """Milliseconds since this choice's previous tokens (None for its first); marks `now` as the latest."""

@@ -121,7 +121,7 @@ class TextWorker(BaseWorker):
         """Hand the job to the engine; it answers `accepted` (prompt tokens) or an error right away."""
         skip = job.params.skip_special_tokens
         streams = [self.detokenizer.stream(skip) for _ in range(job.params.n)]
-        state = RunningJob(job, entry_id, streams)
+        state = RunningJob(job, entry_id, streams, interval=self.settings.stream_interval_ms / 1000)
         self.running[job.id] = state
         if self.admission is not None:
             self.admission.sent(job.id, job.prompt)
@@ -196,6 +196,7 @@ class TextWorker(BaseWorker):
         if tokens:
             self.tokens_generated += tokens
             outbox.count("tokens", tokens)
+        self._send_due(outbox)
         self.publisher.put(outbox)
         if stats is not None:
             if self.admission is not None:
@@ -203,6 +204,13 @@ class TextWorker(BaseWorker):
             self._probing = None  # a step went through with it
             self._next_probation()
             self._slot_free.set()
+
+    def _send_due(self, outbox: Outbox) -> None:
+        """Held text past its stream interval, also of jobs this step gave no token (preempted, prefilling)."""
+        now = time.monotonic()
+        for state in self.running.values():
+            for event in state.due(now):
+                outbox.publish(state.job.reply_to, event)
 
     def _count(self, state: RunningJob, choice: Choice, ids: list[int], now: float, outbox: Outbox) -> None:
         """TTFT and inter-token latency into this step's stats: counted in memory, written with its events."""
@@ -260,6 +268,8 @@ class TextWorker(BaseWorker):
             outbox.publish(job.reply_to, Cancelled(job=job.id, seq=state.next_seq()))
             outbox.set_status(job.id, status="cancelled", **summary)
         elif end == "error":
+            for event in state.due(0.0, everything=True):  # what it had generated comes before the error
+                outbox.publish(job.reply_to, event)
             status = extra.pop("status")
             error = ErrorBody.model_validate(extra)
             outbox.publish(job.reply_to, Error(job=job.id, seq=state.next_seq(), status=status, error=error))
