@@ -26,12 +26,14 @@ import subprocess
 import sys
 import tempfile
 import time
+import uuid
 from dataclasses import dataclass, field
 from itertools import pairwise
 from pathlib import Path
 
 import httpx
 import orjson
+import redis
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -40,6 +42,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 from prompts import QUESTIONS  # noqa: E402
 
 from common.config import default_model  # noqa: E402
+from common.keys import Keys  # noqa: E402
 from common.redis_server import EmbeddedRedis  # noqa: E402
 from common.settings import Settings  # noqa: E402
 from workers.prepare import prepare  # noqa: E402
@@ -55,6 +58,8 @@ class Level:
     tokens: int = 0
     ttft: list[float] = field(default_factory=list)
     itl: list[float] = field(default_factory=list)
+    # ovq: (request id, sent, first content chunk) in unix seconds, to split TTFT along the job's timestamps
+    walls: list[tuple[str, float, float]] = field(default_factory=list)
 
     @property
     def tok_s(self) -> float:
@@ -141,7 +146,7 @@ class Stack:
 
     def __init__(self, models: dict[str, dict], work: Path) -> None:
         self.redis = EmbeddedRedis(work / "redis", port=free_port())
-        url = self.redis.start()
+        self.url = url = self.redis.start()
         config = work / "models.json"
         config.write_text(json.dumps({"models": models}))
         port = free_port()
@@ -174,9 +179,11 @@ async def _one(client: httpx.AsyncClient, base: str, index: int, max_tokens: int
     body = {"model": MODEL, "messages": [{"role": "user", "content": QUESTIONS[index % len(QUESTIONS)]}],
             "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True, "stream": True,
             "stream_options": {"include_usage": True}}
-    sent = time.perf_counter()
+    rid = uuid.uuid4().hex
+    sent, sent_unix = time.perf_counter(), time.time()
     times: list[float] = []
-    async with client.stream("POST", f"{base}/v3/chat/completions", json=body) as response:
+    async with client.stream("POST", f"{base}/v3/chat/completions", json=body,
+                             headers={"X-Request-Id": rid}) as response:
         response.raise_for_status()
         async for line in response.aiter_lines():
             if not line.startswith("data: {"):
@@ -189,6 +196,7 @@ async def _one(client: httpx.AsyncClient, base: str, index: int, max_tokens: int
     if times:
         level.ttft.append(times[0] - sent)
         level.itl.extend(b - a for a, b in pairwise(times))
+        level.walls.append((rid, sent_unix, sent_unix + times[0] - sent))
 
 
 async def _ovq_level(base: str, concurrency: int, requests: int, max_tokens: int) -> Level:
@@ -241,19 +249,53 @@ def report(results: dict[tuple[str, int], list[Level]], levels: list[int]) -> st
     return "\n".join(lines)
 
 
-def ttft_pairs(raw: Raw, base: str, pairs: int) -> str:
-    """TTFT overhead alone: single requests, raw and ovq alternating, the median of per-pair differences."""
-    diffs, raws, ovqs = [], [], []
-    for _ in range(pairs):
-        r = raw.run(1, 1, 1)
-        o = ovq_level(base, 1, 1, 1)
-        if r.ttft and o.ttft:
-            raws.append(r.ttft[0])
-            ovqs.append(o.ttft[0])
-            diffs.append(o.ttft[0] - r.ttft[0])
+def ttft_pairs(raw: Raw, stack: Stack, pairs: int) -> str:
+    """TTFT overhead alone: single requests, raw and ovq alternating, the median of per-pair differences; and
+    where ovq's TTFT goes, from each job's own timestamps (its hash: created, taken, the worker's TTFT)."""
+    diffs, raws, ovqs, walls = [], [], [], []
+    loop = asyncio.new_event_loop()  # one client, its connection kept: a client's first request is not the point
+    client = httpx.AsyncClient(timeout=600)
+    try:
+        for i in range(pairs):
+            r = raw.run(1, 1, 1)
+            o = Level("ovq", 1)
+            loop.run_until_complete(_one(client, stack.base, i, 1, o))
+            if r.ttft and o.ttft:
+                raws.append(r.ttft[0])
+                ovqs.append(o.ttft[0])
+                diffs.append(o.ttft[0] - r.ttft[0])
+                walls += o.walls
+    finally:
+        loop.run_until_complete(client.aclose())
+        loop.close()
     return (f"TTFT at concurrency 1, {len(diffs)} alternating single requests: raw p50 {pct(raws, 50) * 1e3:.1f} ms, "
             f"ovq p50 {pct(ovqs, 50) * 1e3:.1f} ms, overhead p50 {pct(diffs, 50) * 1e3:+.1f} ms "
-            f"(p25 {pct(diffs, 25) * 1e3:+.1f}, p75 {pct(diffs, 75) * 1e3:+.1f})")
+            f"(p25 {pct(diffs, 25) * 1e3:+.1f}, p75 {pct(diffs, 75) * 1e3:+.1f})\n" + hop(stack.url, walls))
+
+
+def hop(url: str, walls: list[tuple[str, float, float]]) -> str:
+    """ovq's TTFT in four parts (p50s, ms): the API (request sent to job queued), the queue (queued to a worker's
+    read), the worker (read to its first token: screening, the engine's tokenizing and prefill), the way back
+    (first token to the client). The hop is all but the worker's part."""
+    parts: dict[str, list[float]] = {"API": [], "queue": [], "worker": [], "back": []}
+    client = redis.Redis.from_url(url)
+    keys = Keys("ovqbench")
+    for rid, sent, first in walls:
+        job = client.hgetall(keys.job(rid))
+        if b"created" not in job or b"taken" not in job or b"ttft_ms" not in job:
+            continue
+        created, taken = float(job[b"created"]), float(job[b"taken"])
+        token = created + float(job[b"ttft_ms"]) / 1000
+        for name, ms in (("API", created - sent), ("queue", taken - created), ("worker", token - taken),
+                         ("back", first - token)):
+            parts[name].append(ms * 1000)
+    client.close()
+    if not parts["API"]:
+        return "hop: no job timestamps found"
+    p50 = {name: pct(values, 50) for name, values in parts.items()}
+    return (f"ovq TTFT p50 parts: API {p50['API']:.1f} ms, queue {p50['queue']:.1f} ms, worker {p50['worker']:.1f} ms "
+            f"(tokenize and prefill included), back {p50['back']:.1f} ms; hop (all but the worker) "
+            f"{p50['API'] + p50['queue'] + p50['back']:.1f} ms")
 
 
 def main() -> None:
@@ -283,7 +325,7 @@ def main() -> None:
                         results.setdefault((system, c), []).append(level)
                         print(f"{system} c={c}: {level.tok_s:.0f} tok/s, TTFT p50 {pct(level.ttft, 50) * 1e3:.0f} ms",
                               file=sys.stderr)
-            overhead = ttft_pairs(raw, stack.base, args.ttft_pairs) if args.ttft_pairs else ""
+            overhead = ttft_pairs(raw, stack, args.ttft_pairs) if args.ttft_pairs else ""
         finally:
             stack.stop()
     print(report(results, levels))
