@@ -7,8 +7,10 @@ loop at each concurrency C (C requests at once, each replaced by the next as it 
 
   raw: ContinuousBatchingPipeline with add_request + step() in this process (the physical limit);
        TTFT = add_request to the end of the step after which the first token was readable.
-  ovq: the real stack (embedded redis-server, `python -m workers`, `python -m api`) driven over HTTP by a
-       streaming asyncio client in this process; TTFT = request sent to the first content chunk received.
+  ovq: the real stack (embedded redis-server, `python -m workers`, `python -m api`) driven over HTTP by the lean
+       SSE client of `sse_client.py` in this process, one kept connection per stream (httpx parsing every chunk
+       would take CPU from the engine on a small machine, which raw never pays); TTFT = request sent to the
+       first content chunk received.
 
 Prints one table: output tokens/s, TTFT p50/p95, inter-token latency p50, and ovq/raw ratios.
 
@@ -32,7 +34,6 @@ from itertools import pairwise
 from pathlib import Path
 
 import httpx
-import orjson
 import redis
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -40,6 +41,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from prompts import QUESTIONS  # noqa: E402
+from sse_client import Connection  # noqa: E402
 
 from common.config import default_model  # noqa: E402
 from common.keys import Keys  # noqa: E402
@@ -154,7 +156,7 @@ class Stack:
                "OVQ_LOG_LEVEL": "warning", "OVQ_KEY_PREFIX": "ovqbench"}
         commands = [["workers", "--model", name] for name in models] + [["api"]]
         self.procs = [subprocess.Popen([sys.executable, "-m", *args], env=env, cwd=ROOT) for args in commands]
-        self.base = f"http://127.0.0.1:{port}"
+        self.port, self.base = port, f"http://127.0.0.1:{port}"
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline:
             try:
@@ -175,48 +177,42 @@ class Stack:
         self.redis.stop()
 
 
-async def _one(client: httpx.AsyncClient, base: str, index: int, max_tokens: int, level: Level) -> None:
+async def _one(connection: Connection, index: int, max_tokens: int, level: Level) -> None:
     body = {"model": MODEL, "messages": [{"role": "user", "content": QUESTIONS[index % len(QUESTIONS)]}],
             "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True, "stream": True,
             "stream_options": {"include_usage": True}}
     rid = uuid.uuid4().hex
-    sent, sent_unix = time.perf_counter(), time.time()
-    times: list[float] = []
-    async with client.stream("POST", f"{base}/v3/chat/completions", json=body,
-                             headers={"X-Request-Id": rid}) as response:
-        response.raise_for_status()
-        async for line in response.aiter_lines():
-            if not line.startswith("data: {"):
-                continue
-            chunk = orjson.loads(line[6:])
-            if chunk.get("usage"):
-                level.tokens += chunk["usage"]["completion_tokens"]
-            elif chunk["choices"] and chunk["choices"][0]["delta"].get("content"):
-                times.append(time.perf_counter())
-    if times:
-        level.ttft.append(times[0] - sent)
-        level.itl.extend(b - a for a, b in pairwise(times))
-        level.walls.append((rid, sent_unix, sent_unix + times[0] - sent))
+    sent_unix = time.time()
+    result = await connection.stream("/v3/chat/completions", body, {"X-Request-Id": rid})
+    if not result.ok:
+        raise RuntimeError(f"ovq request failed: {result.error}")
+    level.tokens += result.tokens
+    if result.first is not None:
+        level.ttft.append(result.first - result.sent)
+        level.itl.extend(b - a for a, b in pairwise(result.times))
+        level.walls.append((rid, sent_unix, sent_unix + result.first - result.sent))
 
 
-async def _ovq_level(base: str, concurrency: int, requests: int, max_tokens: int) -> Level:
+async def _ovq_level(port: int, concurrency: int, requests: int, max_tokens: int) -> Level:
     level = Level("ovq", concurrency)
     counter = iter(range(requests))
-    limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
-    async with httpx.AsyncClient(timeout=600, limits=limits) as client:
 
-        async def loop() -> None:
+    async def loop() -> None:
+        connection = Connection("127.0.0.1", port)
+        try:
             for index in counter:
-                await _one(client, base, index, max_tokens, level)
+                await _one(connection, index, max_tokens, level)
+        finally:
+            connection.close()
 
-        t0 = time.perf_counter()
-        await asyncio.gather(*(loop() for _ in range(concurrency)))
-        level.wall_s = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    await asyncio.gather(*(loop() for _ in range(concurrency)))
+    level.wall_s = time.perf_counter() - t0
     return level
 
 
-def ovq_level(base: str, concurrency: int, requests: int, max_tokens: int) -> Level:
-    return asyncio.run(_ovq_level(base, concurrency, requests, max_tokens))
+def ovq_level(port: int, concurrency: int, requests: int, max_tokens: int) -> Level:
+    return asyncio.run(_ovq_level(port, concurrency, requests, max_tokens))
 
 
 # ---- report ------------------------------------------------------------------------------------------------
@@ -253,20 +249,20 @@ def ttft_pairs(raw: Raw, stack: Stack, pairs: int) -> str:
     """TTFT overhead alone: single requests, raw and ovq alternating, the median of per-pair differences; and
     where ovq's TTFT goes, from each job's own timestamps (its hash: created, taken, the worker's TTFT)."""
     diffs, raws, ovqs, walls = [], [], [], []
-    loop = asyncio.new_event_loop()  # one client, its connection kept: a client's first request is not the point
-    client = httpx.AsyncClient(timeout=600)
+    loop = asyncio.new_event_loop()  # one connection, kept: a client's first request is not the point
+    connection = Connection("127.0.0.1", stack.port)
     try:
         for i in range(pairs):
             r = raw.run(1, 1, 1)
             o = Level("ovq", 1)
-            loop.run_until_complete(_one(client, stack.base, i, 1, o))
+            loop.run_until_complete(_one(connection, i, 1, o))
             if r.ttft and o.ttft:
                 raws.append(r.ttft[0])
                 ovqs.append(o.ttft[0])
                 diffs.append(o.ttft[0] - r.ttft[0])
                 walls += o.walls
     finally:
-        loop.run_until_complete(client.aclose())
+        connection.close()
         loop.close()
     return (f"TTFT at concurrency 1, {len(diffs)} alternating single requests: raw p50 {pct(raws, 50) * 1e3:.1f} ms, "
             f"ovq p50 {pct(ovqs, 50) * 1e3:.1f} ms, overhead p50 {pct(diffs, 50) * 1e3:+.1f} ms "
@@ -315,13 +311,13 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         stack = Stack({MODEL: {"path": str(model_dir), "cache_size": 0}}, Path(tmp))
         try:
-            ovq_level(stack.base, 1, 1, 8)  # warm-up
+            ovq_level(stack.port, 1, 1, 8)  # warm-up
             for _ in range(args.reps):
                 for c in levels:
                     n = max(args.waves * c, 4)
                     for system in ("raw", "ovq"):
                         level = raw.run(c, n, args.max_tokens) if system == "raw" else \
-                            ovq_level(stack.base, c, n, args.max_tokens)
+                            ovq_level(stack.port, c, n, args.max_tokens)
                         results.setdefault((system, c), []).append(level)
                         print(f"{system} c={c}: {level.tok_s:.0f} tok/s, TTFT p50 {pct(level.ttft, 50) * 1e3:.0f} ms",
                               file=sys.stderr)
