@@ -31,6 +31,18 @@ TOOLS = "smollm2-tools"  # the default model's tools settings, unguided `auto`, 
 MODELS = ROOT / "tests" / "models"
 UNRESOLVABLE = "no-such-host.invalid"  # on the media allow-list, resolves nowhere (RFC 2606)
 
+# Tool-calling requests shared by the SDK and tool tests.
+WEATHER = [{"role": "user", "content": "What is the weather like in Paris today?"}]
+LOCATION = {"type": "object", "properties": {"location": {"type": "string"}, "unit": {"enum": ["C", "F"]}},
+            "required": ["location", "unit"]}
+TOOLS_SPEC = [
+    {"type": "function", "function": {"name": "get_weather", "description": "Current weather in a city",
+                                      "parameters": LOCATION}},
+    {"type": "function", "function": {"name": "get_time", "description": "Local time in a city",
+                                      "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
+                                                     "required": ["city"]}}},
+]
+
 
 def free_port() -> int:
     with socket.socket() as s:

@@ -102,6 +102,16 @@ def stream(base_url: str, body: dict, counts: Counts, started: threading.Event |
         counts.add(outcome)
 
 
+def long_stream(t: Tiers, counts: Counts) -> threading.Thread:
+    """A 1,900-token stream of the tiny model, started and past its first token."""
+    started = threading.Event()
+    body = {"model": TINY, "messages": [{"role": "user", "content": "go"}], "max_tokens": 1900, "ignore_eos": True}
+    thread = threading.Thread(target=stream, args=(t.base_url, body, counts, started))
+    thread.start()
+    assert started.wait(60)
+    return thread
+
+
 def unary(base_url: str, body: dict, counts: Counts, timeout: float = BOUND_S) -> None:
     try:
         response = httpx.post(f"{base_url}/chat/completions", json=body, timeout=timeout)
@@ -183,11 +193,8 @@ def test_a_hung_engine_is_killed_by_the_watchdog_and_replaced(tiers: Callable[..
     t.api()
     worker = t.worker(TINY)
     t.wait_served(TINY)
-    counts, started = Counts(), threading.Event()
-    body = {"model": TINY, "messages": [{"role": "user", "content": "go"}], "max_tokens": 1900, "ignore_eos": True}
-    thread = threading.Thread(target=stream, args=(t.base_url, body, counts, started))
-    thread.start()
-    assert started.wait(60)
+    counts = Counts()
+    thread = long_stream(t, counts)
     engine_of(worker_process(worker)).send_signal(signal.SIGSTOP)  # a step that never ends
     thread.join(BOUND_S)
     assert counts.failed == 1 and counts.hung == counts.internal == 0, counts
@@ -246,11 +253,8 @@ def test_jobs_queued_across_a_redis_restart_run_after_it_returns(tiers: Callable
     t.api()
     worker = t.worker(TINY)
     t.wait_served(TINY)
-    counts, started = Counts(), threading.Event()
-    long = {"model": TINY, "messages": [{"role": "user", "content": "go"}], "max_tokens": 1900, "ignore_eos": True}
-    running = threading.Thread(target=stream, args=(t.base_url, long, counts, started))
-    running.start()
-    assert started.wait(60)
+    counts = Counts()
+    running = long_stream(t, counts)
     queued = in_threads(3, lambda i: unary(t.base_url, HELLO, counts))
     r = redis.Redis.from_url(own_redis.url)
     keys = Keys(t.prefix)
@@ -294,11 +298,8 @@ def test_killed_redis_clients_just_reconnect(tiers: Callable[..., Tiers], own_re
     api = t.api()
     worker = t.worker(TINY)
     t.wait_served(TINY)
-    counts, started = Counts(), threading.Event()
-    long = {"model": TINY, "messages": [{"role": "user", "content": "go"}], "max_tokens": 1900, "ignore_eos": True}
-    thread = threading.Thread(target=stream, args=(t.base_url, long, counts, started))
-    thread.start()
-    assert started.wait(60)
+    counts = Counts()
+    thread = long_stream(t, counts)
     r = redis.Redis.from_url(own_redis.url)
     r.execute_command("CLIENT", "KILL", "TYPE", "pubsub")
     r.execute_command("CLIENT", "KILL", "TYPE", "normal", "SKIPME", "yes")

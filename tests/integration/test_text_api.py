@@ -11,19 +11,9 @@ import jsonschema
 import pytest
 from openai import OpenAI
 
-from tests.conftest import MODEL, SINGLE, STATEFUL, TOOLS, Stack, raw_greedy
+from tests.conftest import MODEL, SINGLE, STATEFUL, TOOLS, TOOLS_SPEC, WEATHER, Stack, raw_greedy
 
 SEA = [{"role": "user", "content": "Write two sentences about the sea."}]
-WEATHER = [{"role": "user", "content": "What is the weather like in Paris today?"}]
-LOCATION = {"type": "object", "properties": {"location": {"type": "string"}, "unit": {"enum": ["C", "F"]}},
-            "required": ["location", "unit"]}
-TOOLS_SPEC = [
-    {"type": "function", "function": {"name": "get_weather", "description": "Current weather in a city",
-                                      "parameters": LOCATION}},
-    {"type": "function", "function": {"name": "get_time", "description": "Local time in a city",
-                                      "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
-                                                     "required": ["city"]}}},
-]
 
 
 def _streamed_choices(stream) -> tuple[dict[int, str], dict[int, str]]:

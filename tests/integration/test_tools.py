@@ -11,18 +11,8 @@ import jsonschema
 import pytest
 from openai import OpenAI
 
-from tests.conftest import MODEL, TOOLS, Stack
+from tests.conftest import MODEL, TOOLS, TOOLS_SPEC, WEATHER, Stack
 
-WEATHER = [{"role": "user", "content": "What is the weather like in Paris today?"}]
-LOCATION = {"type": "object", "properties": {"location": {"type": "string"}, "unit": {"enum": ["C", "F"]}},
-            "required": ["location", "unit"]}
-TOOLS_SPEC = [
-    {"type": "function", "function": {"name": "get_weather", "description": "Current weather in a city",
-                                      "parameters": LOCATION}},
-    {"type": "function", "function": {"name": "get_time", "description": "Local time in a city",
-                                      "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
-                                                     "required": ["city"]}}},
-]
 NAMED = {"type": "function", "function": {"name": "get_weather"}}
 
 
