@@ -5,7 +5,9 @@ that step's events; the hub parses it once (orjson, no model validation on this 
 versioned contract in `common/events.py`) and hands each event to the inbox of the response waiting for it.
 
 An inbox has a single waiter: its response's task sleeps until events arrive, then takes everything buffered at
-once, so a response that falls behind catches up in one write. A ticker wakes idle inboxes every second, which
+once, so a response that falls behind catches up in one write. A streaming response may also give its inbox an
+`express` lane: a plain delta that finds nothing queued ahead of it is written to the client from the hub's own
+callback, with no task wake-up at all (see `Serving._express`). A ticker wakes idle inboxes every second, which
 is how waits get their bounds (queue timeout, a dead worker, pings) without a timer per event.
 
 If the connection to Redis drops, events published meanwhile are lost: every inbox is told (`lost`), and the
@@ -17,6 +19,7 @@ import asyncio
 import logging
 import time
 import uuid
+from collections.abc import Callable
 from typing import Any
 
 import orjson
@@ -32,15 +35,21 @@ TICK_S = 1.0
 class Inbox:
     """Events for one response (one job, or one per prompt), buffered until its task takes them."""
 
-    __slots__ = ("events", "_waiter", "last", "lost")
+    __slots__ = ("events", "_waiter", "last", "lost", "express")
 
     def __init__(self) -> None:
         self.events: list[dict[str, Any]] = []
         self._waiter: asyncio.Future[None] | None = None
-        self.last = time.monotonic()
+        self.last = time.monotonic()  # when events last came: pings, the liveness checks, the ticker
         self.lost = False  # the hub lost its subscription: events may be missing
+        # Handles an event at once (True) or declines it (False: it is queued for the task, as always).
+        self.express: Callable[[dict[str, Any]], bool] | None = None
 
     def push(self, event: dict[str, Any]) -> None:
+        # Only with nothing queued: an event must not overtake those its task has not taken yet.
+        if self.express is not None and not self.events and self.express(event):
+            self.last = time.monotonic()
+            return
         self.events.append(event)
         waiter = self._waiter
         if waiter is not None and not waiter.done():

@@ -23,7 +23,7 @@ from api.hub import EventHub, Inbox
 from api.metrics import Metrics, Record
 from api.priority import priority_of
 from api.registry import Registry, Servable
-from api.sse import SSEResponse
+from api.sse import SSEResponse, Write
 from common.errors import OvqError, unavailable
 from common.jobs import Job
 from common.keys import Keys
@@ -93,7 +93,8 @@ class JobClient:
             await generation.start()
             if stream is not None:
                 record.streaming = True
-                return SSEResponse(stream(generation, record), self._closer(generation, record), headers)
+                return SSEResponse(stream(generation, record), self._closer(generation, record), headers,
+                                   generation.writes_to)
             return await whole(generation, record, headers)
         except ClientGone:
             record.failed(CLIENT_CLOSED)
@@ -145,6 +146,7 @@ class Generation:
         self.ended = False
         self._held: list[dict[str, Any]] = []
         self._checked = self.started
+        self.write: Write | None = None  # a stream's synchronous frame write to its client, when its server has one
         self._watcher: asyncio.Task[None] | None = None
         self._submitted: list[str] = []
 
@@ -155,6 +157,14 @@ class Generation:
     @property
     def finished(self) -> bool:
         return self.ended or not self.open
+
+    def writes_to(self, write: Write) -> None:
+        self.write = write
+
+    @property
+    def quiet(self) -> bool:
+        """No event held back from `start()` and the client still there: an event may be handled at once."""
+        return not self._held and not self.gone
 
     def end(self) -> None:
         """The response ends now (one of its jobs failed): `close()` cancels the others."""

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any, TypeVar
 
 import orjson
@@ -181,6 +181,7 @@ class Serving:
             yield first
         last = time.monotonic()
         try:
+            generation.inbox.express = self._express(generation, fmt, choices)
             while not generation.finished:
                 events = await generation.events()
                 out = self._frames(events, fmt, choices, record, usage, generation)
@@ -188,9 +189,10 @@ class Serving:
                 if out:
                     last = now
                     yield out
-                elif now - last >= PING_S:  # idle (queued behind others, a long prefill): keep proxies open
+                elif now - max(last, generation.inbox.last) >= PING_S:  # idle: keep proxies open
                     last = now
                     yield PING
+            generation.inbox.express = None  # nothing may follow the last frames
             if fmt.include_usage:
                 yield fmt.usage(usage)
             if not record.outcome:
@@ -205,7 +207,29 @@ class Serving:
         except ClientGone:
             record.failed(CLIENT_CLOSED)
             return
+        finally:
+            generation.inbox.express = None
         yield DONE
+
+    @staticmethod
+    def _express(generation: Generation, fmt: Format,
+                 choices: dict[tuple[str, int], ChoiceState]) -> Callable[[dict[str, Any]], bool] | None:
+        """The hub writes a plain choice's text delta itself, in the order it came, when nothing is queued ahead
+        of it: no task wake-up, no batching step, one write. Anything else (a finish, tool calls, log-probabilities,
+        a terminal event, a slow client) declines and takes the loop above."""
+        write = generation.write
+        if write is None:
+            return None
+
+        def express(event: dict[str, Any]) -> bool:
+            if event["type"] != "delta" or event.get("finish_reason") or not generation.quiet:
+                return False
+            choice = choices.get((event["job"], event.get("index", 0)))
+            if choice is None or not choice.plain:
+                return False
+            return write(fmt.plain(choice, event["text"], None))
+
+        return express
 
     @staticmethod
     def _frames(events: list[dict[str, Any]], fmt: Format, choices: dict[tuple[str, int], ChoiceState],

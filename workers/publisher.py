@@ -19,7 +19,7 @@ from redis.exceptions import ResponseError
 from common.keys import GROUP, Keys
 from common.redis_client import UNAVAILABLE, reason
 from common.stats import observe
-from workers.accounting import Accounting
+from workers.accounting import STATS_EVERY_S, Accounting
 
 log = logging.getLogger("ovq.publisher")
 
@@ -32,6 +32,7 @@ class Outbox:
     acks: list[tuple[str | None, bytes]] = field(default_factory=list)
     # Counts for the model's stats window (`common/stats.py` fields), added up in memory over a step.
     stats: Counter[str] = field(default_factory=Counter)
+    final: bool = False  # the last round trip: write every pending count
 
     def publish(self, reply_to: str, event: Any) -> None:
         self.events[reply_to].append(event.model_dump(mode="json") if hasattr(event, "model_dump") else event)
@@ -55,6 +56,7 @@ class Outbox:
             self.set_status(job, **values)
         self.acks.extend(other.acks)
         self.stats.update(other.stats)
+        self.final = self.final or other.final
 
     def __bool__(self) -> bool:
         return bool(self.events or self.status or self.acks or self.stats)
@@ -67,9 +69,11 @@ class Publisher:
         self.accounting = accounting
         self._queue: asyncio.Queue[Outbox] = asyncio.Queue()
         self._task: asyncio.Task[None] | None = None
+        self._ticker: asyncio.Task[None] | None = None
 
     def start(self) -> None:
         self._task = asyncio.create_task(self._run(), name="publisher")
+        self._ticker = asyncio.create_task(self._tick(), name="publisher-stats")
 
     def put(self, outbox: Outbox) -> None:
         if outbox:
@@ -79,9 +83,20 @@ class Publisher:
         await self._queue.join()
 
     async def stop(self) -> None:
+        """Everything queued, then the counts still pending."""
+        if self.accounting is not None and self.accounting.pending:
+            self._queue.put_nowait(Outbox(final=True))
         await self.drain()
-        if self._task:
-            self._task.cancel()
+        for task in (self._task, self._ticker):
+            if task:
+                task.cancel()
+
+    async def _tick(self) -> None:
+        """Counts pending on an idle worker go out within a second or so too."""
+        while True:
+            await asyncio.sleep(STATS_EVERY_S)
+            if self.accounting is not None and self._queue.empty() and self.accounting.due(time.time()):
+                self._queue.put_nowait(Outbox())
 
     async def _run(self) -> None:
         while True:
@@ -103,8 +118,12 @@ class Publisher:
         while True:
             try:
                 await self._send(batch, failures)
+                if self.accounting is not None:
+                    self.accounting.written(True)
                 return
             except UNAVAILABLE as exc:
+                if self.accounting is not None:
+                    self.accounting.written(False)
                 if delay == 0.1:
                     log.warning("publishing to Redis failed (%s); retrying until it is back", reason(exc))
                 await asyncio.sleep(delay)
@@ -127,7 +146,7 @@ class Publisher:
             pipe.xack(stream, GROUP, *entry_ids)
             pipe.xdel(stream, *entry_ids)
         if self.accounting is not None:
-            self.accounting.write(pipe, batch.stats, failures)
+            self.accounting.write(pipe, failures, everything=batch.final)
         for result in await pipe.execute(raise_on_error=False):
             # A command Redis refuses (NOGROUP after Redis lost its data) must not hold up the events behind it.
             if isinstance(result, ResponseError):

@@ -133,3 +133,32 @@ def test_the_job_log_line_says_what_an_operator_asks(caplog: pytest.LogCaptureFi
     with caplog.at_level("INFO", logger="ovq.jobs"):
         quiet.settle({"abc": {"status": "cancelled"}}, counts)
     assert caplog.messages == [] and counts["cancelled"] == 1
+
+
+class RecordingPipe:
+    def __init__(self) -> None:
+        self.counts: Counter[str] = Counter()
+
+    def hincrby(self, key: str, name: str, n: int) -> None:
+        self.counts[name] += n
+
+    def expire(self, key: str, ttl: int) -> None:
+        pass
+
+
+def test_counts_go_out_at_most_once_a_second_and_none_is_lost() -> None:
+    accounting = Accounting(Keys("t"), "m", "CPU", "w1", Settings())
+    first, later = RecordingPipe(), RecordingPipe()
+    accounting.settle({}, Counter(tokens=3))
+    accounting.write(first, [])
+    accounting.written(True)
+    assert first.counts == {"tokens": 3}
+    accounting.settle({"j": {"status": "done"}}, Counter(tokens=4))
+    accounting.write(later, [])  # within the second: held
+    assert not later.counts and accounting.pending == {"tokens": 4, "done": 1}
+    accounting.write(later, [], everything=True)  # the last round trip (stop)
+    accounting.written(False)  # ...failed: the counts are pending again, for its retry
+    assert accounting.pending == {"tokens": 4, "done": 1}
+    accounting.write(later, [], everything=True)
+    accounting.written(True)
+    assert later.counts == {"tokens": 8, "done": 2} and not accounting.pending  # the failed try, then the retry
