@@ -70,9 +70,10 @@ class RunningJob:
     def finished(self) -> bool:
         return all(choice.finish is not None for choice in self.choices)
 
-    def delta(self, choice: Choice, ids: list[int], text: str,
-              entries: list[dict[str, Any]] | None) -> dict[str, Any] | None:
-        """Account for new tokens and their text; a Delta when some of it (or its log-probabilities) may go out."""
+    def delta(self, choice: Choice, ids: list[int], text: str, entries: list[dict[str, Any]] | None,
+              now: float | None = None) -> dict[str, Any] | None:
+        """Account for new tokens and their text; a Delta when some of it (or its log-probabilities) may go out.
+        `now`: time.monotonic() (one reading per engine step)."""
         if ids and self.first_token is None:
             self.first_token = time.time()
         choice.tokens += len(ids)
@@ -82,7 +83,7 @@ class RunningJob:
             if len(pieces) != len(entries):  # ids the detokenizer dropped (end of sequence): no text of their own
                 pieces = [0] * (len(entries) - 1) + [sum(pieces)]
             choice.logprobs.add(pieces, entries)
-        return self._emit(choice, choice.stops.feed(text), len(ids))
+        return self._emit(choice, choice.stops.feed(text), len(ids), now=now)
 
     def echo(self, choice: Choice, text: str, entries: list[dict[str, Any]] | None) -> dict[str, Any]:
         choice.text.append(text)
@@ -98,7 +99,8 @@ class RunningJob:
         last["finish_reason"] = choice.finish
         return last
 
-    def _emit(self, choice: Choice, text: str, tokens: int, final: bool = False) -> dict[str, Any] | None:
+    def _emit(self, choice: Choice, text: str, tokens: int, final: bool = False,
+              now: float | None = None) -> dict[str, Any] | None:
         choice.emitted += len(text)
         if choice.logprobs is not None:
             aligner = choice.logprobs
@@ -107,7 +109,8 @@ class RunningJob:
         if text:
             choice.held.append(text)
         choice.held_tokens += tokens
-        now = time.monotonic()
+        if now is None:
+            now = time.monotonic()
         if not final and choice.sent_at is not None and now - choice.sent_at < self.interval:
             return None
         return self._send(choice, now)
@@ -132,11 +135,6 @@ class RunningJob:
                 if sent is not None:
                     out.append(sent)
         return out
-
-    def gaps(self, choice: Choice, now: float) -> float | None:
-        """Milliseconds since this choice's previous tokens (None for its first); marks `now` as the latest."""
-        last, choice.last_token = choice.last_token, now
-        return None if last is None else (now - last) * 1000
 
     def summary(self) -> dict[str, float | int | None]:
         """The counts and timings the job hash keeps (and the job log line shows), whatever the job's end."""

@@ -35,7 +35,7 @@ class Outbox:
     final: bool = False  # the last round trip: write every pending count
 
     def publish(self, reply_to: str, event: Any) -> None:
-        self.events[reply_to].append(event.model_dump(mode="json") if hasattr(event, "model_dump") else event)
+        self.events[reply_to].append(event if type(event) is dict else event.model_dump(mode="json"))
 
     def set_status(self, job: str, **values: Any) -> None:
         self.status.setdefault(job, {}).update(values)

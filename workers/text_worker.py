@@ -163,8 +163,9 @@ class TextWorker(BaseWorker):
     # ---- engine output ---------------------------------------------------------------------------------
     def _on_message(self, outputs: list[list[Any]], stats: list[Any] | None) -> None:
         outbox = Outbox()
-        now, tokens = time.time(), 0
+        now, clock, tokens = time.time(), time.monotonic(), 0
         updates, work = [], []
+        itl: dict[tuple[float, int], int] = {}
         for update in outputs:
             state = self.running.get(update[0])
             if state is None:  # finished here already (a stop string the engine had not seen yet)
@@ -191,12 +192,14 @@ class TextWorker(BaseWorker):
                 self._echo(state, choice, ids, logprobs, outbox)
             elif generated:
                 tokens += len(ids)
-                self._count(state, choice, ids, now, outbox)
-                self._generated(state, choice, ids, text, finish, logprobs, outbox)
+                self._count(state, choice, ids, now, outbox, itl)
+                self._generated(state, choice, ids, text, finish, logprobs, outbox, clock)
         if tokens:
             self.tokens_generated += tokens
             outbox.count("tokens", tokens)
-        self._send_due(outbox)
+        for (last, n), choices in itl.items():
+            outbox.observe("itl", (now - last) * 1000 / n, n * choices)
+        self._send_due(outbox, clock)
         self.publisher.put(outbox)
         if stats is not None:
             if self.admission is not None:
@@ -205,28 +208,31 @@ class TextWorker(BaseWorker):
             self._next_probation()
             self._slot_free.set()
 
-    def _send_due(self, outbox: Outbox) -> None:
+    def _send_due(self, outbox: Outbox, now: float) -> None:
         """Held text past its stream interval, also of jobs this step gave no token (preempted, prefilling)."""
-        now = time.monotonic()
         for state in self.running.values():
             for event in state.due(now):
                 outbox.publish(state.job.reply_to, event)
 
-    def _count(self, state: RunningJob, choice: Choice, ids: list[int], now: float, outbox: Outbox) -> None:
-        """TTFT and inter-token latency into this step's stats: counted in memory, written with its events."""
+    @staticmethod
+    def _count(state: RunningJob, choice: Choice, ids: list[int], now: float, outbox: Outbox,
+               itl: dict[tuple[float, int], int]) -> None:
+        """TTFT into this step's stats; inter-token latency into `itl`, by (previous tokens' time, tokens): the
+        choices that stepped together share one, so a step adds one or two observations, not one per choice."""
         if not ids:
             return
         if state.first_token is None:
             outbox.observe("ttft", (now - state.job.created) * 1000)
-        gap = state.gaps(choice, now)
-        if gap is not None:
-            outbox.observe("itl", gap / len(ids), len(ids))
+        last, choice.last_token = choice.last_token, now
+        if last is not None:
+            key = (last, len(ids))
+            itl[key] = itl.get(key, 0) + 1
 
     def _generated(self, state: RunningJob, choice: Choice, ids: list[int], text: str, finish: str | None,
-                   logprobs: list[float] | None, outbox: Outbox) -> None:
+                   logprobs: list[float] | None, outbox: Outbox, clock: float) -> None:
         job = state.job
         was_streamed = state.streamed
-        delta = state.delta(choice, ids, text, self._entries(ids, logprobs))
+        delta = state.delta(choice, ids, text, self._entries(ids, logprobs) if logprobs is not None else None, clock)
         if delta:
             outbox.publish(job.reply_to, delta)
             if not was_streamed:
