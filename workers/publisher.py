@@ -32,7 +32,7 @@ class Outbox:
     acks: list[tuple[str | None, bytes]] = field(default_factory=list)
     # Counts for the model's stats window (`common/stats.py` fields), added up in memory over a step.
     stats: Counter[str] = field(default_factory=Counter)
-    final: bool = False  # the last round trip: write every pending count
+    final: bool = False  # the last round trip (at stop): write every pending count
 
     def publish(self, reply_to: str, event: Any) -> None:
         self.events[reply_to].append(event if type(event) is dict else event.model_dump(mode="json"))
@@ -83,13 +83,17 @@ class Publisher:
         await self._queue.join()
 
     async def stop(self) -> None:
-        """Everything queued, then the counts still pending."""
-        if self.accounting is not None and self.accounting.pending:
-            self._queue.put_nowait(Outbox(final=True))
-        await self.drain()
+        """After the caller's (bounded) drain: the counts still pending, in one short try (Redis may be stopping
+        too: they are operators' counts, not anyone's answer), then the tasks."""
         for task in (self._task, self._ticker):
             if task:
                 task.cancel()
+        if self.accounting is not None and self.accounting.pending:
+            try:
+                await asyncio.wait_for(self._send(Outbox(final=True), []), timeout=2)
+                self.accounting.written(True)
+            except (asyncio.TimeoutError, *UNAVAILABLE) as exc:
+                log.warning("the last second's stats counts were not written (%s)", reason(exc))
 
     async def _tick(self) -> None:
         """Counts pending on an idle worker go out within a second or so too."""
@@ -124,6 +128,8 @@ class Publisher:
             except UNAVAILABLE as exc:
                 if self.accounting is not None:
                     self.accounting.written(False)
+                if not (batch.events or batch.status or batch.acks or failures):
+                    return  # only counts (the ticker's): pending again, for the next round trip
                 if delay == 0.1:
                     log.warning("publishing to Redis failed (%s); retrying until it is back", reason(exc))
                 await asyncio.sleep(delay)

@@ -38,6 +38,7 @@ async def test_one_round_trip_publishes_per_reply_channel_and_acks() -> None:
     outbox.set_status("j", status="done", result={"x": 1})
     outbox.ack(entry)
     publisher.put(outbox)
+    await publisher.drain()
     await publisher.stop()
     message = await pubsub.get_message(timeout=1)
     batch = batch_adapter.validate_json(message["data"])

@@ -1,6 +1,8 @@
 """Generation stats: histogram buckets and quantiles, windows summed into rates, and what a worker writes."""
 from __future__ import annotations
 
+import asyncio
+import socket
 import time
 from collections import Counter
 
@@ -101,6 +103,7 @@ async def test_the_publisher_writes_counts_failures_and_terminal_counts_in_its_r
         outbox.set_status(f"bad{i}", status="error", error={"message": f"boom {i}", "type": "server_error"})
     outbox.set_status("j2", status="running")
     publisher.put(outbox)
+    await publisher.drain()
     await publisher.stop()
     key = keys.stats("m", "CPU", stats.window_of(time.time()))
     written = {k.decode(): int(v) for k, v in (await aredis.hgetall(key)).items()}
@@ -162,3 +165,20 @@ def test_counts_go_out_at_most_once_a_second_and_none_is_lost() -> None:
     accounting.write(later, [], everything=True)
     accounting.written(True)
     assert later.counts == {"tokens": 8, "done": 2} and not accounting.pending  # the failed try, then the retry
+
+
+async def test_stopping_with_redis_gone_drops_the_pending_counts_at_once(caplog: pytest.LogCaptureFixture) -> None:
+    """Redis stopping with the worker (a Procfile, compose down) must not hold the worker's exit."""
+    with socket.socket() as sock:  # a port nobody listens on
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    gone = aioredis.Redis(port=port, socket_connect_timeout=1)
+    keys = Keys("t")
+    accounting = Accounting(keys, "m", "CPU", "w1", Settings())
+    accounting.settle({}, Counter(tokens=3))
+    publisher = Publisher(gone, keys, keys.jobs("m", "CPU"), 60, accounting)
+    publisher.start()
+    with caplog.at_level("WARNING", logger="ovq.publisher"):
+        await asyncio.wait_for(publisher.stop(), timeout=5)
+    assert "stats counts were not written" in caplog.text
+    await gone.aclose()
