@@ -1,8 +1,8 @@
 """Time-bucketed generation stats in Redis: what workers write and how readers (ops page, `ovq status`) sum them.
 
-Each worker counts in memory and adds its counts, once per publish round trip, to one hash per model, device and
-window of WINDOW_S seconds (`Keys.stats`), so the numbers are the sum over every worker and every API process
-reads the same. Fields:
+Each worker counts in memory and adds its counts, at most once a second (`workers/accounting.py`), to one hash
+per model, device and window of WINDOW_S seconds (`Keys.stats`), so the numbers are the sum over every worker
+and every API process reads the same. Fields:
 
 - `tokens`, `prompt_tokens`: tokens generated / prompts accepted;
 - `done`, `error`, `cancelled`: jobs that ended so;
