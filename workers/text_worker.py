@@ -232,7 +232,7 @@ class TextWorker(BaseWorker):
                    logprobs: list[float] | None, outbox: Outbox, clock: float) -> None:
         job = state.job
         was_streamed = state.streamed
-        delta = state.delta(choice, ids, text, self._entries(ids, logprobs) if logprobs is not None else None, clock)
+        delta = state.delta(choice, ids, text, self._entries(ids, logprobs), clock)
         if delta:
             outbox.publish(job.reply_to, delta)
             if not was_streamed:
