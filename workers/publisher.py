@@ -32,7 +32,6 @@ class Outbox:
     acks: list[tuple[str | None, bytes]] = field(default_factory=list)
     # Counts for the model's stats window (`common/stats.py` fields), added up in memory over a step.
     stats: Counter[str] = field(default_factory=Counter)
-    final: bool = False  # the last round trip (at stop): write every pending count
 
     def publish(self, reply_to: str, event: Any) -> None:
         self.events[reply_to].append(event if type(event) is dict else event.model_dump(mode="json"))
@@ -56,7 +55,6 @@ class Outbox:
             self.set_status(job, **values)
         self.acks.extend(other.acks)
         self.stats.update(other.stats)
-        self.final = self.final or other.final
 
     def __bool__(self) -> bool:
         return bool(self.events or self.status or self.acks or self.stats)
@@ -90,7 +88,7 @@ class Publisher:
                 task.cancel()
         if self.accounting is not None and self.accounting.pending:
             try:
-                await asyncio.wait_for(self._send(Outbox(final=True), []), timeout=2)
+                await asyncio.wait_for(self._send(Outbox(), [], everything=True), timeout=2)
                 self.accounting.written(True)
             except (asyncio.TimeoutError, *UNAVAILABLE) as exc:
                 log.warning("the last second's stats counts were not written (%s)", reason(exc))
@@ -135,7 +133,7 @@ class Publisher:
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 5.0)
 
-    async def _send(self, batch: Outbox, failures: list[bytes]) -> None:
+    async def _send(self, batch: Outbox, failures: list[bytes], everything: bool = False) -> None:
         pipe = self.redis.pipeline(transaction=False)
         for job, values in batch.status.items():
             values["updated"] = time.time()
@@ -152,7 +150,7 @@ class Publisher:
             pipe.xack(stream, GROUP, *entry_ids)
             pipe.xdel(stream, *entry_ids)
         if self.accounting is not None:
-            self.accounting.write(pipe, failures, everything=batch.final)
+            self.accounting.write(pipe, failures, everything)
         for result in await pipe.execute(raise_on_error=False):
             # A command Redis refuses (NOGROUP after Redis lost its data) must not hold up the events behind it.
             if isinstance(result, ResponseError):
