@@ -27,6 +27,7 @@ from api.ops import router as ops_router
 from api.protocol import ModelList, ModelObject
 from api.registry import Registry
 from api.serving import Serving
+from common import heap
 from common.config import configured_models, has_models
 from common.errors import ErrorBody, OvqError, not_found, unavailable
 from common.keys import Keys
@@ -63,6 +64,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         app.state.serving = Serving(jobs, registry, metrics)
         app.state.images = ImageServing(jobs, registry, settings)
         _log_stop_signals(settings)
+        heap.settle()
         yield
         await heartbeat.stop()
         await hub.stop()

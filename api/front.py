@@ -28,12 +28,16 @@ class Front:
         self.direct = guard(self._direct)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http":
-            scope["ovq.send"] = send
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        scope["ovq.send"] = send
+        try:
             if scope["method"] == "POST" and scope["path"] in self.hot:
                 scope["app"] = self.app
                 return await self._outer(scope, receive, send)
-        await self.app(scope, receive, send)
+            await self.app(scope, receive, send)
+        finally:
+            del scope["ovq.send"]  # the server's connection holds the scope: no cycle left for the GC to find
 
     async def _outer(self, scope: Scope, receive: Receive, send: Send) -> None:
         """What the guard let through unhandled (not a client's disconnect: it handles that) is a logged 500."""

@@ -281,6 +281,7 @@ class Generation:
         """Forget the jobs; cancel at their workers those that have not ended (the client left, or we failed)."""
         if self._watcher is not None:
             self._watcher.cancel()
+            self._watcher = None  # its CancelledError's frames hold this generation: no cycle for the GC to find
         for job in self.jobs:
             self.client.hub.unregister(job.id)
         unfinished = [j for j in self._submitted if j in self.open]

@@ -18,6 +18,7 @@ from typing import Any, Protocol
 import orjson
 from redis.exceptions import ResponseError
 
+from common import heap
 from common.config import ModelConfig
 from common.errors import ErrorBody, OvqError
 from common.events import Cancelled, Error
@@ -115,6 +116,7 @@ class BaseWorker:
         if self.health is not None:
             await self.health.start()
         self.publisher.start()
+        heap.settle()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self.stop, sig.name)

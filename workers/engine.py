@@ -42,6 +42,7 @@ from typing import Any, TypeVar
 
 import orjson
 
+from common import heap
 from common.errors import OvqError
 from common.jobs import SamplingParams
 from workers.generation import choice_configs, prompt_param, token_budget
@@ -400,6 +401,7 @@ def handshake(outputs: Connection, factory: Callable[[], E]) -> E | None:
         engine = None
     else:
         answer = {"ready": True}
+        heap.settle()
     try:
         outputs.send_bytes(orjson.dumps(answer))
     except OSError:  # the I/O half stopped while the model loaded: nobody to serve

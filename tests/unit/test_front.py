@@ -1,8 +1,14 @@
 """The front layer: generation POSTs skip FastAPI's layers but get the same guard and the same error answers."""
 from __future__ import annotations
 
+import asyncio
+import gc
+import socket
+import weakref
 from typing import Any
 
+import httpx
+import uvicorn
 from fastapi import FastAPI
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
@@ -63,3 +69,33 @@ def test_other_methods_and_paths_go_through_fastapi() -> None:
     client = make()
     assert client.get("/v3/generate").status_code == 405
     assert client.post("/v3/other", json={}).status_code == 404
+
+
+async def test_a_request_leaves_no_cycle_through_the_servers_send() -> None:
+    """The front keeps uvicorn's `send` (a method of the connection's cycle, which holds the scope) in the scope
+    while the request runs, and takes it out after: else every request's objects wait for a full GC."""
+    cycles: list[weakref.ref[Any]] = []
+
+    async def generate(request: Request) -> Response:
+        cycles.append(weakref.ref(request.scope["ovq.send"].__self__))
+        return JSONResponse({"ok": True})
+
+    front = Front(FastAPI(), {"/v3/generate": generate}, lambda inner: inner)
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    server = uvicorn.Server(uvicorn.Config(front, http="httptools", log_level="warning", lifespan="off"))
+    serving = asyncio.create_task(server.serve(sockets=[sock]))
+    gc.disable()
+    try:
+        async with httpx.AsyncClient() as client:
+            answer = await client.post(f"http://127.0.0.1:{sock.getsockname()[1]}/v3/generate", json={})
+            assert answer.json() == {"ok": True}
+        for _ in range(100):  # the server lets go of the connection once it sees it close
+            if cycles[0]() is None:
+                break
+            await asyncio.sleep(0.01)
+        assert cycles[0]() is None
+    finally:
+        gc.enable()
+        server.should_exit = True
+        await serving
