@@ -5,7 +5,6 @@ import asyncio
 import time
 from dataclasses import dataclass
 
-import orjson
 import redis.asyncio as aioredis
 
 from common.errors import OvqError, not_found, unavailable
@@ -120,7 +119,10 @@ class Registry:
         devices = list(servable.cards)
         keys = [k for d in devices for k in (self.keys.workers(servable.model, d), self.keys.jobs(servable.model, d),
                                              self.keys.batch_jobs(servable.model, d))]
-        jobs = [(d, orjson.dumps(job.model_copy(update={"device": d}).model_dump())) for d in devices]
+        jobs = []
+        for device in devices:  # the job as each device's worker would get it; `device` ends as the chosen one
+            job.device = device
+            jobs.append((device, job.model_dump_json()))
         since = time.time() - self.settings.worker_ttl_s
         args = [since, self.settings.max_queue_depth, self.settings.job_ttl_s, job.created, job.reply_to,
                 servable.model, job.priority, *(part for pair in jobs for part in pair)]

@@ -20,7 +20,7 @@ from api.media import load_image
 from api.metrics import Metrics, Record
 from api.protocol import ChatCompletionRequest, CompletionRequest, SamplingRequest
 from api.registry import Registry, Servable
-from api.sse import DONE, PING
+from api.sse import DONE, PING, Last
 from api.templates import render, template_message
 from common.errors import OvqError
 from common.jobs import Job, SamplingParams
@@ -180,11 +180,15 @@ class Serving:
         if first:
             yield first
         last = time.monotonic()
+        tail = b""  # the last frames: they go out with `[DONE]` and the end of the body, in one write
         try:
             generation.inbox.express = self._express(generation, fmt, choices)
             while not generation.finished:
                 events = await generation.events()
                 out = self._frames(events, fmt, choices, record, usage, generation)
+                if generation.finished:
+                    tail = out
+                    break
                 now = time.monotonic()
                 if out:
                     last = now
@@ -194,22 +198,22 @@ class Serving:
                     yield PING
             generation.inbox.express = None  # nothing may follow the last frames
             if fmt.include_usage:
-                yield fmt.usage(usage)
+                tail += fmt.usage(usage)
             if not record.outcome:
                 finished = sorted(choices.values(), key=lambda c: c.index)[0]
                 record.outcome = finished.finish_reason(finished.called) or "stop"
         except OvqError as exc:
             record.failed(exc.status, exc.body.code)
-            yield b"data: " + orjson.dumps({"error": exc.body.model_dump()}) + b"\n\n"
+            tail = b"data: " + orjson.dumps({"error": exc.body.model_dump()}) + b"\n\n"
         except UNAVAILABLE:
             record.failed(503)
-            yield b"data: " + orjson.dumps({"error": REDIS_AWAY.body.model_dump()}) + b"\n\n"
+            tail = b"data: " + orjson.dumps({"error": REDIS_AWAY.body.model_dump()}) + b"\n\n"
         except ClientGone:
             record.failed(CLIENT_CLOSED)
             return
         finally:
             generation.inbox.express = None
-        yield DONE
+        yield Last(tail + DONE)
 
     @staticmethod
     def _express(generation: Generation, fmt: Format,

@@ -22,6 +22,11 @@ PING = b": ping\n\n"
 DONE = b"data: [DONE]\n\n"
 
 
+class Last(bytes):
+    """A stream's final frames: they go out with the end of the body in one write (a finish, the usage and
+    `[DONE]` were four writes, and four trips through the server's send, per response)."""
+
+
 def frame(data: bytes, event: bytes | None = None) -> bytes:
     return (b"event: " + event + b"\ndata: " if event else b"data: ") + data + b"\n\n"
 
@@ -69,6 +74,7 @@ class SSEResponse(Response):
         self.frames, self.on_close, self.on_write = frames, on_close, on_write
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        ended = False
         try:
             await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
             # The body goes through the server's own send (see api/front.py): the framework's wrappers only watch for
@@ -78,13 +84,17 @@ class SSEResponse(Response):
                 direct = DirectWrite.of(scope) if self.on_write is not None else None
                 if direct is not None:
                     self.on_write(direct)
-                async for data in self.frames:
+                async for data in self.frames:  # to the generator's end: its own cleanup runs now
+                    if ended:
+                        continue
                     if direct is not None:
                         direct.busy = True  # until written: a direct write now would overtake these frames
-                    await body({"type": "http.response.body", "body": data, "more_body": True})
+                    ended = type(data) is Last
+                    await body({"type": "http.response.body", "body": data, "more_body": not ended})
                     if direct is not None:
-                        direct.busy = False
-            await body({"type": "http.response.body", "body": b"", "more_body": False})
+                        direct.busy = ended  # nothing may follow the end of the body
+            if not ended:
+                await body({"type": "http.response.body", "body": b"", "more_body": False})
         except OSError:  # the client went away mid-write: nothing to tell it
             pass
         finally:

@@ -11,7 +11,7 @@ import httpx
 import uvicorn
 
 from api.hub import Inbox
-from api.sse import DirectWrite, SSEResponse
+from api.sse import DirectWrite, Last, SSEResponse
 
 
 def cycle(**overrides: Any) -> SimpleNamespace:
@@ -105,3 +105,26 @@ async def test_direct_writes_interleave_in_order_on_uvicorn() -> None:
     finally:
         server.should_exit = True
         await serving
+
+
+async def test_the_last_frames_go_out_with_the_end_of_the_body() -> None:
+    sent: list[dict[str, Any]] = []
+    cleaned: list[bool] = []
+
+    async def frames() -> AsyncIterator[bytes]:
+        try:
+            yield b"data: 1\n\n"
+            yield Last(b"data: 2\n\ndata: [DONE]\n\n")
+        finally:
+            cleaned.append(True)
+
+    async def send(message: dict[str, Any]) -> None:
+        sent.append(message)
+
+    async def closed() -> None:
+        pass
+
+    await SSEResponse(frames(), closed)({"type": "http", "method": "POST"}, None, send)  # type: ignore[arg-type]
+    assert [(m.get("body"), m.get("more_body")) for m in sent[1:]] == [
+        (b"data: 1\n\n", True), (b"data: 2\n\ndata: [DONE]\n\n", False)]
+    assert cleaned == [True]  # the generator ran to its end, not left for the event loop to finalize
