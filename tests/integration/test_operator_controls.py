@@ -181,7 +181,8 @@ def test_job_hashes_keep_counts_and_the_text_only_on_request(tiers: Callable[...
     t.wait_served(TINY, "tiny-kept")
     keys = Keys(t.prefix)
     for name, worker, keep in ((TINY, plain, False), ("tiny-kept", kept, True)):
-        answer = httpx.post(f"{t.base_url}/completions", json={"model": name, "prompt": "a b", "max_tokens": 6},
+        answer = httpx.post(f"{t.base_url}/completions", json={"model": name, "prompt": "a b", "max_tokens": 6,
+                                                                  "ignore_eos": True},
                             timeout=60).json()
         [(job_id, record)] = [(j, r) for j, r in jobs(redis_client, keys).items() if r[b"model"] == name.encode()]
         assert record[b"status"] == b"done" and record[b"completion_tokens"] == b"6" and b"total_ms" in record

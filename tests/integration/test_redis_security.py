@@ -63,8 +63,13 @@ def serve_and_chat(t: Tiers, api_url: str, worker_url: str) -> None:
     t.wait_served(TINY)
     client = OpenAI(base_url=t.base_url, api_key="unused", max_retries=0, timeout=60)
     hi = [{"role": "user", "content": "hi"}]
-    assert client.chat.completions.create(model=TINY, messages=hi, max_tokens=3).usage.completion_tokens
-    assert [c for c in client.chat.completions.create(model=TINY, messages=hi, max_tokens=3, stream=True)]
+    # The tiny model samples at temperature 1 over 512 tokens: without ignore_eos its first token is sometimes EOS.
+    once = {"ignore_eos": True}
+    assert client.chat.completions.create(model=TINY, messages=hi, max_tokens=3,
+                                          extra_body=once).usage.completion_tokens == 3
+    streamed = list(client.chat.completions.create(model=TINY, messages=hi, max_tokens=3, stream=True,
+                                                   stream_options={"include_usage": True}, extra_body=once))
+    assert streamed[-1].usage.completion_tokens == 3
     stream = client.chat.completions.create(model=TINY, messages=hi, max_tokens=1900, stream=True,
                                             extra_body={"ignore_eos": True})
     next(iter(stream))
