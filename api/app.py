@@ -68,6 +68,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         yield
         await heartbeat.stop()
         await hub.stop()
+        await registry.close()
         await redis.aclose()
 
     app = FastAPI(title="ovq", lifespan=lifespan, docs_url=None, redoc_url=None)

@@ -10,6 +10,7 @@ import redis.asyncio as aioredis
 from common.errors import OvqError, not_found, unavailable
 from common.jobs import Job
 from common.keys import Keys
+from common.lane import Lane, Script
 from common.modelcard import ModelCard
 from common.settings import Settings
 
@@ -58,7 +59,10 @@ class Registry:
         self.expected = expected
         self._cards: dict[str, tuple[float, dict[str, ModelCard]]] = {}
         self._loading: dict[str, asyncio.Future[dict[str, ModelCard]]] = {}
-        self._enqueue = redis.register_script(ENQUEUE)
+        self._enqueue = Script(ENQUEUE)
+        # Every request's enqueue, on a connection of its own: the ones made while a round trip is in flight go
+        # out together in the next (a burst of requests costs Redis and this process a few round trips).
+        self._lane = Lane(redis)
 
     async def cards(self, model: str) -> dict[str, ModelCard]:
         """Device -> card, as the model's workers last announced it (cached for a second; concurrent misses
@@ -126,7 +130,7 @@ class Registry:
         since = time.time() - self.settings.worker_ttl_s
         args = [since, self.settings.max_queue_depth, self.settings.job_ttl_s, job.created, job.reply_to,
                 servable.model, job.priority, *(part for pair in jobs for part in pair)]
-        chosen = await self._enqueue(keys=[self.keys.job(job.id), *keys], args=args)
+        chosen = await self._enqueue(self._lane, keys=[self.keys.job(job.id), *keys], args=args)
         if chosen == 0:
             raise unavailable(f"The model `{servable.model}` is not being served by any worker right now")
         if chosen < 0:
@@ -134,6 +138,9 @@ class Registry:
                            code="queue_full")
         job.device = devices[chosen - 1]
         return job.device
+
+    async def close(self) -> None:
+        await self._lane.close()
 
     async def ready(self) -> dict[str, bool]:
         """Each known model (expected or announced): whether a live worker serves it now."""

@@ -13,9 +13,9 @@ from collections import Counter
 from typing import Any
 
 import orjson
-from redis.asyncio.client import Pipeline
 
 from common.keys import Keys
+from common.lane import Command
 from common.settings import Settings
 from common.stats import OUTCOMES, observe, window_of
 
@@ -59,19 +59,17 @@ class Accounting:
     def due(self, now: float) -> bool:
         return bool(self.pending) and (now - self._sent_at >= STATS_EVERY_S or window_of(now) != self._window)
 
-    def write(self, pipe: Pipeline, failures: list[bytes], everything: bool = False) -> None:
-        """Add to the round trip the pending counts, when due (or `everything`), and the failures."""
+    def write(self, commands: list[Command], failures: list[bytes], everything: bool = False) -> None:
+        """Add to the round trip's commands the pending counts, when due (or `everything`), and the failures."""
         now = time.time()
         if everything and self.pending or self.due(now):
             key = self.keys.stats(self.model, self.device, self._window)
-            for name, n in self.pending.items():
-                pipe.hincrby(key, name, n)
-            pipe.expire(key, self.stats_ttl)
+            commands += [["HINCRBY", key, name, n] for name, n in self.pending.items()]
+            commands.append(["EXPIRE", key, self.stats_ttl])
             self._sending, self.pending, self._sent_at = self.pending, Counter(), now
         if failures:
-            pipe.lpush(self.keys.failed, *failures)
-            pipe.ltrim(self.keys.failed, 0, self.failed_kept - 1)
-            pipe.expire(self.keys.failed, self.stats_ttl)
+            commands += [["LPUSH", self.keys.failed, *failures], ["LTRIM", self.keys.failed, 0, self.failed_kept - 1],
+                         ["EXPIRE", self.keys.failed, self.stats_ttl]]
 
     def written(self, ok: bool) -> None:
         """The round trip's outcome: counts it did not write are pending again."""

@@ -24,6 +24,7 @@ from common.errors import ErrorBody, OvqError
 from common.events import Cancelled, Error
 from common.jobs import Job
 from common.keys import GROUP, Keys
+from common.lane import Command
 from common.modelcard import ModelCard
 from common.redis_client import UNAVAILABLE, Backoff, connect
 from common.settings import Settings
@@ -191,6 +192,7 @@ class BaseWorker:
         if self.health is not None:
             await self.health.stop()
         await self.publisher.stop()
+        await self.intake.close()
         await self.redis.aclose()
         log.warning("worker %s stopped: %d jobs handed back to the stream", self.id, len(handed))
 
@@ -317,18 +319,22 @@ class BaseWorker:
         would be lost, so its jobs wait until it listens again."""
         if not jobs and not reply_tos:
             return set(), set(), set()
-        pipe = self.redis.pipeline(transaction=False)
-        for job in jobs:
-            pipe.exists(self.keys.cancel(job.id))
+        commands: list[Command] = [["EXISTS", self.keys.cancel(job.id)] for job in jobs]
         listeners = sorted(reply_tos)
         if listeners:
-            pipe.zmscore(self.keys.apis, listeners)
-            pipe.pubsub_numsub(*[self.keys.events(c) for c in listeners])
-        replies = await pipe.execute()
+            commands += [["ZMSCORE", self.keys.apis, *listeners],
+                         ["PUBSUB", "NUMSUB", *[self.keys.events(c) for c in listeners]]]
+        # On the intake's connection, between its reads: no pool checkout, and not behind a publishing round trip.
+        replies = await self.intake.lane.execute(commands)
+        for reply in replies:
+            if isinstance(reply, ResponseError):
+                raise reply
         flagged = {job.id for job, hit in zip(jobs, replies, strict=False) if hit}
         if not listeners:
             return flagged, set(), set()
-        scores, subscribers = replies[-2], dict(replies[-1])
+        scores = [None if v is None else float(v) for v in replies[-2]]  # RESP2 answers doubles as strings
+        counts = replies[-1]
+        subscribers = dict(zip(counts[::2], counts[1::2], strict=True))
         gone = self.gone_apis(listeners, scores)
         deaf = {c for c, score in zip(listeners, scores, strict=True)
                 if score is not None and c not in gone and not subscribers.get(self.keys.events(c).encode())}

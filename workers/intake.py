@@ -7,9 +7,13 @@ behind it in Redis. An idle worker then blocks on both streams at once, so it wa
 """
 from __future__ import annotations
 
+from typing import Any
+
 import redis.asyncio as aioredis
+from redis.exceptions import ResponseError
 
 from common.keys import GROUP
+from common.lane import Lane, Script
 
 Entries = list[tuple[bytes, dict[bytes, bytes]]]
 
@@ -31,18 +35,33 @@ def _entries(raw: list) -> Entries:
 
 class Intake:
     def __init__(self, redis: aioredis.Redis, consumer: str, interactive: str, batch: str) -> None:
-        self.redis, self.consumer = redis, consumer
+        self.consumer = consumer
         self.interactive, self.batch = interactive, batch
-        self._read = redis.register_script(READ)
+        # A lane of its own: the blocking read holds its connection for up to `block_ms`.
+        self.lane = Lane(redis)
+        self._read = Script(READ)
 
     async def read(self, count: int, block_ms: int) -> list[tuple[str, Entries]]:
         """Up to `count` jobs as (stream, entries), interactive stream first; blocks up to `block_ms` when both
         are empty. The blocking read takes one entry per stream: rarely, when both streams get a job at the same
         moment, that is one job beyond `count` (the interactive one first)."""
-        which, raw = await self._read(keys=[self.interactive, self.batch], args=[GROUP, self.consumer, count])
+        which, raw = await self._read(self.lane, keys=[self.interactive, self.batch],
+                                      args=[GROUP, self.consumer, count])
         if which:
             return [((self.interactive, self.batch)[which - 1], _entries(raw))]
-        reply = await self.redis.xreadgroup(GROUP, self.consumer, {self.interactive: ">", self.batch: ">"},
-                                            count=1, block=block_ms)
-        got = {(s.decode() if isinstance(s, bytes) else s): entries for s, entries in reply or []}
+        [reply] = await self.lane.execute([["XREADGROUP", "GROUP", GROUP, self.consumer, "COUNT", 1, "BLOCK", block_ms,
+                                            "STREAMS", self.interactive, self.batch, ">", ">"]], block_ms / 1000)
+        if isinstance(reply, ResponseError):
+            raise reply
+        got = {s.decode(): _entries(entries) for s, entries in _by_stream(reply)}
         return [(stream, got[stream]) for stream in (self.interactive, self.batch) if got.get(stream)]
+
+    async def close(self) -> None:
+        await self.lane.close()
+
+
+def _by_stream(reply: Any) -> list[tuple[bytes, list]]:
+    """XREADGROUP's reply: a map of stream to entries (RESP3), a list of pairs (RESP2), or nil."""
+    if not reply:
+        return []
+    return list(reply.items()) if isinstance(reply, dict) else [(s, entries) for s, entries in reply]

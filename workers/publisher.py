@@ -1,4 +1,5 @@
-"""Everything a worker tells Redis about its jobs goes through here: one pipelined round trip per batch.
+"""Everything a worker tells Redis about its jobs goes through here: one pipelined round trip per batch, on
+a connection of the publisher's own (`common.lane`).
 
 Batches are sent strictly in order by one task, so a job's events reach the API in sequence; when Redis is
 slower than the engine, the batches waiting are merged into one round trip.
@@ -17,6 +18,7 @@ import redis.asyncio as aioredis
 from redis.exceptions import ResponseError
 
 from common.keys import GROUP, Keys
+from common.lane import Command, Lane
 from common.redis_client import UNAVAILABLE, reason
 from common.stats import observe
 from workers.accounting import STATS_EVERY_S, Accounting
@@ -65,6 +67,7 @@ class Publisher:
                  accounting: Accounting | None = None) -> None:
         self.redis, self.keys, self.stream, self.job_ttl = redis, keys, stream, job_ttl
         self.accounting = accounting
+        self.lane = Lane(redis)  # one round trip per engine step: no pool checkout, no pipeline object
         self._queue: asyncio.Queue[Outbox] = asyncio.Queue()
         self._task: asyncio.Task[None] | None = None
         self._ticker: asyncio.Task[None] | None = None
@@ -82,7 +85,7 @@ class Publisher:
 
     async def stop(self) -> None:
         """After the caller's (bounded) drain: the counts still pending, in one short try (Redis may be stopping
-        too: they are operators' counts, not anyone's answer), then the tasks."""
+        too: they are operators' counts, not anyone's answer), then the tasks and the connection."""
         for task in (self._task, self._ticker):
             if task:
                 task.cancel()
@@ -92,6 +95,7 @@ class Publisher:
                 self.accounting.written(True)
             except (asyncio.TimeoutError, *UNAVAILABLE) as exc:
                 log.warning("the last second's stats counts were not written (%s)", reason(exc))
+        await self.lane.close()
 
     async def _tick(self) -> None:
         """Counts pending on an idle worker go out within a second or so too."""
@@ -134,26 +138,25 @@ class Publisher:
                 delay = min(delay * 2, 5.0)
 
     async def _send(self, batch: Outbox, failures: list[bytes], everything: bool = False) -> None:
-        pipe = self.redis.pipeline(transaction=False)
+        commands: list[Command] = []
         for job, values in batch.status.items():
             values["updated"] = time.time()
             key = self.keys.job(job)
-            pipe.hset(key, mapping={k: v if isinstance(v, (str, int, float)) else orjson.dumps(v)
-                                    for k, v in values.items() if v is not None})
-            pipe.expire(key, self.job_ttl)
+            fields = [part for k, v in values.items() if v is not None
+                      for part in (k, v if isinstance(v, (str, int, float)) else orjson.dumps(v))]
+            commands += [["HSET", key, *fields], ["EXPIRE", key, self.job_ttl]]
         for reply_to, events in batch.events.items():
-            pipe.publish(self.keys.events(reply_to), orjson.dumps({"v": 1, "events": events}))
+            commands.append(["PUBLISH", self.keys.events(reply_to), orjson.dumps({"v": 1, "events": events})])
         by_stream: dict[str, list[bytes]] = defaultdict(list)
         for stream, entry_id in batch.acks:
             by_stream[stream or self.stream].append(entry_id)
         for stream, entry_ids in by_stream.items():
-            pipe.xack(stream, GROUP, *entry_ids)
-            pipe.xdel(stream, *entry_ids)
+            commands += [["XACK", stream, GROUP, *entry_ids], ["XDEL", stream, *entry_ids]]
         if self.accounting is not None:
-            self.accounting.write(pipe, failures, everything)
-        for result in await pipe.execute(raise_on_error=False):
+            self.accounting.write(commands, failures, everything)
+        if not commands:
+            return
+        for result in await self.lane.execute(commands):
             # A command Redis refuses (NOGROUP after Redis lost its data) must not hold up the events behind it.
             if isinstance(result, ResponseError):
                 log.warning("Redis refused a command while publishing: %s", result)
-            elif isinstance(result, Exception):
-                raise result

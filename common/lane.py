@@ -1,0 +1,131 @@
+"""A Redis connection of one's own for the hot paths: redis-py's `Connection`, without the pool checkout and the
+pipeline machinery around every round trip.
+
+Measured here (uvloop, Python 3.11): two commands through a pooled pipeline cost the caller about 205 µs of CPU
+per round trip, on a connection of its own about 115 µs. The worker makes one round trip per engine step and three
+per job it takes; the API one per request.
+
+`execute` takes a list of commands and answers their replies in order. Commands handed over while a round trip is
+in flight go out together in the next one (one write, the replies read in order), so concurrent callers (the
+API's requests enqueuing) share round trips. A command Redis refuses answers its ResponseError in its place: one
+refused command never puts the replies of the others out of step. A lost connection is retried once on a fresh
+one (a connection made stale by a Redis restart is not an error, as with `redis_client.connect`'s clients), then
+fails the callers of that round trip with the error.
+
+A lane that carries a blocking command (XREADGROUP with BLOCK) holds back everything queued behind it: give such
+a caller a lane of its own.
+"""
+from __future__ import annotations
+
+import asyncio
+import hashlib
+from collections.abc import Sequence
+from typing import Any
+
+import redis
+import redis.asyncio as aioredis
+from redis.exceptions import NoScriptError, ResponseError
+
+Command = Sequence[Any]
+Waiting = tuple[list[Command], "asyncio.Future[list[Any]]", float]  # commands, their replies, blocks_s
+RETRIED = (redis.ConnectionError, redis.TimeoutError, ConnectionError, OSError)
+
+
+class Lane:
+    def __init__(self, client: aioredis.Redis) -> None:
+        # The pool's settings (URL, password or ACL user, TLS, db, timeouts), not one of its connections.
+        self._connection = client.connection_pool.make_connection()
+        self._waiting: list[Waiting] = []
+        self._task: asyncio.Task[None] | None = None
+
+    async def execute(self, commands: list[Command], blocks_s: float = 0.0) -> list[Any]:
+        """Each command's reply, or the ResponseError Redis answered it with, in order. `blocks_s`: how long a
+        blocking command among them may wait in Redis, beyond the socket timeout for its reply."""
+        future: asyncio.Future[list[Any]] = asyncio.get_running_loop().create_future()
+        self._waiting.append((commands, future, blocks_s))
+        if self._task is None:
+            # A task of its own: a caller cancelled mid round trip must not leave the replies unread.
+            self._task = asyncio.ensure_future(self._run())
+        try:
+            return await future
+        except asyncio.CancelledError:
+            if blocks_s and self._task is not None:
+                # A blocked read nobody waits for must not take entries: dropping the connection unblocks it.
+                self._task.cancel()
+            raise
+
+    async def close(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+        for _, future, _ in self._waiting:
+            future.cancel()
+        self._waiting = []
+        await self._connection.disconnect()
+
+    async def _run(self) -> None:
+        try:
+            while self._waiting:
+                batch, self._waiting = self._waiting, []
+                await self._round_trip(batch)
+        finally:
+            self._task = None
+            if self._waiting:  # queued behind a round trip that was cancelled
+                self._task = asyncio.ensure_future(self._run())
+
+    async def _round_trip(self, batch: list[Waiting]) -> None:
+        commands = [command for cmds, _, _ in batch for command in cmds]
+        timeout = self._connection.socket_timeout
+        if timeout is not None:
+            timeout += max(blocks_s for _, _, blocks_s in batch)
+        try:
+            try:
+                replies = await self._send(commands, timeout)
+            except RETRIED:
+                replies = await self._send(commands, timeout)  # once more, on a fresh connection
+        except BaseException as exc:
+            cancelled = isinstance(exc, asyncio.CancelledError)
+            for _, future, _ in batch:
+                if not future.done():
+                    future.cancel() if cancelled else future.set_exception(exc)
+            if cancelled:
+                raise
+            return
+        start = 0
+        for cmds, future, _ in batch:
+            if not future.done():
+                future.set_result(replies[start:start + len(cmds)])
+            start += len(cmds)
+
+    async def _send(self, commands: list[Command], timeout: float | None) -> list[Any]:
+        connection = self._connection
+        try:
+            await connection.send_packed_command(connection.pack_commands(commands), check_health=False)
+            return [await self._read(timeout) for _ in commands]
+        except BaseException:
+            await connection.disconnect()  # a half-read reply stream cannot be used again
+            raise
+
+    async def _read(self, timeout: float | None) -> Any:
+        try:
+            return await self._connection.read_response(timeout=timeout)
+        except ResponseError as refused:
+            return refused
+
+
+class Script:
+    """A Lua script run through a lane: EVALSHA, and EVAL when Redis does not have it (after a restart)."""
+
+    def __init__(self, source: str) -> None:
+        self.source = source
+        self.sha = hashlib.sha1(source.encode()).hexdigest()
+
+    def command(self, keys: Sequence[Any], args: Sequence[Any]) -> list[Any]:
+        return ["EVALSHA", self.sha, len(keys), *keys, *args]
+
+    async def __call__(self, lane: Lane, keys: Sequence[Any], args: Sequence[Any]) -> Any:
+        [reply] = await lane.execute([self.command(keys, args)])
+        if isinstance(reply, NoScriptError):
+            [reply] = await lane.execute([["EVAL", self.source, len(keys), *keys, *args]])
+        if isinstance(reply, ResponseError):
+            raise reply
+        return reply
