@@ -8,7 +8,7 @@ Two ways, chosen once per worker:
 """
 from __future__ import annotations
 
-import codecs
+from codecs import utf_8_decode
 from collections.abc import Callable
 from typing import Any, Protocol
 
@@ -27,24 +27,40 @@ class Stream(Protocol):
 
 
 class ByteStream:
-    """Table lookups; the incremental UTF-8 decoder holds back a character split across tokens."""
+    """Table lookups: a token that is whole characters on its own is its precomputed text; bytes of a character
+    split across tokens are held until it is whole (the incremental UTF-8 decode, one C call)."""
 
     def __init__(self, table: ByteTable, skip: bool = True) -> None:
         self.table, self.skip = table, skip
-        self._utf8 = codecs.getincrementaldecoder("utf-8")("replace")
+        self._held = b""  # the start of a character whose other bytes are in the next token
         self._text = ""
         self.pieces: list[int] = []
 
-    def windows(self, new_ids: list[int]) -> tuple[list[int], list[int]]:
-        table, special, decode = self.table.bytes, self.table.special, self._utf8.decode
-        if len(new_ids) == 1:  # the usual step: one token
-            i = new_ids[0]
-            self._text = "" if self.skip and i in special else decode(table[i])
-            self.pieces = [len(self._text)]
-            return [], []
-        texts = ["" if self.skip and i in special else decode(table[i]) for i in new_ids]
+    def text(self, ids: list[int]) -> str:
+        """The new text of `ids`; `pieces` says which of its characters each id made."""
+        if len(ids) == 1:  # the usual step: one token
+            text = self._piece(ids[0])
+            self.pieces = [len(text)]
+            return text
+        texts = [self._piece(i) for i in ids]
         self.pieces = [len(t) for t in texts]
-        self._text = "".join(texts)
+        return "".join(texts)
+
+    def _piece(self, i: int) -> str:
+        table = self.table
+        if self.skip and i in table.special:
+            return ""
+        if not self._held:
+            whole = table.texts[i]
+            if whole is not None:
+                return whole
+        data = self._held + table.bytes[i]
+        text, used = utf_8_decode(data, "replace", False)
+        self._held = data[used:]
+        return text
+
+    def windows(self, new_ids: list[int]) -> tuple[list[int], list[int]]:
+        self._text = self.text(new_ids)
         return [], []
 
     def commit(self, before: str, after: str) -> str:
@@ -54,6 +70,7 @@ class ByteStream:
 class ByteTable:
     def __init__(self, table: list[bytes], special: set[int]) -> None:
         self.bytes, self.special = table, special
+        self.texts = [_whole(token) for token in table]  # None: not whole characters on its own
 
     @classmethod
     def build(cls, tokenizer: Any) -> ByteTable | None:
@@ -88,6 +105,13 @@ class ByteTable:
         stream = ByteStream(self)
         streamed = "".join(stream.commit(*stream.windows([i])) for i in ids)
         return streamed == tokenizer.decode(ids, skip_special_tokens=True)
+
+
+def _whole(token: bytes) -> str | None:
+    try:
+        return token.decode("utf-8")
+    except UnicodeDecodeError:
+        return None
 
 
 class WindowDetokenizer:
@@ -131,11 +155,11 @@ class Detokenizer:
 
     def step(self, work: list[tuple[Stream, list[int]]]) -> list[str]:
         """New text for each (stream, new ids) pair, with at most one decode call per special-token mode."""
+        if self.table is not None:  # byte-table streams: no decode call at all
+            return [stream.text(self._shown(stream, ids)) for stream, ids in work]  # type: ignore[attr-defined]
         windows: list[tuple[list[int], list[int]]] = []
         for stream, ids in work:
-            if not stream.skip and self.hidden and not self.hidden.isdisjoint(ids):
-                ids = [i for i in ids if i not in self.hidden]
-            windows.append(stream.windows(ids))
+            windows.append(stream.windows(self._shown(stream, ids)))
         texts: dict[int, tuple[str, str]] = {}
         for skip in (True, False):
             group = [i for i, (stream, _) in enumerate(work) if stream.skip is skip and windows[i][1]]
@@ -143,6 +167,12 @@ class Detokenizer:
                 decoded = self._decode([seq for i in group for seq in windows[i]], skip)
                 texts.update((i, (decoded[2 * k], decoded[2 * k + 1])) for k, i in enumerate(group))
         return [stream.commit(*texts.get(i, ("", ""))) for i, (stream, _) in enumerate(work)]
+
+    def _shown(self, stream: Stream, ids: list[int]) -> list[int]:
+        """End-of-sequence ids are dropped even where special tokens are kept."""
+        if not stream.skip and self.hidden and not self.hidden.isdisjoint(ids):
+            return [i for i in ids if i not in self.hidden]
+        return ids
 
     def _decode(self, sequences: list[list[int]], skip: bool) -> list[str]:
         if skip:

@@ -166,15 +166,16 @@ class TextWorker(BaseWorker):
         now, clock, tokens = time.time(), time.monotonic(), 0
         updates, work = [], []
         itl: dict[tuple[float, int], int] = {}
+        running = self.running
         for update in outputs:
-            state = self.running.get(update[0])
+            state = running.get(update[0])
             if state is None:  # finished here already (a stop string the engine had not seen yet)
                 continue
-            _, ids, finish, extra, *rest = update
-            index = rest[0] if rest else 0
+            ids, finish, size = update[1], update[2], len(update)
+            index = update[4] if size > 4 else 0
             choice = state.choices[index] if index < len(state.choices) else None
             generated = finish in (None, "stop", "length") and choice is not None and choice.finish is None
-            updates.append((state, choice, ids, finish, extra, rest[1] if len(rest) > 1 else None, generated))
+            updates.append((state, choice, ids, finish, update[3], update[5] if size > 5 else None, generated))
             if generated:
                 work.append((choice.detok, ids))
         texts = iter(self.detokenizer.step(work))

@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from workers.detokenizer import ByteTable, Detokenizer, StopFilter
+from workers.detokenizer import ByteStream, ByteTable, Detokenizer, StopFilter
 
 TEXTS = ["Hello, world!", "naïve café — 東京 🎉🎉 done", "  leading spaces\nand\ttabs  ", "ß∑😀x"]
 MODELS = Path(__file__).resolve().parent.parent / "models"
@@ -94,6 +94,17 @@ def test_byte_table_is_used_only_where_it_agrees_with_the_tokenizer() -> None:
             return ["x" for _ in seqs]
 
     assert ByteTable.build(Lying()) is None
+
+
+def test_a_character_split_across_tokens_waits_until_it_is_whole() -> None:
+    """Whole-character tokens come from the precomputed texts; a split one is held, bad bytes are replaced."""
+    table = ByteTable([b"a", "東".encode()[:1], "東".encode()[1:], b"\xff", b"b", b"<s>"], special={5})
+    assert table.texts[:2] == ["a", None]
+    stream = ByteStream(table)
+    assert [stream.text([1]), stream.pieces] == ["", [0]]
+    assert [stream.text([2, 0]), stream.pieces] == ["東a", [1, 1]]
+    assert [stream.text([3, 5, 4]), stream.pieces] == ["\ufffdb", [1, 0, 1]]
+    assert ByteStream(table, skip=False).text([5, 1, 2]) == "<s>東"
 
 
 def _feed_all(stops: list[str], chunks: list[str]) -> tuple[str, bool]:
