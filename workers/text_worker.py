@@ -181,9 +181,13 @@ class TextWorker(BaseWorker):
         texts = iter(self.detokenizer.step(work))
         for state, choice, ids, finish, extra, logprobs, generated in updates:
             text = next(texts) if generated else ""
-            if state.job.id not in self.running:  # an error or cancel earlier in this batch ended it
+            if state.job.id not in running:  # an error or cancel earlier in this batch ended it
                 continue
-            if finish == "accepted":
+            if generated:  # the usual update first: the others are one per job
+                tokens += len(ids)
+                self._count(state, choice, ids, now, outbox, itl)
+                self._generated(state, choice, ids, text, finish, logprobs, outbox, clock)
+            elif finish == "accepted":
                 self._accepted(state, extra, outbox)
                 if self.admission is not None:
                     self.admission.answered(state.job.id, state.job.prompt, extra)
@@ -191,10 +195,6 @@ class TextWorker(BaseWorker):
                 self._end(state, finish, outbox, extra)
             elif finish == "prompt" and choice is not None:
                 self._echo(state, choice, ids, logprobs, outbox)
-            elif generated:
-                tokens += len(ids)
-                self._count(state, choice, ids, now, outbox, itl)
-                self._generated(state, choice, ids, text, finish, logprobs, outbox, clock)
         if tokens:
             self.tokens_generated += tokens
             outbox.count("tokens", tokens)
