@@ -29,12 +29,16 @@ from redis.exceptions import NoScriptError, ResponseError
 Command = Sequence[Any]
 Waiting = tuple[list[Command], "asyncio.Future[list[Any]]", float]  # commands, their replies, blocks_s
 RETRIED = (redis.ConnectionError, redis.TimeoutError, ConnectionError, OSError)
+_within = getattr(asyncio, "timeout", None)  # Python 3.11+
 
 
 class Lane:
     def __init__(self, client: aioredis.Redis) -> None:
         # The pool's settings (URL, password or ACL user, TLS, db, timeouts), not one of its connections.
         self._connection = client.connection_pool.make_connection()
+        # One bound for a whole round trip (connecting included) instead of a timeout context per reply read.
+        self._timeout: float | None = self._connection.socket_timeout
+        self._connection.socket_timeout = None
         self._waiting: list[Waiting] = []
         self._task: asyncio.Task[None] | None = None
 
@@ -74,7 +78,7 @@ class Lane:
 
     async def _round_trip(self, batch: list[Waiting]) -> None:
         commands = [command for cmds, _, _ in batch for command in cmds]
-        timeout = self._connection.socket_timeout
+        timeout = self._timeout
         if timeout is not None:
             timeout += max(blocks_s for _, _, blocks_s in batch)
         try:
@@ -97,17 +101,28 @@ class Lane:
             start += len(cmds)
 
     async def _send(self, commands: list[Command], timeout: float | None) -> list[Any]:
-        connection = self._connection
         try:
-            await connection.send_packed_command(connection.pack_commands(commands), check_health=False)
-            return [await self._read(timeout) for _ in commands]
+            if timeout is None:
+                return await self._exchange(commands)
+            if _within is not None:
+                async with _within(timeout):
+                    return await self._exchange(commands)
+            return await asyncio.wait_for(self._exchange(commands), timeout)  # Python 3.10
+        except asyncio.TimeoutError:
+            await self._connection.disconnect()
+            raise redis.TimeoutError(f"no reply from Redis within {timeout:.1f}s") from None
         except BaseException:
-            await connection.disconnect()  # a half-read reply stream cannot be used again
+            await self._connection.disconnect()  # a half-read reply stream cannot be used again
             raise
 
-    async def _read(self, timeout: float | None) -> Any:
+    async def _exchange(self, commands: list[Command]) -> list[Any]:
+        connection = self._connection
+        await connection.send_packed_command(connection.pack_commands(commands), check_health=False)
+        return [await self._read() for _ in commands]
+
+    async def _read(self) -> Any:
         try:
-            return await self._connection.read_response(timeout=timeout)
+            return await self._connection.read_response()
         except ResponseError as refused:
             return refused
 

@@ -24,7 +24,7 @@ from common.errors import ErrorBody, OvqError
 from common.events import Cancelled, Error
 from common.jobs import Job
 from common.keys import GROUP, Keys
-from common.lane import Command
+from common.lane import Command, Lane
 from common.modelcard import ModelCard
 from common.redis_client import UNAVAILABLE, Backoff, connect
 from common.settings import Settings
@@ -221,12 +221,13 @@ class BaseWorker:
                 continue
             backoff.delay = backoff.first
             for stream, entries in reply:
-                await self.admit(entries, stream, taken)
+                await self.admit(entries, stream, taken, self.intake.lane)
 
     async def admit(self, entries: list[tuple[bytes, dict[bytes, bytes]]], stream: str | None = None,
-                    taken: float | None = None) -> None:
+                    taken: float | None = None, lane: Lane | None = None) -> None:
         """Start the jobs of one read from `stream` (default: the interactive one), read at `taken`: skip the
-        cancelled, answer each with `accepted` or `error` at once."""
+        cancelled, answer each with `accepted` or `error` at once. `lane`: where to screen them (the read loop's
+        own, between its reads; by default the publisher's, which never blocks)."""
         stream = stream or self.stream
         taken = taken or time.time()
         outbox = Outbox()
@@ -243,13 +244,14 @@ class BaseWorker:
                 outbox.ack(entry_id, stream)
                 self._refuse_unreadable(fields.get(b"job", b""), outbox)
         self.publisher.put(outbox)
-        await self.admit_jobs(jobs, taken)
+        await self.admit_jobs(jobs, taken, lane)
 
-    async def admit_jobs(self, jobs: list[tuple[bytes, Job]], taken: float | None = None) -> None:
+    async def admit_jobs(self, jobs: list[tuple[bytes, Job]], taken: float | None = None,
+                         lane: Lane | None = None) -> None:
         taken = taken or time.time()
         outbox = Outbox()
         cancelled, gone, deaf = await self._screen([j for e, j in jobs if not self._heard_since(e)],
-                                                   {j.reply_to for _, j in jobs})
+                                                   {j.reply_to for _, j in jobs}, lane or self.publisher.lane)
         for entry_id, job in jobs:
             if job.id in cancelled or job.reply_to in gone or self._cancelled_early.pop(job.id, None):
                 outbox.publish(job.reply_to, Cancelled(job=job.id, seq=1))
@@ -313,7 +315,8 @@ class BaseWorker:
             pipe.exists(self.keys.cancel(job.id))
         return {job.id for job, hit in zip(jobs, await pipe.execute(), strict=True) if hit}
 
-    async def _screen(self, jobs: list[Job], reply_tos: set[str]) -> tuple[set[str], set[str], set[str]]:
+    async def _screen(self, jobs: list[Job], reply_tos: set[str],
+                      lane: Lane) -> tuple[set[str], set[str], set[str]]:
         """In one round trip: which of `jobs` have their cancel flag set, which API processes are gone, and which
         live ones are not subscribed right now ("deaf": reconnecting to Redis). An event published to a deaf API
         would be lost, so its jobs wait until it listens again."""
@@ -324,8 +327,7 @@ class BaseWorker:
         if listeners:
             commands += [["ZMSCORE", self.keys.apis, *listeners],
                          ["PUBSUB", "NUMSUB", *[self.keys.events(c) for c in listeners]]]
-        # On the intake's connection, between its reads: no pool checkout, and not behind a publishing round trip.
-        replies = await self.intake.lane.execute(commands)
+        replies = await lane.execute(commands)
         for reply in replies:
             if isinstance(reply, ResponseError):
                 raise reply

@@ -7,6 +7,7 @@ import time
 from collections.abc import AsyncIterator
 
 import pytest
+import redis
 import redis.asyncio as aioredis
 from redis.exceptions import ResponseError
 
@@ -113,3 +114,18 @@ async def test_a_script_redis_forgot_is_sent_again(client: aioredis.Redis) -> No
     with pytest.raises(ResponseError):
         await Script("return redis.call('NOSUCHCOMMAND')")(lane, [], [])
     await lane.close()
+
+
+async def test_a_redis_that_never_answers_fails_within_the_bound() -> None:
+    """Connecting included: a server that accepts and stays silent costs the socket timeout per try, twice."""
+    silent = await asyncio.start_server(lambda reader, writer: None, "127.0.0.1", 0)
+    port = silent.sockets[0].getsockname()[1]
+    client = aioredis.Redis(port=port, socket_timeout=0.3, socket_connect_timeout=0.3)
+    lane = Lane(client)
+    started = time.monotonic()
+    with pytest.raises(redis.TimeoutError):
+        await lane.execute([["PING"]])
+    assert time.monotonic() - started < 3
+    await lane.close()
+    await client.aclose()
+    silent.close()
