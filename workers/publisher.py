@@ -65,7 +65,7 @@ class Outbox:
 class Publisher:
     def __init__(self, redis: aioredis.Redis, keys: Keys, stream: str, job_ttl: int,
                  accounting: Accounting | None = None) -> None:
-        self.redis, self.keys, self.stream, self.job_ttl = redis, keys, stream, job_ttl
+        self.keys, self.stream, self.job_ttl = keys, stream, job_ttl
         self.accounting = accounting
         self.lane = Lane(redis)  # one round trip per engine step: no pool checkout, no pipeline object
         self._queue: asyncio.Queue[Outbox] = asyncio.Queue()
