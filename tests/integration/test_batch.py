@@ -292,7 +292,9 @@ def test_sigkill_of_a_batch_worker_mid_batch_answers_every_line_once(tiers, tmp_
     first = batch_worker(t, "bw-killed")
     client = client_for(t)
     expected = [f"req-{i}" for i in range(150)]
-    created = start(client, [line(i, max_tokens=16) for i in range(150)])
+    # Long enough lines that the second runner cannot finish the batch before it hears its SIGTERM (its heartbeat
+    # polls for the shutdown every ~0.7 s here): a faster serving path finished 16-token lines in that time.
+    created = start(client, [line(i, max_tokens=48, ignore_eos=True) for i in range(150)])
     before = wait(client, created.id, lambda b: b.request_counts and b.request_counts.completed >= 20)
     os.kill(first.pid, signal.SIGKILL)
     first.wait(10)
