@@ -3,8 +3,9 @@ pipeline machinery around every round trip.
 
 Measured here (uvloop, Python 3.11): two commands through a pooled pipeline cost the caller about 205 µs of CPU
 per round trip, on a connection of its own about 115 µs; eight commands under one timeout for the round trip
-about 100 µs, with a timeout per reply (redis-py's `read_response`) about 180 µs. The worker makes one round trip
-per engine step and three per job it takes; the API one per request.
+about 100 µs, with a timeout per reply (redis-py's `read_response`) about 180 µs. Commands are packed by hiredis
+(C): redis-py's packer took 40 µs for 17 PUBLISH commands, hiredis 6. The worker makes one round trip per engine
+step and three per job it takes; the API one per request.
 
 `execute` takes a list of commands and answers their replies in order. Commands handed over while a round trip is
 in flight go out together in the next one (one write, the replies read in order), so concurrent callers (the
@@ -25,6 +26,7 @@ from typing import Any
 
 import redis
 import redis.asyncio as aioredis
+from hiredis import pack_command
 from redis.exceptions import NoScriptError, ResponseError
 
 Command = Sequence[Any]
@@ -118,8 +120,16 @@ class Lane:
 
     async def _exchange(self, commands: list[Command]) -> list[Any]:
         connection = self._connection
-        await connection.send_packed_command(connection.pack_commands(commands), check_health=False)
+        await connection.send_packed_command(self._pack(commands), check_health=False)
         return [await self._read() for _ in commands]
+
+    def _pack(self, commands: list[Command]) -> bytes | list[bytes]:
+        # hiredis packs in C, about 7 times faster than redis-py's Python packer (the worker packs a round trip
+        # per engine step). It refuses what redis-py refuses too (None, bool): redis-py then raises its DataError.
+        try:
+            return b"".join([pack_command(tuple(command)) for command in commands])
+        except TypeError:
+            return self._connection.pack_commands(commands)
 
     async def _read(self) -> Any:
         try:
