@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass, field
+from typing import Any, NamedTuple
 
 import orjson
 import redis.asyncio as aioredis
@@ -77,6 +78,17 @@ class Record:
                 self.itl_ms = (timings["total_ms"] - ttft) / (completion - 1)
 
 
+class Series(NamedTuple):
+    """One (model, device)'s children of the per-model metrics."""
+
+    prompt_tokens: Any
+    generation_tokens: Any
+    duration: Any
+    queue_time: Any
+    ttft: Any
+    itl: Any
+
+
 class Metrics:
     def __init__(self, redis: aioredis.Redis, keys: Keys, worker_ttl_s: float, log_access: bool = False) -> None:
         self.redis, self.keys, self.worker_ttl_s, self.log_access = redis, keys, worker_ttl_s, log_access
@@ -105,21 +117,31 @@ class Metrics:
         self.workers = Gauge("ovq_live_workers", "Workers with a fresh heartbeat", LABELS, registry=r)
         self._labelled = (self.outcomes, self.prompt_tokens, self.generation_tokens, self.ttft, self.itl,
                           self.duration, self.queue_time, self.waiting, self.in_flight, self.workers)
+        # Each (model, device)'s series, looked up once: `labels()` costs more than the update it leads to.
+        self._series: dict[tuple[str, str], Series] = {}
+
+    def _of(self, model: str, device: str) -> Series:
+        series = self._series.get((model, device))
+        if series is None:
+            series = self._series[model, device] = Series(
+                *(metric.labels(model, device) for metric in (self.prompt_tokens, self.generation_tokens,
+                                                              self.duration, self.queue_time, self.ttft, self.itl)))
+        return series
 
     def finish(self, record: Record) -> None:
         self.requests.labels(record.endpoint, str(record.status)).inc()
         if record.model:
-            labels = (record.model, record.device)
-            self.outcomes.labels(*labels, record.outcome or "stop").inc()
-            self.prompt_tokens.labels(*labels).inc(record.prompt_tokens)
-            self.generation_tokens.labels(*labels).inc(record.completion_tokens)
-            self.duration.labels(*labels).observe(time.monotonic() - record.started)
+            self.outcomes.labels(record.model, record.device, record.outcome or "stop").inc()
+            series = self._of(record.model, record.device)
+            series.prompt_tokens.inc(record.prompt_tokens)
+            series.generation_tokens.inc(record.completion_tokens)
+            series.duration.observe(time.monotonic() - record.started)
             if record.queue_ms is not None:
-                self.queue_time.labels(*labels).observe(record.queue_ms / 1000)
+                series.queue_time.observe(record.queue_ms / 1000)
             if record.ttft_ms is not None:
-                self.ttft.labels(*labels).observe(record.ttft_ms / 1000)
+                series.ttft.observe(record.ttft_ms / 1000)
             if record.itl_ms is not None:
-                self.itl.labels(*labels).observe(record.itl_ms / 1000)
+                series.itl.observe(record.itl_ms / 1000)
         if self.log_access:
             access_log.info(orjson.dumps({
                 "request_id": record.request_id, "method": record.method, "endpoint": record.endpoint,
@@ -148,6 +170,7 @@ class Metrics:
             for labels in list(metric._metrics):  # noqa: SLF001 - prometheus_client has no public listing
                 if tuple(labels[:2]) not in served:
                     metric.remove(*labels)
+                    self._series.pop(tuple(labels[:2]), None)  # a later request makes fresh ones
         for model, device in served:
             waiting, in_flight, live = await self.queue_depth(model, device)
             self.waiting.labels(model, device).set(waiting)
