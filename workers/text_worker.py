@@ -212,8 +212,13 @@ class TextWorker(BaseWorker):
     def _send_due(self, outbox: Outbox, now: float) -> None:
         """Held text past its stream interval, also of jobs this step gave no token (preempted, prefilling)."""
         for state in self.running.values():
-            for event in state.due(now):
-                outbox.publish(state.job.reply_to, event)
+            # Checked here, not by a call per job and step: most jobs hold nothing due (those that stepped were
+            # checked against the same clock when their tokens came).
+            for choice in state.choices:
+                if (choice.held or choice.held_entries) and now - (choice.sent_at or 0.0) >= state.interval:
+                    for event in state.due(now):
+                        outbox.publish(state.job.reply_to, event)
+                    break
 
     @staticmethod
     def _count(state: RunningJob, choice: Choice, ids: list[int], now: float, outbox: Outbox,
@@ -233,7 +238,8 @@ class TextWorker(BaseWorker):
                    logprobs: list[float] | None, outbox: Outbox, clock: float) -> None:
         job = state.job
         was_streamed = state.streamed
-        delta = state.delta(choice, ids, text, self._entries(ids, logprobs), clock)
+        entries = self._entries(ids, logprobs) if logprobs is not None else None
+        delta = state.delta(choice, ids, text, entries, clock)
         if delta:
             outbox.publish(job.reply_to, delta)
             if not was_streamed:
