@@ -30,7 +30,7 @@ from hiredis import pack_command
 from redis.exceptions import NoScriptError, ResponseError
 
 Command = Sequence[Any]
-Waiting = tuple[list[Command], "asyncio.Future[list[Any]]", float]  # commands, their replies, blocks_s
+Waiting = tuple[bytes, int, "asyncio.Future[list[Any]]", float]  # packed commands, how many, replies, blocks_s
 RETRIED = (redis.ConnectionError, redis.TimeoutError, ConnectionError, OSError)
 _within = getattr(asyncio, "timeout", None)  # Python 3.11+
 
@@ -48,8 +48,9 @@ class Lane:
     async def execute(self, commands: list[Command], blocks_s: float = 0.0) -> list[Any]:
         """Each command's reply, or the ResponseError Redis answered it with, in order. `blocks_s`: how long a
         blocking command among them may wait in Redis, beyond the socket timeout for its reply."""
+        packed = self._pack(commands)  # a value Redis cannot take (None) is this caller's DataError, no one else's
         future: asyncio.Future[list[Any]] = asyncio.get_running_loop().create_future()
-        self._waiting.append((commands, future, blocks_s))
+        self._waiting.append((packed, len(commands), future, blocks_s))
         if self._task is None:
             # A task of its own: a caller cancelled mid round trip must not leave the replies unread.
             self._task = asyncio.ensure_future(self._run())
@@ -64,7 +65,7 @@ class Lane:
     async def close(self) -> None:
         if self._task is not None:
             self._task.cancel()
-        for _, future, _ in self._waiting:
+        for _, _, future, _ in self._waiting:
             future.cancel()
         self._waiting = []
         await self._connection.disconnect()
@@ -80,37 +81,37 @@ class Lane:
                 self._task = asyncio.ensure_future(self._run())
 
     async def _round_trip(self, batch: list[Waiting]) -> None:
-        commands = [command for cmds, _, _ in batch for command in cmds]
+        packed, count = b"".join(p for p, _, _, _ in batch), sum(n for _, n, _, _ in batch)
         timeout = self._timeout
         if timeout is not None:
-            timeout += max(blocks_s for _, _, blocks_s in batch)
+            timeout += max(blocks_s for _, _, _, blocks_s in batch)
         try:
             try:
-                replies = await self._send(commands, timeout)
+                replies = await self._send(packed, count, timeout)
             except RETRIED:
-                replies = await self._send(commands, timeout)  # once more, on a fresh connection
+                replies = await self._send(packed, count, timeout)  # once more, on a fresh connection
         except BaseException as exc:
             cancelled = isinstance(exc, asyncio.CancelledError)
-            for _, future, _ in batch:
+            for _, _, future, _ in batch:
                 if not future.done():
                     future.cancel() if cancelled else future.set_exception(exc)
             if cancelled:
                 raise
             return
         start = 0
-        for cmds, future, _ in batch:
+        for _, n, future, _ in batch:
             if not future.done():
-                future.set_result(replies[start:start + len(cmds)])
-            start += len(cmds)
+                future.set_result(replies[start:start + n])
+            start += n
 
-    async def _send(self, commands: list[Command], timeout: float | None) -> list[Any]:
+    async def _send(self, packed: bytes, count: int, timeout: float | None) -> list[Any]:
         try:
             if timeout is None:
-                return await self._exchange(commands)
+                return await self._exchange(packed, count)
             if _within is not None:
                 async with _within(timeout):
-                    return await self._exchange(commands)
-            return await asyncio.wait_for(self._exchange(commands), timeout)  # Python 3.10
+                    return await self._exchange(packed, count)
+            return await asyncio.wait_for(self._exchange(packed, count), timeout)  # Python 3.10
         except asyncio.TimeoutError:
             await self._connection.disconnect()
             raise redis.TimeoutError(f"no reply from Redis within {timeout:.1f}s") from None
@@ -118,18 +119,17 @@ class Lane:
             await self._connection.disconnect()  # a half-read reply stream cannot be used again
             raise
 
-    async def _exchange(self, commands: list[Command]) -> list[Any]:
-        connection = self._connection
-        await connection.send_packed_command(self._pack(commands), check_health=False)
-        return [await self._read() for _ in commands]
+    async def _exchange(self, packed: bytes, count: int) -> list[Any]:
+        await self._connection.send_packed_command(packed, check_health=False)
+        return [await self._read() for _ in range(count)]
 
-    def _pack(self, commands: list[Command]) -> bytes | list[bytes]:
+    def _pack(self, commands: list[Command]) -> bytes:
         # hiredis packs in C, about 7 times faster than redis-py's Python packer (the worker packs a round trip
         # per engine step). It refuses what redis-py refuses too (None, bool): redis-py then raises its DataError.
         try:
             return b"".join([pack_command(tuple(command)) for command in commands])
         except TypeError:
-            return self._connection.pack_commands(commands)
+            return b"".join(self._connection.pack_commands(commands))
 
     async def _read(self) -> Any:
         try:

@@ -27,9 +27,9 @@ def counting(lane: Lane) -> list[int]:
     sizes: list[int] = []
     send = lane._send
 
-    async def counted(commands: list, timeout: float | None) -> list:
-        sizes.append(len(commands))
-        return await send(commands, timeout)
+    async def counted(packed: bytes, count: int, timeout: float | None) -> list:
+        sizes.append(count)
+        return await send(packed, count, timeout)
 
     lane._send = counted  # type: ignore[method-assign]
     return sizes
@@ -63,6 +63,18 @@ async def test_a_refused_command_answers_its_error_in_its_place(client: aioredis
     assert isinstance(refused, ResponseError) and "not an integer" in str(refused)
     assert after == b"text"
     assert await lane.execute([["GET", key]]) == [b"text"]  # and the connection is still in step
+    await lane.close()
+
+
+async def test_a_value_redis_cannot_take_fails_only_its_own_caller(client: aioredis.Redis) -> None:
+    lane = Lane(client)
+    key = f"lane{time.time_ns()}"
+    sizes = counting(lane)
+    good = asyncio.ensure_future(lane.execute([["SET", key, "é"], ["GET", key]]))
+    with pytest.raises(redis.DataError):
+        await lane.execute([["SET", key, None]])
+    assert await good == [b"OK", "é".encode()]
+    assert sizes == [2]  # the bad command never reached the connection
     await lane.close()
 
 
