@@ -48,6 +48,7 @@ class RunningJob:
     interval: float = 0.0  # seconds: the stream interval
     streamed: bool = False  # some text has gone to the client: the job can no longer be handed to another worker
     choices: list[Choice] = field(init=False)
+    plain: bool = field(init=False)
 
     def __post_init__(self) -> None:
         params = self.job.params
@@ -56,6 +57,9 @@ class RunningJob:
                    LogprobAligner() if params.logprobs is not None else None)
             for i, stream in enumerate(self.streams)
         ]
+        # One choice, no stop strings, no log-probabilities, special tokens skipped: `more()` takes its tokens.
+        first = self.choices[0]
+        self.plain = len(self.choices) == 1 and not first.stops.stops and first.logprobs is None and first.detok.skip
 
     def next_seq(self) -> int:
         self.seq += 1
@@ -84,6 +88,12 @@ class RunningJob:
                 pieces = [0] * (len(entries) - 1) + [sum(pieces)]
             choice.logprobs.add(pieces, entries)
         return self._emit(choice, choice.stops.feed(text), len(ids), now=now)
+
+    def more(self, choice: Choice, ids: list[int], text: str, now: float) -> dict[str, Any] | None:
+        """`delta()` for a plain job's next tokens (see `plain`), once its first tokens and text have gone out."""
+        choice.tokens += len(ids)
+        choice.ids.extend(ids)
+        return self._emit(choice, text, len(ids), now=now)
 
     def echo(self, choice: Choice, text: str, entries: list[dict[str, Any]] | None) -> dict[str, Any]:
         choice.text.append(text)

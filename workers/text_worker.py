@@ -167,15 +167,29 @@ class TextWorker(BaseWorker):
         updates, work = [], []
         itl: dict[tuple[float, int], int] = {}
         running = self.running
+        by_table = self.detokenizer.table is not None
+        later: set[str] = set()  # jobs with an update in the batched pass: their other updates follow it there
         for update in outputs:
             state = running.get(update[0])
             if state is None:  # finished here already (a stop string the engine had not seen yet)
                 continue
             ids, finish, size = update[1], update[2], len(update)
+            if (finish is None and size == 4 and by_table and state.plain and state.streamed and state.first_token
+                    and update[0] not in later):
+                # Most updates: more tokens of a plain job already streaming. Its text is a table lookup, so it
+                # is handled here, without the batched pass that the decoder and the other kinds of update need.
+                choice = state.choices[0]
+                tokens += len(ids)
+                self._count(state, choice, ids, now, outbox, itl)
+                delta = state.more(choice, ids, choice.detok.text(ids), clock)  # type: ignore[attr-defined]
+                if delta is not None:
+                    outbox.publish(state.job.reply_to, delta)
+                continue
             index = update[4] if size > 4 else 0
             choice = state.choices[index] if index < len(state.choices) else None
             generated = finish in (None, "stop", "length") and choice is not None and choice.finish is None
             updates.append((state, choice, ids, finish, update[3], update[5] if size > 5 else None, generated))
+            later.add(update[0])
             if generated:
                 work.append((choice.detok, ids))
         texts = iter(self.detokenizer.step(work))

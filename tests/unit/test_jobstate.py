@@ -85,3 +85,32 @@ def test_everything_held_goes_out_before_an_error(clock: Clock) -> None:
 def test_interval_zero_sends_every_step(clock: Clock) -> None:
     state, stream = job_state(0.0)
     assert [feed(state, stream, t)["text"] for t in ["a", "b", "c"]] == ["a", "b", "c"]
+
+
+def test_more_takes_a_plain_jobs_tokens_as_delta_does(clock: Clock) -> None:
+    """The worker's fast path (`more`) and the general one (`delta`) send the same deltas."""
+    sent: dict[str, list[tuple[str, int, int] | None]] = {}
+    for way in ("delta", "more"):
+        state, stream = job_state(0.010)
+        assert state.plain
+        out = [feed(state, stream, "He")]
+        for token in ["l", "lo", " w", "or", "ld"]:
+            clock.now += 0.004
+            if way == "delta":
+                out.append(feed(state, stream, token))
+            else:
+                out.append(state.more(state.choices[0], [7], token, clock.now))
+        out.append(state.finish(state.choices[0], "length"))
+        sent[way] = [(d["text"], d["tokens"], d["seq"]) if d else None for d in out]
+        assert (state.choices[0].tokens, state.choices[0].ids) == (6, [7] * 6)
+    assert sent["more"] == sent["delta"]
+    assert [s for s in sent["more"] if s] == [("He", 1, 1), ("llo w", 3, 2), ("orld", 2, 3)]
+
+
+@pytest.mark.parametrize("params", [{"stop": ["x"]}, {"logprobs": 1}, {"n": 2}, {"skip_special_tokens": False}])
+def test_a_job_needing_more_than_text_is_not_plain(params: dict[str, Any]) -> None:
+    job = Job(model="m", device="CPU", kind="completion", prompt="p", reply_to="r", params=SamplingParams(**params))
+    streams = [Pieces() for _ in range(job.params.n)]
+    for stream in streams:
+        stream.skip = job.params.skip_special_tokens
+    assert not RunningJob(job, b"0-0", streams).plain  # type: ignore[arg-type]
