@@ -54,7 +54,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         redis = connect(settings)
         keys = Keys(settings.key_prefix)
-        hub = EventHub(redis, keys, redis_url(settings))
+        hub = EventHub(redis, keys, redis_url(settings), settings.redis_timeout_s)
         await hub.start()
         heartbeat = await ApiHeartbeat(redis, keys, hub.reply_to, settings).start()
         registry = Registry(redis, keys, settings, expected_models(settings))

@@ -1,8 +1,9 @@
 """One pub/sub connection per API process carries the events of every job it waits for.
 
 Workers publish to this process's own channel (`reply_to` in the job), one message per engine step holding
-that step's events; the hub parses it once (orjson, no model validation on this hot path: both tiers speak the
-versioned contract in `common/events.py`) and hands each event to the inbox of the response waiting for it.
+that step's events; the hub parses it once, in the socket's data callback (`api/subscription.py`; orjson, no
+model validation on this hot path: both tiers speak the versioned contract in `common/events.py`), and hands
+each event to the inbox of the response waiting for it.
 
 An inbox has a single waiter: its response's task sleeps until events arrive, then takes everything buffered at
 once, so a response that falls behind catches up in one write. A streaming response may also give its inbox an
@@ -10,8 +11,8 @@ once, so a response that falls behind catches up in one write. A streaming respo
 callback, with no task wake-up at all (see `Serving._express`). A ticker wakes idle inboxes every second, which
 is how waits get their bounds (queue timeout, a dead worker, pings) without a timer per event.
 
-If the connection to Redis drops, events published meanwhile are lost: every inbox is told (`lost`), and the
-hub resubscribes with backoff, logging each attempt once.
+If the connection to Redis drops, or goes silent (a PING unanswered), events published meanwhile are lost: every
+inbox is told (`lost`), and the hub resubscribes with backoff, logging each attempt once.
 """
 from __future__ import annotations
 
@@ -23,13 +24,16 @@ from collections.abc import Callable
 from typing import Any
 
 import orjson
+import redis
 import redis.asyncio as aioredis
 
+from api.subscription import Subscription, subscribe
 from common.keys import Keys
 from common.redis_client import UNAVAILABLE, Backoff, describe
 
 log = logging.getLogger("ovq.api.hub")
 TICK_S = 1.0
+PING_S = 15.0  # a quiet subscription is checked with a PING this often
 
 
 class Inbox:
@@ -75,16 +79,12 @@ class Inbox:
 
 
 class EventHub:
-    def __init__(self, redis: aioredis.Redis, keys: Keys, url: str) -> None:
-        self.keys, self.url = keys, url
-        # The client's settings, but RESP2: redis-py hands each RESP3 push (every message) to a debug log call that
-        # formats the whole message first, which doubled the cost of a message here (7 against 15 µs).
-        pool = redis.connection_pool
-        self.redis = aioredis.Redis.from_pool(aioredis.ConnectionPool(
-            connection_class=pool.connection_class, **{**pool.connection_kwargs, "protocol": 2}))
+    def __init__(self, redis: aioredis.Redis, keys: Keys, url: str, timeout_s: float = 5.0) -> None:
+        self.redis, self.keys, self.url, self.timeout_s = redis, keys, url, timeout_s
         self.reply_to = f"api-{uuid.uuid4().hex[:12]}"
         self._inboxes: dict[str, Inbox] = {}
         self._tasks: list[asyncio.Task[None]] = []
+        self._subscription: Subscription | None = None
         self.subscribed = asyncio.Event()
         self._ever_subscribed = False
 
@@ -100,7 +100,6 @@ class EventHub:
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
-        await self.redis.aclose()
 
     def register(self, job_id: str, inbox: Inbox) -> None:
         self._inboxes[job_id] = inbox
@@ -115,31 +114,25 @@ class EventHub:
     async def _run(self) -> None:
         backoff = Backoff()
         where = f"event hub waiting for Redis at {describe(self.url)}"
+        channel = self.keys.events(self.reply_to)
         while True:
-            pubsub = self.redis.pubsub()
             try:
-                await pubsub.subscribe(self.keys.events(self.reply_to))
-                while True:
-                    message = await pubsub.get_message(ignore_subscribe_messages=False, timeout=None)
-                    if message is None:
-                        continue
-                    if message["type"] == "message":
-                        self._dispatch(message["data"])
-                    elif message["type"] == "subscribe":
-                        if self._ever_subscribed:  # a resubscription (ours, or redis-py's own reconnect): a gap
-                            self._lost()
-                        self._ever_subscribed = True
-                        self.subscribed.set()
-                        backoff.succeeded(log, where)
+                self._subscription = await subscribe(self.redis, channel, self._dispatch, self.timeout_s)
             except UNAVAILABLE as exc:
-                self.subscribed.clear()
-                self._lost()
                 await asyncio.sleep(backoff.failed(log, where, exc))
+                continue
+            if self._ever_subscribed:  # a resubscription: what was published in between is lost
+                self._lost()
+            self._ever_subscribed = True
+            self.subscribed.set()
+            backoff.succeeded(log, where)
+            try:
+                why = await self._subscription.closed
             finally:
-                try:
-                    await pubsub.aclose()
-                except UNAVAILABLE:
-                    pass
+                self._subscription.close(redis.ConnectionError("the event hub stopped"))
+            self.subscribed.clear()
+            self._lost()
+            await asyncio.sleep(backoff.failed(log, where, why))
 
     def _dispatch(self, data: bytes) -> None:
         inboxes = self._inboxes
@@ -156,6 +149,8 @@ class EventHub:
     async def _tick(self) -> None:
         while True:
             await asyncio.sleep(TICK_S)
+            if self._subscription is not None:
+                self._subscription.check(PING_S, self.timeout_s)
             now = time.monotonic()
             for inbox in set(self._inboxes.values()):
                 if now - inbox.last >= TICK_S:
