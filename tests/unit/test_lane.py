@@ -23,15 +23,15 @@ async def client(redis_url: str) -> AsyncIterator[aioredis.Redis]:
 
 
 def counting(lane: Lane) -> list[int]:
-    """The size of each round trip the lane makes, in commands."""
+    """The size of each write the lane makes, in commands."""
     sizes: list[int] = []
-    send = lane._send
+    write = lane._write
 
-    async def counted(packed: bytes, count: int, timeout: float | None) -> list:
-        sizes.append(count)
-        return await send(packed, count, timeout)
+    def counted(replies: object, pending: list) -> None:
+        sizes.append(sum(call.count for _, call in pending))
+        write(replies, pending)  # type: ignore[arg-type]
 
-    lane._send = counted  # type: ignore[method-assign]
+    lane._write = counted  # type: ignore[method-assign]
     return sizes
 
 
@@ -63,6 +63,21 @@ async def test_a_refused_command_answers_its_error_in_its_place(client: aioredis
     assert isinstance(refused, ResponseError) and "not an integer" in str(refused)
     assert after == b"text"
     assert await lane.execute([["GET", key]]) == [b"text"]  # and the connection is still in step
+    await lane.close()
+
+
+BUSY = """local start = redis.call('TIME')
+repeat local now = redis.call('TIME') until (now[1] - start[1]) * 1000000 + now[2] - start[2] > 150000
+return 'busy'"""
+
+
+async def test_a_caller_that_gives_up_leaves_the_replies_of_the_others_in_step(client: aioredis.Redis) -> None:
+    lane = Lane(client)
+    key = f"lane{time.time_ns()}"
+    await lane.execute([["SET", key, "mine"]])
+    with pytest.raises(asyncio.TimeoutError):  # its reply comes after its caller left
+        await asyncio.wait_for(lane.execute([["EVAL", BUSY, 0]]), 0.05)
+    assert await lane.execute([["GET", key], ["INCR", f"{key}n"]]) == [b"mine", 1]
     await lane.close()
 
 
