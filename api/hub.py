@@ -130,6 +130,7 @@ class EventHub:
                 why = await self._subscription.closed
             finally:
                 self._subscription.close(redis.ConnectionError("the event hub stopped"))
+                self._subscription = None
             self.subscribed.clear()
             self._lost()
             await asyncio.sleep(backoff.failed(log, where, why))

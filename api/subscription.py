@@ -68,6 +68,8 @@ class Subscription(asyncio.Protocol):
 
     def check(self, ping_s: float, timeout_s: float) -> None:
         """From a ticker: PING when quiet for `ping_s`, give up when that PING goes unanswered for `timeout_s`."""
+        if self.closed.done():
+            return
         quiet = time.monotonic() - self.heard
         if quiet >= ping_s + timeout_s and self._pinged:
             self.close(redis.TimeoutError(f"no reply from Redis to a PING within {timeout_s:.0f}s"))

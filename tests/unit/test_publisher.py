@@ -1,7 +1,9 @@
 from __future__ import annotations
 
-import fakeredis
+import time
+
 import orjson
+import redis.asyncio as aioredis
 
 from common.events import Cancelled, Delta, EventBatch, batch_adapter
 from common.keys import GROUP, Keys
@@ -22,9 +24,9 @@ def test_outboxes_merge_in_order() -> None:
     assert a.status == {"j": {"status": "done"}}
 
 
-async def test_one_round_trip_publishes_per_reply_channel_and_acks() -> None:
-    redis = fakeredis.FakeAsyncRedis()
-    stream = KEYS.jobs("m", "CPU")
+async def test_one_round_trip_publishes_per_reply_channel_and_acks(redis_url: str) -> None:
+    redis = aioredis.Redis.from_url(redis_url)  # a real server: the publisher's lane reads its socket itself
+    stream = KEYS.jobs(f"m{time.time_ns()}", "CPU")
     await redis.xgroup_create(stream, GROUP, id="0", mkstream=True)
     entry = await redis.xadd(stream, {"job": b"{}"})
     await redis.xreadgroup(GROUP, "w", {stream: ">"})

@@ -31,6 +31,7 @@ async def test_messages_reach_the_callback_and_one_that_fails_does_not_end_it(cl
 
     channel = f"sub{time.time_ns()}"
     subscription = await subscribe(client, channel, on_message, timeout_s=5)
+    subscription.check(ping_s=0, timeout_s=5)  # a real Redis answers PING while subscribed
     for data in (b"one", b"bad", b"x" * 100_000, b"three"):
         assert await client.publish(channel, data) == 1
     for _ in range(100):
@@ -38,6 +39,7 @@ async def test_messages_reach_the_callback_and_one_that_fails_does_not_end_it(cl
             break
         await asyncio.sleep(0.01)
     assert got == [b"one", b"x" * 100_000, b"three"]
+    subscription.check(ping_s=0, timeout_s=0)  # the PONG came: nothing unanswered
     assert not subscription.closed.done()
     await client.client_kill_filter(_type="pubsub")
     assert isinstance(await asyncio.wait_for(subscription.closed, 5), redis.ConnectionError)
