@@ -74,14 +74,17 @@ class Replies(asyncio.Protocol):
     the oldest call's deadline (re-armed only when it fires), instead of a timeout per round trip."""
 
     def __init__(self, connection: aioredis.Connection, transport: asyncio.Transport) -> None:
-        self._connection, self._transport = connection, transport
+        self._connection, self._transport = connection, transport  # the connection kept: see `take_over`
         self._reader = hiredis.Reader()
         self._calls: deque[Call] = deque()
         self._timer: asyncio.TimerHandle | None = None
         self.lost = False
 
     def send(self, packed: bytes, calls: list[Call]) -> None:
-        self._calls.extend(calls)
+        for call in calls:
+            if self._calls:  # behind a blocking call it waits for that one in Redis: its deadline is never sooner
+                call.deadline = max(call.deadline, self._calls[-1].deadline)
+            self._calls.append(call)
         self._transport.write(packed)
         if self._timer is None:
             self._timer = asyncio.get_running_loop().call_at(self._calls[0].deadline, self._expire)
@@ -171,11 +174,7 @@ class Lane:
 
     def _call(self, packed: bytes, count: int, blocks_s: float) -> asyncio.Future[list[Any]]:
         loop = asyncio.get_running_loop()
-        # A call queued behind a blocking one waits for it in Redis: its deadline is never before that one's.
-        deadline = loop.time() + self._timeout + blocks_s
-        if self._pending:
-            deadline = max(deadline, self._pending[-1][1].deadline)
-        call = Call(count, loop.create_future(), deadline)
+        call = Call(count, loop.create_future(), loop.time() + self._timeout + blocks_s)
         self._pending.append((packed, call))
         if not self._flushing:
             self._flushing = True

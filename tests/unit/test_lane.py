@@ -128,6 +128,10 @@ async def test_a_blocking_read_may_outlast_the_socket_timeout(client: aioredis.R
     lane = Lane(quick)
     read = ["XREADGROUP", "GROUP", GROUP, "w1", "COUNT", 1, "BLOCK", 600, "STREAMS", stream, ">"]
     assert await lane.execute([read], blocks_s=0.6) == [None]
+    blocked = asyncio.ensure_future(lane.execute([read], blocks_s=0.6))
+    await asyncio.sleep(0.05)
+    behind = lane.execute([["PING"]])  # written at once, answered after the read
+    assert await asyncio.gather(blocked, behind) == [[None], [b"PONG"]]
     await lane.close()
     await quick.aclose()
 
