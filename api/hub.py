@@ -118,7 +118,7 @@ class EventHub:
         while True:
             try:
                 self._subscription = await subscribe(self.redis, channel, self._dispatch, self.timeout_s)
-            except UNAVAILABLE as exc:
+            except (*UNAVAILABLE, redis.ResponseError) as exc:  # refused (an ACL without the channel): the same
                 await asyncio.sleep(backoff.failed(log, where, exc))
                 continue
             if self._ever_subscribed:  # a resubscription: what was published in between is lost
