@@ -60,8 +60,8 @@ class Registry:
         self._cards: dict[str, tuple[float, dict[str, ModelCard]]] = {}
         self._loading: dict[str, asyncio.Future[dict[str, ModelCard]]] = {}
         self._enqueue = Script(ENQUEUE)
-        # Every request's enqueue, on a connection of its own: the ones made while a round trip is in flight go
-        # out together in the next (a burst of requests costs Redis and this process a few round trips).
+        # Every request's enqueue, on a connection of its own: those made in one event-loop turn go out in one
+        # write (a burst of requests costs Redis and this process a few writes).
         self._lane = Lane(redis)
 
     async def cards(self, model: str) -> dict[str, ModelCard]:

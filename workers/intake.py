@@ -61,7 +61,5 @@ class Intake:
 
 
 def _by_stream(reply: Any) -> list[tuple[bytes, list]]:
-    """XREADGROUP's reply: a map of stream to entries (RESP3), a list of pairs (RESP2), or nil."""
-    if not reply:
-        return []
-    return list(reply.items()) if isinstance(reply, dict) else [(s, entries) for s, entries in reply]
+    """XREADGROUP's reply on a lane (RESP2): a list of [stream, entries] pairs, or nil."""
+    return [(s, entries) for s, entries in reply or []]
