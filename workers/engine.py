@@ -326,7 +326,9 @@ class Engine:
             finish = self._finish(request, index, status, reason)
             if finish == "error":
                 extra = {"status": 500, "message": "the request did not fit in the KV cache; raise cache_size"}
-        if tokens or finish:
+        if tokens and finish is None and not index and not request.logprobs:
+            out.append([job, tokens, None, None])  # the usual update, short: the I/O half's fast path takes it
+        elif tokens or finish:
             out.append([job, tokens, finish, extra, index, logprobs if request.logprobs else None])
         return finish
 

@@ -71,3 +71,16 @@ def test_a_resumed_job_goes_on_from_its_generated_ids(engine: Engine) -> None:
     assert not any(u[2] == "accepted" for u in resumed)  # it was accepted on the engine that failed
     assert ids[:5] + [i for u in resumed for i in u[1]] == ids
     assert resumed[-1][2] == whole[-1][2]
+
+
+def test_a_plain_choices_running_updates_are_the_short_form(engine: Engine) -> None:
+    """The I/O half takes `[job, ids, None, None]` on its fast path; index and log-probabilities only when needed."""
+    out: list[list] = []
+    engine.add("plain", PROMPT, False, {"max_tokens": 4, "temperature": 0, "ignore_eos": True}, [], None, out)
+    engine.add("probs", PROMPT, False, {"max_tokens": 4, "temperature": 0, "ignore_eos": True, "logprobs": 0}, [],
+               None, out)
+    while engine.requests:
+        engine.step(out)
+    plain = [u for u in out if u[0] == "plain" and u[2] != "accepted"]
+    assert [len(u) for u in plain] == [4, 4, 4, 6] and plain[-1][2] == "length"
+    assert all(len(u) == 6 for u in out if u[0] == "probs" and u[2] != "accepted")
