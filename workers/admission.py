@@ -4,8 +4,13 @@ Taking up to `max_num_seqs` jobs at once would empty the stream into one engine:
 autoscaler and from other workers (a new replica could not take what this one holds). So a worker takes jobs
 only while its engine has room to start them: nothing it could not schedule in its last step, the prompt
 tokens still waiting for prefill under one step's budget (`max_num_batched_tokens`), and, with a fixed KV cache,
-the cache not nearly full. The waiting prompts keep the next step's budget full, so the engine never starves
-between a step and the next read.
+the cache not nearly full.
+
+A step's stats reach this process after the engine has begun its next step, so a burst bigger than one step's
+budget is prefilled a budget at a time with a step of decoding between (16 streams at once: 5 prompts, a 21 ms
+step without prompts, the next 6). Letting two steps' worth wait in the engine removed those steps but made
+TTFT p50 worse by 1.5-2x at 16 and 64 closed-loop streams of SmolLM2 (p95 a little better, throughput the
+same), so one step's worth it stays.
 """
 from __future__ import annotations
 
