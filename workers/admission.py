@@ -9,7 +9,7 @@ the cache not nearly full.
 A step's stats reach this process after the engine has begun its next step, so a burst bigger than one step's
 budget is prefilled a budget at a time with a step of decoding between (16 streams at once: 5 prompts, a 21 ms
 step without prompts, the next 6). Letting two steps' worth wait in the engine removed those steps but made
-TTFT p50 worse by 1.5-2x at 16 and 64 closed-loop streams of SmolLM2 (p95 a little better, throughput the
+TTFT p50 worse by about 1.5x at 16 and 64 closed-loop streams of SmolLM2 (p95 a little better, throughput the
 same), so one step's worth it stays.
 """
 from __future__ import annotations
