@@ -69,6 +69,8 @@ class ModelConfig(BaseModel):
     tool_parser: Literal["hermes3", "llama3", "phi4", "mistral"] | None = None
     reasoning_parser: Literal["qwen3"] | None = None
     enable_tool_guided_generation: bool = False
+    # ovq: after a step that ended jobs, wait up to this long for new ones before the next step (workers/arrivals.py)
+    arrival_window_ms: float = Field(10.0, ge=0, le=1000)
     # Image generation servables (a directory with model_index.json): OVMS's image node options.
     max_resolution: str = "4096x4096"
     default_resolution: str | None = None

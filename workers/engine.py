@@ -35,6 +35,7 @@ from __future__ import annotations
 import logging
 import re
 import signal
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
@@ -45,6 +46,7 @@ import orjson
 from common import heap
 from common.errors import OvqError
 from common.jobs import SamplingParams
+from workers.arrivals import ArrivalWindow
 from workers.generation import choice_configs, prompt_param, token_budget
 from workers.prompt_length import prompt_length
 from workers.structured import structured_config
@@ -78,6 +80,7 @@ class EngineSpec:
     vocab_size: int | None = None
     vision: bool = False  # a vision-language model directory: prompts come with images
     end_ids: list[int] = field(default_factory=list)  # end-of-sequence ids: never text, never counted
+    arrival_window_ms: float = 0.0  # see workers/arrivals.py
 
 
 def _scheduler_config(spec: EngineSpec) -> Any:
@@ -430,28 +433,45 @@ def _apply(engine: Engine, commands: list[list[Any]], out: list[list[Any]]) -> b
     return True
 
 
+def _take(commands: Connection, outputs: Connection, engine: Engine, out: list[list[Any]], window: ArrivalWindow,
+          ended: int) -> bool:
+    """Apply every command waiting: block for one while no job runs; after a step that ended jobs, wait (as the
+    window allows) until as many have been added. False when the engine stops (EOF or "stop")."""
+    wait = window.wait(ended) if engine.requests else 0.0
+    start = time.monotonic()
+    timeout: float | None = wait if engine.requests else None
+    added = 0
+    while commands.poll(timeout):
+        try:
+            message = orjson.loads(commands.recv_bytes())
+        except EOFError:  # the I/O half is gone: nobody to generate for
+            return False
+        if not _apply(engine, message, out):
+            send(outputs, out)
+            return False
+        added += sum(1 for command in message if command[0] == "add")
+        timeout = max(0.0, start + wait - time.monotonic()) if added < ended else 0
+    if wait:
+        window.spend(time.monotonic() - start)
+    return True
+
+
 def run(commands: Connection, outputs: Connection, spec: EngineSpec) -> None:
     """Entry point of the engine process: take every command waiting, step, report; exit on EOF or "stop"."""
     engine = handshake(outputs, lambda: Engine(spec))
     if engine is None:
         return
+    window, ended = ArrivalWindow(spec.arrival_window_ms / 1000), 0
     while True:
         out: list[list[Any]] = []
-        timeout = 0 if engine.requests else None
-        while commands.poll(timeout):
-            try:
-                message = orjson.loads(commands.recv_bytes())
-            except EOFError:  # the I/O half is gone: nobody to generate for
-                return
-            if not _apply(engine, message, out):
-                send(outputs, out)
-                return
-            timeout = 0
+        if not _take(commands, outputs, engine, out, window, ended):
+            return
         if out:  # accepted / refused / cancelled now, not after a step that may take a second
             send(outputs, out)
             out = []
         if not engine.requests:
             continue
+        running, started = len(engine.requests), time.monotonic()
         try:
             engine.step(out)
         except Exception as exc:
@@ -459,4 +479,6 @@ def run(commands: Connection, outputs: Connection, spec: EngineSpec) -> None:
             log.error("engine step failed: %s", message)
             outputs.send_bytes(orjson.dumps({"broken": message, "suspects": sorted(engine.added)}))
             return
+        window.earn(time.monotonic() - started)
+        ended = running - len(engine.requests)
         send(outputs, out, engine.stats())

@@ -43,11 +43,11 @@ def engine_spec(model: ModelConfig, device: str, info: ServableInfo) -> EngineSp
         plugin_config.setdefault("ATTENTION_BACKEND", "SDPA")
     vision = kind in (ServableType.VLM, ServableType.VLM_CB)
     return EngineSpec(str(model.path), device, scheduler, plugin_config, info.card.context_length,
-                      eviction, info.defaults, info.vocab_size, vision, sorted(info.end_ids()))
+                      eviction, info.defaults, info.vocab_size, vision, sorted(info.end_ids()), model.arrival_window_ms)
 
 
 CB_ONLY = ("cache_size", "dynamic_split_fuse", "max_num_batched_tokens", "max_num_seqs", "enable_prefix_caching",
-           "cache_eviction_config")
+           "cache_eviction_config", "arrival_window_ms")
 
 
 def engine_target(kind: ServableType) -> Target:

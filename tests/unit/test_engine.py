@@ -1,12 +1,16 @@
 """The continuous-batching engine in-process on the real default model."""
 from __future__ import annotations
 
+import threading
+from multiprocessing import Pipe
 from pathlib import Path
 
+import orjson
 import pytest
 
 from common.structured import json_schema
-from workers.engine import Engine, EngineSpec
+from workers.arrivals import ArrivalWindow
+from workers.engine import Engine, EngineSpec, _take
 
 PROMPT = "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
 
@@ -84,3 +88,38 @@ def test_a_plain_choices_running_updates_are_the_short_form(engine: Engine) -> N
     plain = [u for u in out if u[0] == "plain" and u[2] != "accepted"]
     assert [len(u) for u in plain] == [4, 4, 4, 6] and plain[-1][2] == "length"
     assert all(len(u) == 6 for u in out if u[0] == "probs" and u[2] != "accepted")
+
+
+
+def _running(engine: Engine, job: str) -> None:
+    out: list[list] = []
+    engine.add(job, PROMPT, False, {"max_tokens": 64, "temperature": 0, "ignore_eos": True}, [], None, out)
+    engine.step(out)
+
+
+@pytest.mark.timeout(20)
+def test_after_a_step_that_ended_jobs_the_engine_waits_for_their_replacements_and_no_longer(engine: Engine) -> None:
+    """The window is 60 s here: the test finishing at all shows the wait ended when the add came."""
+    _running(engine, "busy")
+    commands, to_engine = Pipe(duplex=False)
+    _, outputs = Pipe(duplex=False)
+    add = [["add", "next", PROMPT, False, {"max_tokens": 2}, [], None, "chat"]]
+    sender = threading.Timer(0.2, lambda: to_engine.send_bytes(orjson.dumps(add)))
+    sender.start()
+    window, out = ArrivalWindow(60.0, allowance=60.0), []
+    assert _take(commands, outputs, engine, out, window, ended=1)
+    assert out == [["next", [], "accepted", engine.requests["next"].prompt_len]]
+    assert window.allowance > 0  # it spent only what it waited
+    for job in ("busy", "next"):
+        engine.cancel(job, out)
+
+
+@pytest.mark.timeout(20)
+def test_without_an_allowance_the_engine_does_not_wait(engine: Engine) -> None:
+    _running(engine, "alone")
+    commands, to_engine = Pipe(duplex=False)  # open, silent: a wait would last its whole window
+    _, outputs = Pipe(duplex=False)
+    window = ArrivalWindow(60.0)  # nothing earned: a wait of 60 s would time the test out
+    assert _take(commands, outputs, engine, [], window, ended=1)
+    engine.cancel("alone", [])
+    to_engine.close()
