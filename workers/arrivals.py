@@ -29,7 +29,7 @@ class ArrivalWindow:
 
     def wait(self, ended: int) -> float:
         """How long to wait now, after a step that ended `ended` jobs."""
-        return self.seconds if ended and self.seconds and self.allowance >= self.seconds else 0.0
+        return self.seconds if ended and self.allowance >= self.seconds else 0.0  # 0 s: 0
 
     def spend(self, waited_s: float) -> None:
         self.allowance = max(0.0, self.allowance - waited_s)
