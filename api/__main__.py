@@ -9,9 +9,9 @@ import sys
 
 import uvicorn
 
-from api.auth import KeyFileError, load_keys
-from common.config import ConfigError, configured_models
-from common.redis_client import RedisURLError, connect, redis_url, wait_until_up
+from api.http.auth import KeyFileError, load_keys
+from common.models.config import ConfigError, configured_models
+from common.redis.client import RedisURLError, connect, redis_url, wait_until_up
 from common.settings import Settings, get_settings
 
 
@@ -48,7 +48,7 @@ def main() -> int:
     uvicorn.run("api.app:create_app", factory=True, host=settings.host, port=settings.port,
                 workers=api_processes(settings), log_level=settings.log_level, access_log=False,
                 timeout_graceful_shutdown=int(settings.shutdown_grace_s), timeout_keep_alive=settings.keep_alive_s,
-                http="api.http:GuardedHttpToolsProtocol")
+                http="api.http.timeouts:GuardedHttpToolsProtocol")
     return 0
 
 

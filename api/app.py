@@ -13,25 +13,25 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.exceptions import HTTPException
 from starlette.responses import JSONResponse, Response
 
-from api import batches, files
-from api.auth import ApiKeyMiddleware, load_keys
-from api.body import BodyGuard
-from api.docs import install_docs
-from api.front import Endpoint, Front
-from api.heartbeat import ApiHeartbeat
-from api.hub import EventHub
-from api.images import ImageServing
-from api.jobs import JobClient
-from api.metrics import Metrics, Record
+from api.batch import batches, files
+from api.http.auth import ApiKeyMiddleware, load_keys
+from api.http.body import BodyGuard
+from api.http.docs import install_docs
+from api.http.front import Endpoint, Front
+from api.openai.images import ImageServing
+from api.openai.protocol import ModelList, ModelObject
+from api.openai.serving import Serving
 from api.ops import router as ops_router
-from api.protocol import ModelList, ModelObject
-from api.registry import Registry
-from api.serving import Serving
+from api.ops.metrics import Metrics, Record
+from api.queue.client import JobClient
+from api.queue.heartbeat import ApiHeartbeat
+from api.queue.hub import EventHub
+from api.queue.registry import Registry
 from common import heap
-from common.config import configured_models, has_models
 from common.errors import ErrorBody, OvqError, not_found, unavailable
 from common.keys import Keys
-from common.redis_client import UNAVAILABLE, connect, redis_url
+from common.models.config import configured_models, has_models
+from common.redis.client import UNAVAILABLE, connect, redis_url
 from common.settings import Settings, get_settings
 
 log = logging.getLogger("ovq.api")

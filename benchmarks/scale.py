@@ -36,7 +36,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 from serving import free_port, pct  # noqa: E402
 from sse_client import Result, closed_loop  # noqa: E402
 
-from common.redis_server import EmbeddedRedis  # noqa: E402
+from common.redis.server import EmbeddedRedis  # noqa: E402
 
 TINY = ROOT / "tests" / "models" / "tiny-llama"
 MODEL = "tiny-llama"

@@ -43,11 +43,11 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 from prompts import QUESTIONS  # noqa: E402
 from sse_client import Connection  # noqa: E402
 
-from common.config import default_model  # noqa: E402
 from common.keys import Keys  # noqa: E402
-from common.redis_server import EmbeddedRedis  # noqa: E402
+from common.models.config import default_model  # noqa: E402
+from common.models.prepare import prepare  # noqa: E402
+from common.redis.server import EmbeddedRedis  # noqa: E402
 from common.settings import Settings  # noqa: E402
-from workers.prepare import prepare  # noqa: E402
 
 MODEL = "smollm2-135m-instruct"
 

@@ -13,7 +13,7 @@ import sys
 import time
 
 from common.keys import Keys
-from common.redis_client import RedisURLError, connect_sync, describe, reason, redis_url
+from common.redis.client import RedisURLError, connect_sync, describe, reason, redis_url
 from common.settings import Settings
 
 
@@ -45,7 +45,7 @@ def batch_worker(args: argparse.Namespace) -> int:
         return 2
     if not _wait_for_redis(settings):
         return 1
-    from workers.batch_worker import BatchWorker
+    from workers.batch.worker import BatchWorker
 
     worker = BatchWorker(settings, connect_sync(settings), name=args.name)
     logging.getLogger("ovq.batch").info("batch worker on queue %s, sending lines to %s",

@@ -11,7 +11,7 @@ import redis.asyncio as aioredis
 from rich.console import Console
 
 from common.keys import Keys
-from common.redis_client import UNAVAILABLE, RedisURLError, connect, describe, reason, redis_url
+from common.redis.client import UNAVAILABLE, RedisURLError, connect, describe, reason, redis_url
 from common.settings import Settings
 
 Action = Callable[[aioredis.Redis, Keys, Settings], Awaitable[int]]

@@ -8,8 +8,8 @@ import redis.asyncio as aioredis
 from rich.table import Table
 
 from cli.console import console, error, print_json, run
-from common import cluster, control
 from common.keys import Keys
+from common.ops import cluster, control
 from common.settings import Settings
 
 

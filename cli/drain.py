@@ -9,8 +9,8 @@ import time
 import redis.asyncio as aioredis
 
 from cli.console import error, run
-from common import control
 from common.keys import Keys
+from common.ops import control
 from common.settings import Settings
 
 

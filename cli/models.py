@@ -7,13 +7,13 @@ import sys
 from pathlib import Path
 
 from cli import ovms
-from common.config import ConfigError, dump_models
-from common.ovms import load_ovms
+from common.models.config import ConfigError, dump_models
+from common.models.ovms import load_ovms
 from common.settings import Settings
 
 
 def prepare_models(args: argparse.Namespace) -> int:
-    from workers.prepare import prepare
+    from common.models.prepare import prepare
 
     sources = {"config": args.config, "ovms_config": args.ovms_config}
     models = ovms.checked_models(Settings(**{k: v for k, v in sources.items() if v}), "ovq models prepare")

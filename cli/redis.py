@@ -5,8 +5,8 @@ import argparse
 import os
 import sys
 
-from common.redis_client import embedded_socket
-from common.redis_server import server_args
+from common.redis.client import embedded_socket
+from common.redis.server import server_args
 from common.settings import Settings
 
 

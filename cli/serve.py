@@ -16,11 +16,11 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from api.auth import KeyFileError, read_key_file
+from api.http.auth import KeyFileError, read_key_file
 from cli import ovms
 from cli.tiers import add_key_arguments, config_env, key_env
-from common.redis_client import embedded_socket
-from common.redis_server import EmbeddedRedis
+from common.redis.client import embedded_socket
+from common.redis.server import EmbeddedRedis
 from common.settings import Settings
 
 # A child that exits sooner than this after starting counts as failing to start; after MAX_QUICK_EXITS in a row
@@ -125,7 +125,7 @@ def serve(args: argparse.Namespace) -> int:
     except KeyFileError as exc:
         log(str(exc))
         return 2
-    from workers.prepare import prepare
+    from common.models.prepare import prepare
 
     models = ovms.checked_models(settings, "ovq serve")
     if models is None:

@@ -8,8 +8,8 @@ import redis.asyncio as aioredis
 from rich.table import Table
 
 from cli.console import console, print_json, run
-from common import cluster
 from common.keys import Keys
+from common.ops import cluster
 from common.settings import Settings
 
 

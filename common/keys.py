@@ -61,7 +61,7 @@ class Keys:
 
     def stats(self, model: str, device: str, window: int) -> str:
         """Hash of one model on one device over one stats window starting at `window` (unix s): counters and
-        latency histogram buckets that its workers HINCRBY (TTL OVQ_STATS_TTL_S). Fields: `common/stats.py`."""
+        latency histogram buckets that its workers HINCRBY (TTL OVQ_STATS_TTL_S). Fields: `common/ops/stats.py`."""
         return f"{self.prefix}:stats:{model}:{device}:{window}"
 
     @property
@@ -84,7 +84,7 @@ class Keys:
         listening; one not in the set at all (an API without heartbeats) counts as listening."""
         return f"{self.prefix}:apis"
 
-    # ---- Batch API (common/files.py, common/batches.py, workers/batch.py) ------------------------------------
+    # ---- Batch API (common/batch/files.py, common/batch/store.py, workers/batch/runner.py) -------------
     @property
     def batch_queue(self) -> str:
         """The rq queue batch jobs wait in (rq's own keys, `rq:queue:{name}` and others, are rq's: results and
@@ -114,7 +114,7 @@ class Keys:
     @property
     def active_batches(self) -> str:
         """Sorted set: ids of batches not yet ended -> created_at. The runner removes a batch when it ends; the
-        sweeper (workers/batch_worker.py) removes entries whose batch hash is gone."""
+        sweeper (workers/batch/worker.py) removes entries whose batch hash is gone."""
         return f"{self.prefix}:batches:active"
 
     def batch_done(self, batch_id: str) -> str:

@@ -15,9 +15,9 @@ import httpx
 import pytest
 import redis
 
-from common.config import default_model
 from common.keys import Keys
-from common.redis_server import EmbeddedRedis
+from common.models.config import default_model
+from common.redis.server import EmbeddedRedis
 from common.settings import Settings
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -53,7 +53,7 @@ def free_port() -> int:
 @pytest.fixture(scope="session")
 def model_dir() -> Path:
     """SmolLM2 prepared into the user's cache (reused by later runs, as `ovq serve` would)."""
-    from workers.prepare import prepare
+    from common.models.prepare import prepare
 
     return prepare(default_model(Settings()))
 

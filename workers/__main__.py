@@ -8,22 +8,22 @@ import sys
 
 import uvloop
 
-from common.config import ConfigError, ModelConfig, find_model
-from common.redis_client import RedisURLError, connect, redis_url, wait_until_up
+from common.models.config import ConfigError, ModelConfig, find_model
+from common.models.prepare import prepare
+from common.redis.client import RedisURLError, connect, redis_url, wait_until_up
 from common.servable import ServableType, infer_servable
 from common.settings import Settings
-from workers.engine import error_message
-from workers.prepare import prepare
+from workers.engine.continuous import error_message
 
 
 def worker_class(model: ModelConfig, device: str) -> type:
     """The servable type (from the directory and the device) says which worker runs the model."""
     kind = infer_servable(model.path, device, model.pipeline_type)
     if kind is ServableType.IMAGE:
-        from workers.image_worker import ImageWorker
+        from workers.image.worker import ImageWorker
 
         return ImageWorker
-    from workers.text_worker import TextWorker
+    from workers.text.worker import TextWorker
 
     return TextWorker
 

@@ -19,21 +19,21 @@ import orjson
 from redis.exceptions import ResponseError
 
 from common import heap
-from common.config import ModelConfig
 from common.errors import ErrorBody, OvqError
 from common.events import Cancelled, Error
 from common.jobs import Job
 from common.keys import GROUP, Keys
-from common.lane import Command, Lane
 from common.modelcard import ModelCard
-from common.redis_client import UNAVAILABLE, Backoff, connect
+from common.models.config import ModelConfig
+from common.redis.client import UNAVAILABLE, Backoff, connect
+from common.redis.lane import Command, Lane
 from common.settings import Settings
-from workers.accounting import Accounting
-from workers.health import HealthServer
-from workers.heartbeat import Heartbeat
-from workers.intake import Intake
-from workers.publisher import Outbox, Publisher
-from workers.reclaim import Reclaimer
+from workers.ops.health import HealthServer
+from workers.queue.accounting import Accounting
+from workers.queue.heartbeat import Heartbeat
+from workers.queue.intake import Intake
+from workers.queue.publisher import Outbox, Publisher
+from workers.queue.reclaim import Reclaimer
 
 log = logging.getLogger("ovq.worker")
 

@@ -1,5 +1,5 @@
 """Routes of the ops page. Everything shown is read from Redis on each request (never this process's memory), so
-any API process answers the same; the buttons act on Redis through `common.control`, as `ovq` does.
+any API process answers the same; the buttons act on Redis through `common.ops.control`, as `ovq` does.
 
 The page is rendered on the server; `static/ops.js` re-fetches the panel fragment every few seconds and sends
 the buttons' POSTs without leaving the page (without JavaScript the forms still work, and a `<noscript>` meta
@@ -15,8 +15,8 @@ from starlette.responses import FileResponse, JSONResponse, RedirectResponse, Re
 from starlette.templating import Jinja2Templates
 
 from api.ops import view
-from common import cluster, control
 from common.errors import OvqError
+from common.ops import cluster, control
 
 HERE = Path(__file__).parent
 STATIC = {p.name: p for p in (HERE / "static").iterdir() if p.is_file()}

@@ -4,7 +4,7 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 
-from common.stats import Point
+from common.ops.stats import Point
 
 CHART_W, CHART_H = 240, 48
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import redis
 
-from common.redis_server import server_args
+from common.redis.server import server_args
 from tests.conftest import ROOT, free_port
 
 DEPLOY = ROOT / "deploy"

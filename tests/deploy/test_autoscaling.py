@@ -9,9 +9,9 @@ from urllib.parse import urlparse
 import pytest
 import redis
 
-from common.config import load_models
 from common.jobs import Job
 from common.keys import GROUP, Keys
+from common.models.config import load_models
 from tests.conftest import MODEL
 from tests.deploy.conftest import DEPLOY, KUBERNETES
 from tests.deploy.keda import StreamScaler

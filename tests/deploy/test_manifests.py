@@ -16,8 +16,8 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from common.config import load_models
 from common.keys import Keys
+from common.models.config import load_models
 from tests.conftest import ROOT
 from tests.deploy.conftest import DEPLOY, KUBERNETES
 

@@ -22,7 +22,7 @@ import redis
 
 from common.jobs import Job, SamplingParams
 from common.keys import GROUP, Keys
-from common.redis_server import EmbeddedRedis
+from common.redis.server import EmbeddedRedis
 from common.structured import regex
 from tests.conftest import MODEL, MODELS, Tiers, free_port
 

@@ -1,4 +1,4 @@
-"""schemathesis over every public route, bodies generated from the request models (`api/protocol.py`, served in
+"""schemathesis over every public route, bodies generated from the request models (`api/openai/protocol.py`, served in
 /openapi.json), aimed at the real models (the vision one included) with small budgets: no answer may be a 5xx."""
 from __future__ import annotations
 

@@ -17,7 +17,7 @@ import pytest
 import redis
 from PIL import Image
 
-from api.media import FETCH_FAILED
+from api.openai.media import FETCH_FAILED
 from tests.conftest import MODEL, UNRESOLVABLE, VLM, Stack, free_port
 from tests.integration.conftest import Guarded
 from tests.integration.counts import Tally

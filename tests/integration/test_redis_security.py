@@ -16,7 +16,7 @@ import redis
 from openai import OpenAI
 
 from common.keys import GROUP, Keys
-from common.redis_server import redis_binary
+from common.redis.server import redis_binary
 from tests.conftest import MODELS, ROOT, Tiers, free_port
 
 TINY = "tiny-llama"

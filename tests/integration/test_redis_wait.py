@@ -12,7 +12,7 @@ import pytest
 import redis
 from openai import OpenAI
 
-from common.redis_server import redis_binary
+from common.redis.server import redis_binary
 from tests.conftest import MODELS, Tiers, free_port
 
 TINY = "tiny-llama"

@@ -1,0 +1,102 @@
+"""A text/event-stream response written straight to the connection, one write per batch of ready-made frames.
+
+The frames come as bytes from the response's own loop (which batches everything a wake-up brought), so there is
+no framework object, encoding step or cancel scope per event: that was most of the API's cost per streamed token.
+The client leaving is noticed by the generation's own watcher (api/queue/client.py), which ends the loop.
+
+On uvicorn's httptools server the response also offers a synchronous `Write` of one frame to the connection
+(`DirectWrite`): the event hub uses it for plain text deltas, so a streamed token needs no task wake-up at all.
+It declines (returns False) whenever the server would have made the response wait (the client reading slowly:
+flow control) or could not write (gone, complete); the frame then takes the response's own loop.
+"""
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from typing import Any
+
+from starlette.responses import Response
+from starlette.types import Receive, Scope, Send
+
+Write = Callable[[bytes], bool]
+PING = b": ping\n\n"
+DONE = b"data: [DONE]\n\n"
+
+
+class Last(bytes):
+    """A stream's final frames: they go out with the end of the body in one write (a finish, the usage and
+    `[DONE]` were four writes, and four trips through the server's send, per response)."""
+
+
+def frame(data: bytes, event: bytes | None = None) -> bytes:
+    return (b"event: " + event + b"\ndata: " if event else b"data: ") + data + b"\n\n"
+
+
+_CYCLE = ("transport", "flow", "disconnected", "response_complete", "chunked_encoding")
+
+
+class DirectWrite:
+    """Writes a chunk of a started chunked body as uvicorn's httptools `send` would, without awaiting.
+
+    Declines while the response's own loop has frames in flight (`busy`: they must go first) and whenever the
+    server would have made the response wait or could not write."""
+
+    def __init__(self, cycle: Any) -> None:
+        self.cycle, self.busy = cycle, False
+
+    @classmethod
+    def of(cls, scope: Scope) -> DirectWrite | None:
+        """None on any other server (h11, a test client)."""
+        cycle = getattr(scope.get("ovq.send"), "__self__", None)
+        return cls(cycle) if cycle is not None and all(hasattr(cycle, name) for name in _CYCLE) else None
+
+    def __call__(self, data: bytes) -> bool:
+        if not data:  # an empty chunk would end the body
+            return True
+        cycle = self.cycle
+        if (self.busy or cycle.disconnected or cycle.flow.write_paused or cycle.response_complete
+                or cycle.chunked_encoding is not True):
+            return False
+        try:
+            cycle.transport.write(b"%x\r\n%b\r\n" % (len(data), data))
+        except Exception:  # a transport closing under us: the response's own loop finds out and ends
+            return False
+        return True
+
+
+class SSEResponse(Response):
+    media_type = "text/event-stream"
+
+    def __init__(self, frames: AsyncIterator[bytes], on_close: Callable[[], Awaitable[None]],
+                 headers: Mapping[str, str] | None = None, on_write: Callable[[Write], None] | None = None) -> None:
+        # No body and no Content-Length (Response.__init__ would set one): the frames follow as they come.
+        self.status_code, self.background = 200, None
+        self.init_headers({"Cache-Control": "no-store", "X-Accel-Buffering": "no", **(headers or {})})
+        self.frames, self.on_close, self.on_write = frames, on_close, on_write
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        ended = False
+        try:
+            await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
+            # The body goes through the server's own send (see api/http/front.py): the framework's wrappers only
+            # watch for the response start, and cost an await each per chunk.
+            body = scope.get("ovq.send", send)
+            if scope.get("method") != "HEAD":
+                direct = DirectWrite.of(scope) if self.on_write is not None else None
+                if direct is not None:
+                    self.on_write(direct)
+                async for data in self.frames:  # to the generator's end: its own cleanup runs now
+                    if ended:
+                        continue
+                    if direct is not None:
+                        direct.busy = True  # until written: a direct write now would overtake these frames
+                    ended = type(data) is Last
+                    await body({"type": "http.response.body", "body": data, "more_body": not ended})
+                    if direct is not None:
+                        direct.busy = ended  # nothing may follow the end of the body
+            if not ended:
+                await body({"type": "http.response.body", "body": b"", "more_body": False})
+        except OSError:  # the client went away mid-write: nothing to tell it
+            pass
+        finally:
+            await self.on_close()
+

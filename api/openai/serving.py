@@ -1,0 +1,284 @@
+"""Chat completions and completions: request in, job out, events back as one answer or an SSE stream."""
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator, Callable
+from typing import Any, TypeVar
+
+import orjson
+from pydantic import BaseModel, ValidationError
+from starlette.requests import Request
+from starlette.responses import Response
+
+from api.http.sse import DONE, PING, Last
+from api.openai.checks import check_for_model
+from api.openai.choices import ChoiceState
+from api.openai.formats import ChatFormat, CompletionFormat, Format
+from api.openai.guidance import chat_plan
+from api.openai.limits import check_sampling, require_media_type
+from api.openai.media import load_image
+from api.openai.protocol import ChatCompletionRequest, CompletionRequest, SamplingRequest
+from api.openai.templates import render, template_message
+from api.ops.metrics import Metrics, Record
+from api.queue.client import CLIENT_CLOSED, ClientGone, Generation, JobClient, deadline, request_id
+from api.queue.registry import Registry, Servable
+from common.errors import OvqError
+from common.jobs import Job, SamplingParams
+from common.modelcard import ModelCard
+from common.redis.client import UNAVAILABLE
+from common.servable import ServableType
+
+M = TypeVar("M", bound=BaseModel)
+TEXT_SERVABLES = (ServableType.LM_CB, ServableType.LM, ServableType.VLM_CB, ServableType.VLM)
+VISION_SERVABLES = (ServableType.VLM_CB, ServableType.VLM)
+
+
+async def parse_body(request: Request, model: type[M]) -> M:
+    require_media_type(request.headers.get("content-type"), "application/json", request.url.path)
+    try:
+        data = orjson.loads(await request.body())
+    except orjson.JSONDecodeError as exc:
+        raise OvqError(f"We could not parse the JSON body of your request: {exc}") from exc
+    if not isinstance(data, dict):
+        raise OvqError("The request body must be a JSON object")
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        raise validation_error(exc) from exc
+
+
+def validation_error(exc: ValidationError) -> OvqError:
+    """The first problem pydantic found, as a 400 naming the field."""
+    first = exc.errors()[0]
+    param = ".".join(str(p) for p in first["loc"]) or None
+    message = "unsupported field" if first["type"] == "extra_forbidden" else first["msg"]
+    return OvqError(f"{param}: {message}" if param else message, param=param)
+
+
+def sampling_params(body: SamplingRequest, card: ModelCard, structure: dict[str, Any] | None = None,
+                    skip_special_tokens: bool | None = None) -> SamplingParams:
+    values = body.model_dump(include=set(SamplingParams.model_fields) - {"logprobs", "structured"})
+    values.update(stop=body.stop or [], logprobs=body.top_logprobs_asked, structured=structure)
+    if values["max_tokens"] is None:
+        values["max_tokens"] = card.max_tokens_limit
+    if skip_special_tokens is not None:
+        values["skip_special_tokens"] = skip_special_tokens
+    return SamplingParams.model_validate(values)
+
+
+PING_S = 15.0
+REDIS_AWAY = OvqError("The job queue (Redis) became unreachable while this request ran; retry shortly", 503,
+                      "service_unavailable", code="service_unavailable")
+
+
+class Serving:
+    def __init__(self, jobs: JobClient, registry: Registry, metrics: Metrics) -> None:
+        self.jobs, self.registry, self.metrics = jobs, registry, metrics
+
+    async def _servable(self, body: SamplingRequest) -> Servable:
+        check_sampling(body, self.jobs.settings)
+        servable = await self.registry.servable(body.model)
+        if servable.card.servable_type not in TEXT_SERVABLES:
+            raise OvqError(f"The model `{body.model}` does not generate text", param="model")
+        check_for_model(body, servable.card)
+        return servable
+
+    async def chat(self, request: Request) -> Response:
+        body = await parse_body(request, ChatCompletionRequest)
+        servable = await self._servable(body)
+        card = servable.card
+        vision = card.servable_type in VISION_SERVABLES
+        urls = [url for m in body.messages for url in m.image_urls()] if vision else []
+        if vision and card.device.startswith("NPU") and len(urls) != 1:
+            raise OvqError("this NPU vision servable takes exactly one image per request", param="messages")
+        plan = chat_plan(body, card)
+        messages = [template_message(m, vision) for m in body.messages]
+        kwargs = {**plan.template_kwargs, **({"tools": plan.tools} if plan.tools else {})}
+        prompt = render(card.chat_template, messages, card.bos_token, card.eos_token, kwargs)
+        plan.opened(prompt)
+        # Tool-call markers are often special tokens (<|python_tag|>, [TOOL_CALLS]): the parser must see them.
+        skip = False if plan.tool_parser else None
+        params = sampling_params(body, card, plan.structure, skip)
+        rid = request_id(request)
+        job = self._job(body, servable, "chat", prompt, params, rid)
+        job.images = await self._store_images(job.id, urls)
+        fmt = ChatFormat(f"chatcmpl-{rid}", body.model, body.include_usage, card.reasoning_parser is not None)
+        choices = {(job.id, i): ChoiceState(i, plan.parser(), params.logprobs) for i in range(body.n)}
+        return await self._respond(request, body, servable, [job], fmt, choices)
+
+    async def _store_images(self, job_id: str, urls: list[str]) -> list[str]:
+        """Fetch and check every image now (a bad one is the request's 400); the worker reads them by key."""
+        if not urls:
+            return []
+        settings = self.jobs.settings
+        images = [await load_image(url, settings) for url in urls]
+        keys = [self.jobs.keys.blob(job_id, f"chat{i}") for i in range(len(images))]
+        pipe = self.jobs.redis.pipeline(transaction=False)
+        for key, data in zip(keys, images, strict=True):
+            pipe.set(key, data, ex=settings.blob_ttl_s)
+        await pipe.execute()
+        return keys
+
+    async def completions(self, request: Request) -> Response:
+        """One job per prompt (OpenAI takes a list of prompts); choice i of prompt p is index p * n + i."""
+        body = await parse_body(request, CompletionRequest)
+        servable = await self._servable(body)
+        if servable.card.servable_type in VISION_SERVABLES:
+            raise OvqError(f"The model `{body.model}` is a vision-language model: use /chat/completions",
+                           param="model")
+        params = sampling_params(body, servable.card)
+        rid = request_id(request)
+        prompts = body.prompts
+        jobs = [self._job(body, servable, "completion", prompt, params, rid if len(prompts) == 1 else f"{rid}-{p}",
+                          add_special_tokens=True) for p, prompt in enumerate(prompts)]
+        choices = {(job.id, i): ChoiceState(p * body.n + i, None, params.logprobs)
+                   for p, job in enumerate(jobs) for i in range(body.n)}
+        fmt = CompletionFormat(f"cmpl-{rid}", body.model, body.include_usage)
+        return await self._respond(request, body, servable, jobs, fmt, choices)
+
+    def _job(self, body: SamplingRequest, servable: Servable, kind: str, prompt: Any, params: SamplingParams,
+             job_id: str, add_special_tokens: bool = False) -> Job:
+        return Job(id=job_id, model=body.model, device=servable.card.device, kind=kind, prompt=prompt,
+                   add_special_tokens=add_special_tokens, params=params, reply_to=self.jobs.hub.reply_to)
+
+    async def _respond(self, request: Request, body: SamplingRequest, servable: Servable, jobs: list[Job],
+                       fmt: Format, choices: dict[tuple[str, int], ChoiceState]) -> Response:
+        request.state.record.model = body.model
+        stream = (lambda generation, record: self._stream(generation, fmt, choices, record)) if body.stream else None
+        return await self.jobs.respond(request, jobs, servable, deadline(request, self.jobs.settings.request_timeout_s),
+                                       stream, lambda g, record, headers: self._whole(g, fmt, choices, record, headers))
+
+    async def _whole(self, generation: Generation, fmt: Format, choices: dict[tuple[str, int], ChoiceState],
+                     record: Record, headers: dict[str, str]) -> Response:
+        usage = {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0}
+        while not generation.finished:
+            for event in await generation.events():
+                kind = event["type"]
+                if kind == "delta":
+                    choices[event["job"], event.get("index", 0)].add(event)
+                elif kind == "done":
+                    _add_usage(usage, event)
+                    record.done(event)
+                    _finish_choices(choices, event)
+                elif kind == "error":
+                    error = event["error"]
+                    raise OvqError(error["message"], event["status"], error.get("type", "server_error"),
+                                   error.get("param"), error.get("code"))
+                elif kind == "cancelled":
+                    raise ClientGone()
+        ordered = sorted(choices.values(), key=lambda c: c.index)
+        record.outcome = ordered[0].finish_reason(bool(ordered[0].parsed().tool_calls)) or "stop"
+        return Response(fmt.whole(ordered, usage), media_type="application/json", headers=headers)
+
+    async def _stream(self, generation: Generation, fmt: Format, choices: dict[tuple[str, int], ChoiceState],
+                      record: Record) -> AsyncIterator[bytes]:
+        """SSE frames, one write per wake-up: whatever arrived meanwhile goes out together (a plain choice's texts
+        merged into one chunk). Workers already send a choice's text at most once per `stream_interval_ms`, so
+        the API's cost follows those events, not tokens."""
+        usage = {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0}
+        first = fmt.first(sorted(choices.values(), key=lambda c: c.index))
+        if first:
+            yield first
+        last = time.monotonic()
+        tail = b""  # the last frames: they go out with `[DONE]` and the end of the body, in one write
+        try:
+            generation.inbox.express = self._express(generation, fmt, choices)
+            while not generation.finished:
+                events = await generation.events()
+                out = self._frames(events, fmt, choices, record, usage, generation)
+                if generation.finished:
+                    tail = out
+                    break
+                now = time.monotonic()
+                if out:
+                    last = now
+                    yield out
+                elif now - max(last, generation.inbox.last) >= PING_S:  # idle: keep proxies open
+                    last = now
+                    yield PING
+            generation.inbox.express = None  # nothing may follow the last frames
+            if fmt.include_usage:
+                tail += fmt.usage(usage)
+            if not record.outcome:
+                finished = sorted(choices.values(), key=lambda c: c.index)[0]
+                record.outcome = finished.finish_reason(finished.called) or "stop"
+        except OvqError as exc:
+            record.failed(exc.status, exc.body.code)
+            tail = b"data: " + orjson.dumps({"error": exc.body.model_dump()}) + b"\n\n"
+        except UNAVAILABLE:
+            record.failed(503)
+            tail = b"data: " + orjson.dumps({"error": REDIS_AWAY.body.model_dump()}) + b"\n\n"
+        except ClientGone:
+            record.failed(CLIENT_CLOSED)
+            return
+        finally:
+            generation.inbox.express = None
+        yield Last(tail + DONE)
+
+    @staticmethod
+    def _express(generation: Generation, fmt: Format,
+                 choices: dict[tuple[str, int], ChoiceState]) -> Callable[[dict[str, Any]], bool] | None:
+        """The hub writes a plain choice's text delta itself, in the order it came, when nothing is queued ahead
+        of it: no task wake-up, no batching step, one write. Anything else (a finish, tool calls, log-probabilities,
+        a terminal event, a slow client) declines and takes the loop above."""
+        write = generation.write
+        if write is None:
+            return None
+
+        def express(event: dict[str, Any]) -> bool:
+            if event["type"] != "delta" or event.get("finish_reason") or not generation.quiet:
+                return False
+            choice = choices.get((event["job"], event.get("index", 0)))
+            if choice is None or not choice.plain:
+                return False
+            return write(fmt.plain(choice, event["text"], None))
+
+        return express
+
+    @staticmethod
+    def _frames(events: list[dict[str, Any]], fmt: Format, choices: dict[tuple[str, int], ChoiceState],
+                record: Record, usage: dict[str, int], generation: Generation) -> bytes:
+        out: list[bytes] = []
+        plain: dict[ChoiceState, list[str]] = {}  # texts of plain choices, merged into one chunk each
+
+        def flush() -> None:
+            for choice, texts in plain.items():
+                out.append(fmt.plain(choice, "".join(texts), None))
+            plain.clear()
+
+        for event in events:
+            kind = event["type"]
+            if kind == "delta":
+                choice = choices[event["job"], event.get("index", 0)]
+                if choice.plain and not event.get("finish_reason"):
+                    plain.setdefault(choice, []).append(event["text"])
+                    continue
+                texts = plain.pop(choice, None)
+                if texts:
+                    event = {**event, "text": "".join(texts) + event["text"]}
+                out.append(fmt.chunk(choice, event))
+            elif kind == "done":
+                _add_usage(usage, event)
+                record.done(event)
+            elif kind == "error":
+                flush()
+                record.failed(event["status"], event["error"].get("code"))
+                out.append(b"data: " + orjson.dumps({"error": event["error"]}) + b"\n\n")
+                generation.end()  # the response ends here; close() cancels its other jobs
+            elif kind == "cancelled":
+                raise ClientGone()
+        flush()
+        return b"".join(out)
+
+
+def _add_usage(usage: dict[str, int], event: dict[str, Any]) -> None:
+    for name, value in (event.get("usage") or {}).items():
+        usage[name] = usage.get(name, 0) + value
+
+
+def _finish_choices(choices: dict[tuple[str, int], ChoiceState], done: dict[str, Any]) -> None:
+    reasons = done.get("finish_reasons") or [done.get("finish_reason", "stop")]
+    for index, reason in enumerate(reasons):
+        choice = choices.get((done["job"], index))
+        if choice is not None:
+            choice.finish = choice.finish or reason

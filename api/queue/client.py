@@ -1,0 +1,294 @@
+"""A response's jobs seen from the API: enqueue them, hold the HTTP status until every worker's verdict, follow
+their events, cancel what is left when the client goes or a bound is reached.
+
+Every wait has a bound: a job no worker starts within `queue_timeout_s` is a 503; a running job whose worker's
+heartbeat is gone is a 500; a request past its deadline (`X-Request-Timeout`) is a 504; losing the event hub's
+subscription (Redis away) ends the response with a 503. The client leaving cancels its jobs at their workers.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import re
+import time
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import redis.asyncio as aioredis
+from starlette.requests import Request
+from starlette.responses import Response
+
+from api.http.sse import SSEResponse, Write
+from api.ops.metrics import Metrics, Record
+from api.queue.hub import EventHub, Inbox
+from api.queue.priority import priority_of
+from api.queue.registry import Registry, Servable
+from common.errors import OvqError, unavailable
+from common.jobs import Job
+from common.keys import Keys
+from common.redis.client import UNAVAILABLE
+from common.settings import Settings
+
+log = logging.getLogger("ovq.api.jobs")
+CLIENT_CLOSED = 499  # nginx's "client closed request": nobody reads it, but logs and metrics do
+TERMINAL = ("done", "error", "cancelled")
+
+
+REQUEST_ID = re.compile(r"[A-Za-z0-9._:-]{1,128}")
+
+
+class ClientGone(Exception):
+    pass
+
+
+def request_id(request: Request) -> str:
+    """The client's X-Request-Id when it is a sane token, else a new one: it names the job(s) everywhere."""
+    given = request.headers.get("x-request-id", "")
+    return given if REQUEST_ID.fullmatch(given) else uuid.uuid4().hex
+
+
+def deadline(request: Request, default_s: float | None) -> float | None:
+    """`X-Request-Timeout` (seconds), else the server's `request_timeout_s`: when the request must be done."""
+    given = request.headers.get("x-request-timeout")
+    try:
+        seconds = float(given) if given is not None else default_s
+    except ValueError:
+        raise OvqError("X-Request-Timeout must be a number of seconds", param="X-Request-Timeout") from None
+    if seconds is None:
+        return None
+    if not seconds > 0:
+        raise OvqError("X-Request-Timeout must be positive", param="X-Request-Timeout")
+    return time.monotonic() + seconds
+
+
+Stream = Callable[["Generation", Record], AsyncIterator[bytes]]
+Whole = Callable[["Generation", Record, dict[str, str]], Awaitable[Response]]
+
+
+class JobClient:
+    def __init__(self, redis: aioredis.Redis, keys: Keys, hub: EventHub, registry: Registry, settings: Settings,
+                 metrics: Metrics) -> None:
+        self.redis, self.keys, self.hub, self.registry, self.settings = redis, keys, hub, registry, settings
+        self.metrics = metrics
+
+    async def respond(self, request: Request, jobs: list[Job], servable: Servable, deadline: float | None,
+                      stream: Stream | None, whole: Whole) -> Response:
+        """Queue the jobs, hold the status until every worker's verdict, then answer as SSE or whole.
+
+        The client leaving at any point (queued, running, mid-stream) cancels the jobs at their workers. The
+        request's `Record` is finished here for streams (when the stream ends), else by the route.
+        """
+        record: Record = request.state.record
+        record.request_id = jobs[0].id.rsplit("-", 1)[0] if len(jobs) > 1 else jobs[0].id
+        priority = priority_of(request)
+        for job in jobs:
+            job.priority = priority
+        generation = Generation(self, jobs, servable, deadline)
+        await generation.submit()
+        record.device = jobs[0].device
+        generation.watch(request)
+        headers = {"X-Request-Id": record.request_id}
+        try:
+            await generation.start()
+            if stream is not None:
+                record.streaming = True
+                return SSEResponse(stream(generation, record), self._closer(generation, record), headers,
+                                   generation.writes_to)
+            return await whole(generation, record, headers)
+        except ClientGone:
+            record.failed(CLIENT_CLOSED)
+            return Response(status_code=CLIENT_CLOSED)
+        finally:
+            if stream is None or not record.streaming:
+                await generation.close()
+
+    def _closer(self, generation: Generation, record: Record) -> Callable[[], Awaitable[None]]:
+        async def close() -> None:
+            if not generation.finished and not record.outcome:
+                record.failed(CLIENT_CLOSED)  # the client left mid-stream
+            await generation.close()
+            self.metrics.finish(record)
+        return close
+
+    async def cancel(self, job_ids: list[str]) -> None:
+        pipe = self.redis.pipeline(transaction=False)
+        for job_id in job_ids:
+            pipe.set(self.keys.cancel(job_id), 1, ex=self.settings.cancel_ttl_s)
+            pipe.publish(self.keys.cancel_channel, job_id)
+        await pipe.execute()
+
+    async def statuses(self, job_ids: list[str]) -> list[bytes | None]:
+        pipe = self.redis.pipeline(transaction=False)
+        for job_id in job_ids:
+            pipe.hget(self.keys.job(job_id), "status")
+        return await pipe.execute()
+
+    async def workers_alive(self, workers: list[str]) -> list[bool]:
+        pipe = self.redis.pipeline(transaction=False)
+        for worker in workers:
+            pipe.exists(self.keys.worker(worker))
+        return [bool(n) for n in await pipe.execute()]
+
+
+class Generation:
+    """The jobs of one response, submitted together and followed through one inbox; each ends in exactly one
+    terminal event, and `close()` cancels whichever have not."""
+
+    def __init__(self, client: JobClient, jobs: list[Job], servable: Servable, deadline: float | None) -> None:
+        self.client, self.jobs, self.servable = client, jobs, servable
+        self.inbox = Inbox()
+        self.open = {job.id for job in jobs}  # not ended yet
+        self.accepted: dict[str, dict[str, Any]] = {}
+        self.deadline = deadline  # time.monotonic() by which the whole response must be done
+        self.started = time.monotonic()
+        self.gone = False
+        self.ended = False
+        self._held: list[dict[str, Any]] = []
+        self._checked = self.started
+        self.write: Write | None = None  # a stream's synchronous frame write to its client, when its server has one
+        self._watcher: asyncio.Task[None] | None = None
+        self._submitted: list[str] = []
+
+    @property
+    def job(self) -> Job:
+        return self.jobs[0]
+
+    @property
+    def finished(self) -> bool:
+        return self.ended or not self.open
+
+    def writes_to(self, write: Write) -> None:
+        self.write = write
+
+    @property
+    def quiet(self) -> bool:
+        """No event held back from `start()` and the client still there: an event may be handled at once."""
+        return not self._held and not self.gone
+
+    def end(self) -> None:
+        """The response ends now (one of its jobs failed): `close()` cancels the others."""
+        self.ended = True
+
+    async def submit(self) -> None:
+        """Enqueue every job (registered first: a first event may come at once); a refusal undoes the rest."""
+        hub = self.client.hub
+        try:
+            for job in self.jobs:
+                hub.register(job.id, self.inbox)
+                await self.client.registry.enqueue(self.servable, job)
+                self._submitted.append(job.id)
+        except BaseException:
+            await self.close()
+            raise
+
+    def watch(self, request: Request) -> None:
+        """Notice the client leaving (its body must have been read): the waits below then raise ClientGone."""
+        async def wait() -> None:
+            while (await request.receive())["type"] != "http.disconnect":
+                pass
+            self.gone = True
+            self.inbox.wake()
+
+        self._watcher = asyncio.ensure_future(wait())
+
+    async def start(self) -> None:
+        """Wait for every job's `accepted`; a worker's refusal becomes the HTTP error (also for streams)."""
+        while len(self.accepted) < len(self.jobs):
+            for event in await self._take():
+                kind = event["type"]
+                if kind == "accepted":
+                    self.accepted[event["job"]] = event
+                elif kind == "error":
+                    self.open.discard(event["job"])
+                    error = event["error"]
+                    raise OvqError(error["message"], event["status"], error.get("type", "invalid_request_error"),
+                                   error.get("param"), error.get("code"))
+                elif kind == "cancelled":
+                    self.open.discard(event["job"])
+                    raise ClientGone()
+                else:
+                    self._held.append(event)
+
+    async def events(self) -> list[dict[str, Any]]:
+        """The next events after `accepted` (terminal ones close their job); [] when a tick passed with none."""
+        if self._held:
+            events, self._held = self._held, []
+        else:
+            events = await self._take(tick=True)
+        return self._seen(events)
+
+    def _seen(self, events: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        for event in events:
+            if event["type"] in TERMINAL:
+                self.open.discard(event["job"])
+        return [e for e in events if e["type"] != "accepted"]
+
+    async def _take(self, tick: bool = False) -> list[dict[str, Any]]:
+        while True:
+            if self.gone:
+                raise ClientGone()
+            events = await self.inbox.take()
+            if self.gone:
+                raise ClientGone()
+            if events:
+                return events
+            await self._check()
+            if tick:
+                return []
+
+    async def _check(self) -> None:
+        """A tick with no event: enforce the bounds on this response's waits."""
+        settings, now = self.client.settings, time.monotonic()
+        if self.inbox.lost and not await self._survived():
+            raise OvqError("The job queue (Redis) became unreachable while this request ran; retry shortly", 503,
+                           "service_unavailable", code="service_unavailable")
+        if self.deadline is not None and now > self.deadline:
+            raise OvqError("The request did not finish before its deadline (X-Request-Timeout)", 504, "timeout",
+                           code="deadline_exceeded")
+        if len(self.accepted) < len(self.jobs) and now - self.started > settings.queue_timeout_s:
+            raise unavailable(f"No worker of `{self.job.model}` started this request within "
+                              f"{settings.queue_timeout_s:.0f}s (queue_timeout_s)")
+        check = settings.first_event_check_s
+        if now - self._checked >= check and now - self.inbox.last >= check:
+            self._checked = now
+            running = [self.accepted[j]["worker"] for j in self.open if j in self.accepted]
+            try:
+                alive = all(await self.client.workers_alive(running)) if running else True
+            except UNAVAILABLE:
+                alive = True  # Redis is away: the hub's lost subscription decides
+            if not alive:
+                raise OvqError("The worker running this request died mid-generation", 500, "server_error",
+                               code="worker_died")
+
+    async def _survived(self) -> bool:
+        """After the hub lost its subscription: jobs still queued (none started, so no event was missed) wait on,
+        across a Redis restart with an append-only file; anything else may have lost events."""
+        if self.accepted:
+            return False
+        if not self.client.hub.subscribed.is_set():
+            return True  # still away: wait (bounded by queue_timeout_s), then look again
+        try:
+            statuses = await self.client.statuses([job.id for job in self.jobs])
+        except UNAVAILABLE:
+            return True
+        if all(status == b"queued" for status in statuses):
+            self.inbox.lost = False
+            return True
+        return False
+
+    async def close(self) -> None:
+        """Forget the jobs; cancel at their workers those that have not ended (the client left, or we failed)."""
+        if self._watcher is not None:
+            self._watcher.cancel()
+            self._watcher = None  # its CancelledError's frames hold this generation: no cycle for the GC to find
+        for job in self.jobs:
+            self.client.hub.unregister(job.id)
+        unfinished = [j for j in self._submitted if j in self.open]
+        self.open.clear()
+        if unfinished:
+            try:
+                await asyncio.shield(self.client.cancel(unfinished))
+            except UNAVAILABLE:
+                log.warning("could not cancel %d jobs: Redis is unavailable (their workers see the API gone)",
+                            len(unfinished))

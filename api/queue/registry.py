@@ -1,0 +1,155 @@
+"""Which models exist, what they accept, and which device stream a new job goes to."""
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass
+
+import redis.asyncio as aioredis
+
+from common.errors import OvqError, not_found, unavailable
+from common.jobs import Job
+from common.keys import Keys
+from common.modelcard import ModelCard
+from common.redis.lane import Lane, Script
+from common.settings import Settings
+
+CARD_CACHE_S = 1.0
+
+
+# KEYS: job hash, then per device (in preference order): its workers zset, its stream, its batch stream.
+# ARGV: oldest live heartbeat, max backlog, job TTL, created, reply_to, model, priority, then per device its name
+# and the job as JSON. An interactive job goes to the device with the fewest interactive jobs (batch jobs never
+# delay it: workers read them only when no interactive job waits); a batch job to the device with the fewest jobs
+# of either kind. Returns the 1-based device chosen, 0 when none has a live worker, -1 when its backlog is full.
+ENQUEUE = """
+local batch = ARGV[7] == 'batch'
+local best, best_len = 0, 0
+for i = 1, (#KEYS - 1) / 3 do
+  if redis.call('ZCOUNT', KEYS[3 * i - 1], ARGV[1], '+inf') > 0 then
+    local len = redis.call('XLEN', KEYS[3 * i])
+    if batch then len = len + redis.call('XLEN', KEYS[3 * i + 1]) end
+    if best == 0 or len < best_len then best, best_len = i, len end
+  end
+end
+if best == 0 then return 0 end
+if best_len >= tonumber(ARGV[2]) then return -1 end
+redis.call('HSET', KEYS[1], 'status', 'queued', 'created', ARGV[4], 'api', ARGV[5], 'model', ARGV[6],
+           'device', ARGV[6 + 2 * best])
+redis.call('EXPIRE', KEYS[1], ARGV[3])
+redis.call('XADD', KEYS[3 * best + (batch and 1 or 0)], '*', 'job', ARGV[7 + 2 * best])
+return best
+"""
+
+
+@dataclass
+class Servable:
+    model: str
+    cards: dict[str, ModelCard]
+
+    @property
+    def card(self) -> ModelCard:
+        """The first announced device's card: what requests are validated and rendered with."""
+        return next(iter(self.cards.values()))
+
+
+class Registry:
+    def __init__(self, redis: aioredis.Redis, keys: Keys, settings: Settings, expected: list[str]) -> None:
+        self.redis, self.keys, self.settings = redis, keys, settings
+        self.expected = expected
+        self._cards: dict[str, tuple[float, dict[str, ModelCard]]] = {}
+        self._loading: dict[str, asyncio.Future[dict[str, ModelCard]]] = {}
+        self._enqueue = Script(ENQUEUE)
+        # Every request's enqueue, on a connection of its own: those made in one event-loop turn go out in one
+        # write (a burst of requests costs Redis and this process a few writes).
+        self._lane = Lane(redis)
+
+    async def cards(self, model: str) -> dict[str, ModelCard]:
+        """Device -> card, as the model's workers last announced it (cached for a second; concurrent misses
+        share one read, so a burst costs Redis one HGETALL, not one per request)."""
+        cached = self._cards.get(model)
+        if cached and time.monotonic() - cached[0] < CARD_CACHE_S:
+            return cached[1]
+        loading = self._loading.get(model)
+        if loading is None:
+            loading = self._loading[model] = asyncio.ensure_future(self._load(model))
+            loading.add_done_callback(lambda _: self._loading.pop(model, None))
+        return await asyncio.shield(loading)
+
+    async def _load(self, model: str) -> dict[str, ModelCard]:
+        raw = await self.redis.hgetall(self.keys.model(model))
+        parsed = [ModelCard.model_validate_json(v) for v in raw.values()]
+        cards = {c.device: c for c in sorted(parsed, key=lambda c: (c.preference, c.device))}
+        if cards:  # no negative caching: a worker that has just started is served at once
+            self._cards[model] = (time.monotonic(), cards)
+        return cards
+
+    async def announced(self) -> list[str]:
+        """Models with a worker heard within the card TTL."""
+        since = time.time() - self.settings.model_card_ttl_s
+        return [m.decode() for m in await self.redis.zrangebyscore(self.keys.models, since, "+inf")]
+
+    async def models(self) -> dict[str, ModelCard | None]:
+        names = set(await self.announced()) | set(self.expected)
+        listed: dict[str, ModelCard | None] = {}
+        for name in sorted(names):
+            cards = await self.cards(name)
+            if cards or name in self.expected:
+                listed[name] = next(iter(cards.values()), None)
+        return listed
+
+    async def live_workers(self, model: str, devices: list[str]) -> dict[str, int]:
+        since = time.time() - self.settings.worker_ttl_s
+        pipe = self.redis.pipeline(transaction=False)
+        for device in devices:
+            pipe.zcount(self.keys.workers(model, device), since, "+inf")
+        return dict(zip(devices, await pipe.execute(), strict=False))
+
+    async def servable(self, model: str) -> Servable:
+        """The model's announced cards; 404 for a model nobody announced, 503 for an expected one."""
+        cards = await self.cards(model)
+        if not cards:
+            if model in self.expected:
+                raise unavailable(f"The model `{model}` is not being served by any worker right now")
+            raise not_found(f"The model `{model}` does not exist")
+        return Servable(model, cards)
+
+    async def enqueue(self, servable: Servable, job: Job) -> str:
+        """Put the job on the live device stream with the shortest backlog, in one atomic round trip: the
+        device's stream, or its batch stream for a job of `batch` priority.
+
+        Returns the device; 503 when no device has a live worker, 429 when the chosen backlog is full.
+        """
+        devices = list(servable.cards)
+        keys = [k for d in devices for k in (self.keys.workers(servable.model, d), self.keys.jobs(servable.model, d),
+                                             self.keys.batch_jobs(servable.model, d))]
+        jobs = []
+        for device in devices:  # the job as each device's worker would get it; `device` ends as the chosen one
+            job.device = device
+            jobs.append((device, job.model_dump_json()))
+        since = time.time() - self.settings.worker_ttl_s
+        args = [since, self.settings.max_queue_depth, self.settings.job_ttl_s, job.created, job.reply_to,
+                servable.model, job.priority, *(part for pair in jobs for part in pair)]
+        chosen = await self._enqueue(self._lane, keys=[self.keys.job(job.id), *keys], args=args)
+        if chosen == 0:
+            raise unavailable(f"The model `{servable.model}` is not being served by any worker right now")
+        if chosen < 0:
+            raise OvqError(f"The model `{servable.model}` is overloaded; retry later", 429, "rate_limit_error",
+                           code="queue_full")
+        job.device = devices[chosen - 1]
+        return job.device
+
+    async def close(self) -> None:
+        await self._lane.close()
+
+    async def ready(self) -> dict[str, bool]:
+        """Each known model (expected or announced): whether a live worker serves it now."""
+        names = sorted(set(self.expected) | set(await self.announced()))
+        return {name: bool(await self.served(name)) for name in names}
+
+    async def served(self, model: str) -> bool | None:
+        """Whether a live worker serves the model; None for a model nobody announced and nobody expects."""
+        devices = list(await self.cards(model))
+        if not devices:
+            return False if model in self.expected else None
+        return any((await self.live_workers(model, devices)).values())

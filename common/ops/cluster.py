@@ -1,0 +1,247 @@
+"""What an operator sees, read from Redis alone (so every API process and `ovq status` see the same): the
+streams of each model and device with their backlog, the live workers, the API processes, the dead letters and
+the recent failures. Shared by the ops page (`api/ops/`) and the CLI (`cli/status.py`)."""
+from __future__ import annotations
+
+import time
+
+import orjson
+import redis.asyncio as aioredis
+from pydantic import BaseModel, Field
+from redis.exceptions import ResponseError
+
+from common.batch.store import ModelBatches
+from common.batch.store import per_model as batch_models
+from common.jobs import Job
+from common.keys import GROUP, Keys
+from common.ops.stats import Summary
+from common.ops.stats import read as read_stats
+from common.settings import Settings
+
+
+class StreamState(BaseModel):
+    model: str
+    device: str
+    stream: str
+    waiting: int
+    in_flight: int
+    workers: int  # live: heartbeat within the worker TTL
+    consumers: int  # in the consumer group, dead ones not yet removed included
+    # Batch API lines in the model's batch stream (read only when nothing interactive waits).
+    batch_waiting: int = 0
+    batch_in_flight: int = 0
+    stats: Summary | None = None
+
+
+class WorkerState(BaseModel):
+    id: str
+    model: str
+    device: str
+    host: str = ""
+    pid: int = 0
+    servable_type: str = ""
+    capacity: int = 0
+    running: int = 0
+    kv_cache_usage: float = 0.0
+    tokens_per_s: float = 0.0
+    tokens_generated: int = 0
+    jobs_taken: int = 0
+    heartbeat: float = 0.0
+    age_s: float = 0.0  # since its last heartbeat
+    started: float = 0.0
+    draining: bool = False
+    drain_requested: bool = False
+    port: int = 0
+
+
+class ApiState(BaseModel):
+    reply_to: str
+    host: str = ""
+    pid: int = 0
+    started: float = 0.0
+    age_s: float = 0.0
+
+
+class DeadLetter(BaseModel):
+    id: str  # the entry id in the dead-letter stream (what retry takes)
+    time: float
+    reason: str
+    job: str = ""
+    model: str = ""
+    device: str = ""
+    kind: str = ""
+    worker: str = ""
+
+
+class Failure(BaseModel):
+    job: str
+    model: str
+    device: str
+    worker: str
+    time: float
+    message: str
+    type: str = ""
+    code: str | int | None = None
+
+
+class Overview(BaseModel):
+    time: float
+    streams: list[StreamState]
+    workers: list[WorkerState]
+    apis: list[ApiState]
+    dead_letters: int
+    dead: list[DeadLetter]
+    failures: list[Failure]
+    batches: list[ModelBatches] = Field(default_factory=list)
+
+
+def _text(value: bytes | str) -> str:
+    return value.decode(errors="replace") if isinstance(value, bytes) else value
+
+
+def _hash(raw: dict[bytes, bytes]) -> dict[str, str]:
+    return {_text(k): _text(v) for k, v in raw.items()}
+
+
+async def served(redis: aioredis.Redis, keys: Keys, settings: Settings) -> list[tuple[str, str]]:
+    """(model, device) of every model announced within the card TTL, devices as their cards say."""
+    since = time.time() - settings.model_card_ttl_s
+    models = sorted(_text(m) for m in await redis.zrangebyscore(keys.models, since, "+inf"))
+    pipe = redis.pipeline(transaction=False)
+    for model in models:
+        pipe.hkeys(keys.model(model))
+    return [(model, _text(device)) for model, devices in zip(models, await pipe.execute(), strict=True)
+            for device in sorted(devices)]
+
+
+async def streams(redis: aioredis.Redis, keys: Keys, settings: Settings,
+                  pairs: list[tuple[str, str]]) -> list[StreamState]:
+    """Backlog per stream. Redis 6.2 has no group `lag`: waiting = XLEN - pending (acked entries are deleted)."""
+    since = time.time() - settings.worker_ttl_s
+    pipe = redis.pipeline(transaction=False)
+    for model, device in pairs:
+        stream = keys.jobs(model, device)
+        pipe.xlen(stream)
+        pipe.xpending(stream, GROUP)
+        pipe.xinfo_groups(stream)
+        pipe.zcount(keys.workers(model, device), since, "+inf")
+        pipe.xlen(keys.batch_jobs(model, device))
+        pipe.xpending(keys.batch_jobs(model, device), GROUP)
+    replies = iter(await pipe.execute(raise_on_error=False))
+    states = []
+    for model, device in pairs:
+        length, pending, groups, live, batch_length, batch_pending = (next(replies) for _ in range(6))
+        in_flight, length = _pending(pending), _length(length)
+        batch_in_flight = _pending(batch_pending)
+        consumers = 0 if isinstance(groups, ResponseError) else sum(
+            int(g["consumers"]) for g in groups if _text(g["name"]) == GROUP)
+        states.append(StreamState(model=model, device=device, stream=keys.jobs(model, device),
+                                  waiting=max(length - in_flight, 0), in_flight=in_flight,
+                                  workers=int(live), consumers=consumers,
+                                  batch_waiting=max(_length(batch_length) - batch_in_flight, 0),
+                                  batch_in_flight=batch_in_flight))
+    return states
+
+
+def _pending(reply: object) -> int:
+    return 0 if isinstance(reply, ResponseError) else int(reply["pending"])  # type: ignore[index]
+
+
+def _length(reply: object) -> int:
+    return 0 if isinstance(reply, ResponseError) else int(reply)  # type: ignore[call-overload]
+
+
+async def workers(redis: aioredis.Redis, keys: Keys, settings: Settings,
+                  pairs: list[tuple[str, str]]) -> list[WorkerState]:
+    """The workers with a live heartbeat, as their own hashes describe them."""
+    now = time.time()
+    since = now - settings.worker_ttl_s
+    pipe = redis.pipeline(transaction=False)
+    for model, device in pairs:
+        pipe.zrangebyscore(keys.workers(model, device), since, "+inf")
+    ids = sorted({_text(i) for members in await pipe.execute() for i in members})
+    pipe = redis.pipeline(transaction=False)
+    for worker_id in ids:
+        pipe.hgetall(keys.worker(worker_id))
+        pipe.exists(keys.drain(worker_id))
+    replies = iter(await pipe.execute())
+    found = []
+    for worker_id in ids:
+        raw, drain = _hash(next(replies)), next(replies)
+        if not raw:
+            continue  # gone between the two reads
+        heartbeat = float(raw.get("heartbeat", 0))
+        found.append(WorkerState(
+            id=worker_id, model=raw.get("model", ""), device=raw.get("device", ""), host=raw.get("host", ""),
+            pid=int(raw.get("pid", 0)), servable_type=raw.get("servable_type", ""),
+            capacity=int(raw.get("capacity", 0)), running=int(raw.get("running", 0)),
+            kv_cache_usage=float(raw.get("kv_cache_usage", 0)), tokens_per_s=float(raw.get("tokens_per_s", 0)),
+            tokens_generated=int(raw.get("tokens_generated", 0)), jobs_taken=int(raw.get("jobs_taken", 0)),
+            heartbeat=heartbeat, age_s=max(now - heartbeat, 0.0), started=float(raw.get("started", 0)),
+            draining=raw.get("draining") == "1", drain_requested=bool(drain), port=int(raw.get("port", 0))))
+    return sorted(found, key=lambda w: (w.model, w.device, w.host, w.id))
+
+
+async def apis(redis: aioredis.Redis, keys: Keys, settings: Settings) -> list[ApiState]:
+    """The API processes with a live heartbeat."""
+    now = time.time()
+    names = [_text(n) for n in await redis.zrangebyscore(keys.apis, now - settings.api_ttl_s, "+inf")]
+    pipe = redis.pipeline(transaction=False)
+    for name in names:
+        pipe.hgetall(keys.api(name))
+    found = []
+    for name, raw in zip(names, await pipe.execute(), strict=True):
+        fields = _hash(raw)
+        if fields:
+            found.append(ApiState(reply_to=name, host=fields.get("host", ""), pid=int(fields.get("pid", 0)),
+                                  started=float(fields.get("started", 0)),
+                                  age_s=max(now - float(fields.get("heartbeat", now)), 0.0)))
+    return sorted(found, key=lambda a: (a.host, a.reply_to))
+
+
+def dead_letter(entry_id: bytes | str, fields: dict[bytes, bytes]) -> DeadLetter:
+    entry = _text(entry_id)
+    letter = DeadLetter(id=entry, time=int(entry.split("-")[0]) / 1000, reason=_text(fields.get(b"reason", b"")),
+                        worker=_text(fields.get(b"worker", b"")))
+    try:
+        job = Job.from_fields(fields)
+    except Exception:  # an unreadable job is exactly what may land here: show what can be shown
+        return letter
+    return letter.model_copy(update={"job": job.id, "model": job.model, "device": job.device, "kind": job.kind})
+
+
+async def dead_letters(redis: aioredis.Redis, keys: Keys, count: int = 50) -> tuple[int, list[DeadLetter]]:
+    """How many dead letters there are, and the newest `count` of them."""
+    if count <= 0:
+        return int(await redis.xlen(keys.dead)), []
+    pipe = redis.pipeline(transaction=False)
+    pipe.xlen(keys.dead)
+    pipe.xrevrange(keys.dead, count=count)
+    total, entries = await pipe.execute()
+    return int(total), [dead_letter(entry_id, fields) for entry_id, fields in entries]
+
+
+async def failures(redis: aioredis.Redis, keys: Keys, count: int = 50) -> list[Failure]:
+    if count <= 0:
+        return []
+    out = []
+    for raw in await redis.lrange(keys.failed, 0, count - 1):
+        try:
+            out.append(Failure.model_validate(orjson.loads(raw)))
+        except Exception:  # a record from another version: skip it rather than fail the page
+            continue
+    return out
+
+
+async def overview(redis: aioredis.Redis, keys: Keys, settings: Settings, with_stats: bool = True,
+                   rows: int = 50) -> Overview:
+    pairs = await served(redis, keys, settings)
+    states = await streams(redis, keys, settings, pairs)
+    if with_stats and pairs:
+        summaries = await read_stats(redis, keys, pairs)
+        for state in states:
+            state.stats = summaries[(state.model, state.device)]
+    total, dead = await dead_letters(redis, keys, rows)
+    return Overview(time=time.time(), streams=states, workers=await workers(redis, keys, settings, pairs),
+                    apis=await apis(redis, keys, settings), dead_letters=total, dead=dead,
+                    failures=await failures(redis, keys, rows), batches=await batch_models(redis, keys))

@@ -1,0 +1,445 @@
+"""Output parsers: every case is parsed whole and streamed split at every position and char by char, and the
+streamed answer must be exactly the whole one."""
+from __future__ import annotations
+
+import json
+import random
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+import pytest
+
+from api.openai.parsers import (
+    REASONING_PARSERS,
+    TOOL_PARSERS,
+    Function,
+    Hermes3ToolParser,
+    Llama3ToolParser,
+    MistralToolParser,
+    OutputParser,
+    ParsedDelta,
+    Qwen3ReasoningParser,
+    ToolCallDelta,
+    output_parser,
+)
+from api.openai.parsers.jsonscan import NOT_JSON, JsonScanner
+from common.structured import json_schema
+
+Call = tuple[str, str]  # (name, arguments)
+Answer = tuple[str | None, str | None, list[Call]]  # (content, reasoning, calls)
+
+WEATHER = '{"location": "Paris, France", "unit": "celsius"}'
+LONDON = '{"location": "London", "unit": "celsius"}'
+UNICODE = '{"location": "São Paulo", "note": "東京 ☔ 🌧", "escaped": "caf\\u00e9"}'
+TRICKY = ('{"query": "a } ] \\" [ {", "filters": {"tags": ["x[1]", {"deep": [1, {"k": "}"}]}], '
+          '"markers": "<tool_call> </tool_call> functools[ [TOOL_CALLS] [ARGS] <|python_tag|> ;"}}')
+TIME_UTC = '{"tz": "UTC"}'
+
+
+def splits(text: str) -> Iterator[list[str]]:
+    yield [text]
+    for cut in range(1, len(text)):
+        yield [text[:cut], text[cut:]]
+    yield list(text)
+
+
+def streamed(parser: Any, chunks: list[str], cut: bool = False) -> Answer:
+    deltas: list[ParsedDelta] = [parser.feed(chunk) for chunk in chunks]
+    deltas.append(parser.finish(cut) if cut else parser.finish())
+    calls: dict[int, list[str]] = {}
+    ids: set[str] = set()
+    for fragment in (fragment for delta in deltas for fragment in delta.tool_calls):
+        if fragment.index not in calls:
+            assert fragment.id and fragment.name and fragment.id not in ids
+            ids.add(fragment.id)
+            calls[fragment.index] = [fragment.name, fragment.arguments]
+        else:
+            assert fragment.id is None and fragment.name is None
+            calls[fragment.index][1] += fragment.arguments
+    assert list(calls) == list(range(len(calls)))
+    content = "".join(delta.content for delta in deltas) or None
+    reasoning = "".join(delta.reasoning for delta in deltas) or None
+    return content, reasoning, [(name, arguments) for name, arguments in calls.values()]
+
+
+def check_streaming(make: Callable[[], Any], text: str, expected: Answer, cut: bool = False) -> None:
+    for chunks in splits(text):
+        assert streamed(make(), chunks, cut) == expected, chunks
+
+
+def case(parser: str, text: str, content: str | None, calls: Sequence[Call] = (), name: str = "") -> Any:
+    return pytest.param(parser, text, content, list(calls), id=f"{parser}-{name}")
+
+
+def hermes(name: str, arguments: str) -> str:
+    return f'<tool_call>\n{{"name": "{name}", "arguments": {arguments}}}\n</tool_call>'
+
+
+TOOL_CASES = [
+    case("hermes3", hermes("get_weather", WEATHER), None, [("get_weather", WEATHER)], "one"),
+    case("hermes3", f"I'll check both cities.\n{hermes('get_weather', WEATHER)}\n{hermes('get_weather', LONDON)}\n"
+         "Done.", "I'll check both cities.\n\n\nDone.",
+         [("get_weather", WEATHER), ("get_weather", LONDON)], "two-with-text"),
+    case("hermes3", '<tool_call>\n{"name": "get_time", "arguments": {}}', None, [("get_time", "{}")], "no-end-tag"),
+    case("hermes3", '<tool_call>\n{"name": "get_time", "arguments": {}}\n</tool_ca', None, [("get_time", "{}")],
+         "end-tag-cut"),
+    case("hermes3", '<tool_call>\n{"name": "get_time", "arguments": {}}\n<tool_call>\n{"name": "get_time"}\n'
+         "</tool_call>", None, [("get_time", "{}"), ("get_time", "{}")], "end-tag-forgotten-no-arguments"),
+    case("hermes3", 'Checking.\n<tool_call>\n{"name": "get_weather", "arguments": {"location": "Par',
+         'Checking.\n<tool_call>\n{"name": "get_weather", "arguments": {"location": "Par', [], "truncated"),
+    case("hermes3", "<tool_call>\n{\"name\": \"f\", \"arguments\": {'a': 1}}\n</tool_call>\n"
+         + hermes("get_time", TIME_UTC), "<tool_call>\n{\"name\": \"f\", \"arguments\": {'a': 1}}\n</tool_call>",
+         [("get_time", TIME_UTC)], "bad-json-then-good"),
+    case("hermes3", '<tool_call>\n{"arguments": {"x": 1}}\n</tool_call>',
+         '<tool_call>\n{"arguments": {"x": 1}}\n</tool_call>', [], "no-name"),
+    case("hermes3", '<tool_call>\n{"name": "get_weather", "arguments": {"location": "Paris"}\n</tool_call>\nSorry.',
+         '<tool_call>\n{"name": "get_weather", "arguments": {"location": "Paris"}\n</tool_call>\nSorry.', [],
+         "unbalanced"),
+    case("hermes3", "<tool_call> is the tag; <tool_call without a bracket and <b>html</b>.",
+         "<tool_call> is the tag; <tool_call without a bracket and <b>html</b>.", [], "marker-in-prose"),
+    case("hermes3", "  The capital of France is Paris.\n", "The capital of France is Paris.", [], "no-calls"),
+    case("hermes3", "", None, [], "empty"),
+    case("hermes3", f"\n\n{hermes('get_weather', UNICODE)}\n\n", None, [("get_weather", UNICODE)], "unicode"),
+    case("hermes3", hermes("search", TRICKY), None, [("search", TRICKY)], "tricky-strings"),
+    case("hermes3", hermes("f", '"{\\"a\\": [1, 2]}"'), None, [("f", '{"a": [1, 2]}')], "arguments-as-string"),
+    case("hermes3", hermes("f", '"hello"'), hermes("f", '"hello"'), [], "arguments-string-not-object"),
+    case("hermes3", '<tool_call>\n{"name": "get_weather", "arguments": {\n    "location": "Paris"\n}}\n</tool_call>',
+         None, [("get_weather", '{\n    "location": "Paris"\n}')], "guided-layout"),
+
+    case("llama3", f'{{"name": "get_weather", "parameters": {WEATHER}}}', None, [("get_weather", WEATHER)], "one"),
+    case("llama3", f'<|python_tag|>{{"name": "get_weather", "parameters": {WEATHER}}}', None,
+         [("get_weather", WEATHER)], "python-tag"),
+    case("llama3", f'\n {{"name": "get_weather", "parameters": {WEATHER}}}; {{"name": "get_time", "parameters": '
+         f"{TIME_UTC}}}", None, [("get_weather", WEATHER), ("get_time", TIME_UTC)], "two"),
+    case("llama3", '{"name": "a", "arguments": {}}\n{"name": "b", "parameters": {}}', None,
+         [("a", "{}"), ("b", "{}")], "newline-separated-arguments-key"),
+    case("llama3", '{"name": "get_time", "parameters": {}}\n\nI have called the tool.', "I have called the tool.",
+         [("get_time", "{}")], "text-after"),
+    case("llama3", 'Sure! {"name": "get_time", "parameters": {}}', 'Sure! {"name": "get_time", "parameters": {}}',
+         [], "text-before-is-content"),
+    case("llama3", '{"answer": 42}', '{"answer": 42}', [], "json-not-a-call"),
+    case("llama3", '{"name": "get_time", "parameters": {]}', '{"name": "get_time", "parameters": {]}', [],
+         "bad-json"),
+    case("llama3", '<|python_tag|>{"name": "get_weather", "parameters": {"location": "Par',
+         '<|python_tag|>{"name": "get_weather", "parameters": {"location": "Par', [], "truncated"),
+    case("llama3", '{"name": "a", "parameters": {}}; {"name": 5}', '; {"name": 5}', [("a", "{}")],
+         "good-then-bad"),
+    case("llama3", '{"name": "a", "parameters": {}} ;\n', None, [("a", "{}")], "dangling-separator"),
+    case("llama3", "Hello there. <|python_tag|> is a token.", "Hello there. <|python_tag|> is a token.", [],
+         "no-calls"),
+    case("llama3", "<|python", "<|python", [], "cut-tag"),
+    case("llama3", f'{{"name": "get_weather", "parameters": {UNICODE}}}', None, [("get_weather", UNICODE)],
+         "unicode"),
+    case("llama3", f'{{"name": "search", "parameters": {TRICKY}}}', None, [("search", TRICKY)], "tricky-strings"),
+
+    case("phi4", f'functools[{{"name": "get_weather", "arguments": {WEATHER}}}]', None, [("get_weather", WEATHER)],
+         "one"),
+    case("phi4", f'Let me look that up.\nfunctools[{{"name": "get_weather", "arguments": {WEATHER}}}, '
+         f'{{"name": "get_time", "arguments": {TIME_UTC}}}]', "Let me look that up.",
+         [("get_weather", WEATHER), ("get_time", TIME_UTC)], "two-after-text"),
+    case("phi4", 'functools[{"name": "get_time", "arguments": {}}] Hope that helps.', "Hope that helps.",
+         [("get_time", "{}")], "text-after"),
+    case("phi4", 'functools[{"arguments": {}}]', 'functools[{"arguments": {}}]', [], "no-name"),
+    case("phi4", 'functools[{"name": "a", "arguments": {}}, 7]', 'functools[{"name": "a", "arguments": {}}, 7]', [],
+         "one-element-not-a-call"),
+    case("phi4", "functools[]", "functools[]", [], "empty-list"),
+    case("phi4", 'functools[{"name": "get_weather", "arguments": {"location"',
+         'functools[{"name": "get_weather", "arguments": {"location"', [], "truncated"),
+    case("phi4", "Python's functools module has partial().", "Python's functools module has partial().", [],
+         "no-calls"),
+    case("phi4", f'functools [{{"name": "get_weather", "arguments": {UNICODE}}}]', None,
+         [("get_weather", UNICODE)], "unicode-space"),
+    case("phi4", f'functools[{{"name": "search", "arguments": {TRICKY}}}]', None, [("search", TRICKY)],
+         "tricky-strings"),
+
+    case("mistral", f'[TOOL_CALLS][{{"name": "get_weather", "arguments": {WEATHER}}}]', None,
+         [("get_weather", WEATHER)], "one"),
+    case("mistral", f'[TOOL_CALLS] [{{"name": "get_weather", "arguments": {WEATHER}}}, {{"name": "get_time", '
+         f'"arguments": {TIME_UTC}, "id": "a1B2c3D4e"}}]', None, [("get_weather", WEATHER), ("get_time", TIME_UTC)],
+         "two-space-id"),
+    case("mistral", f"[TOOL_CALLS]get_weather[ARGS]{WEATHER}", None, [("get_weather", WEATHER)], "args-form"),
+    case("mistral", f"Sure.[TOOL_CALLS]get_weather[ARGS]{WEATHER}[TOOL_CALLS]get_time[ARGS]{TIME_UTC}", "Sure.",
+         [("get_weather", WEATHER), ("get_time", TIME_UTC)], "args-form-repeated"),
+    case("mistral", '[TOOL_CALLS]get_weather[ARGS]{"location": Paris}', '[TOOL_CALLS]get_weather[ARGS]{"location": '
+         "Paris}", [], "args-form-bad-json"),
+    case("mistral", "[TOOL_CALLS]get_wea", "[TOOL_CALLS]get_wea", [], "args-form-truncated"),
+    case("mistral", "[TOOL_CALLS]hello world [ARGS", "[TOOL_CALLS]hello world [ARGS", [], "name-without-args"),
+    case("mistral", '[TOOL_CALLS][{"name": "get_weather", "arguments": {"loc',
+         '[TOOL_CALLS][{"name": "get_weather", "arguments": {"loc', [], "list-truncated"),
+    case("mistral", "No tools needed: [TOOL_CALL] is not it.", "No tools needed: [TOOL_CALL] is not it.", [],
+         "no-calls"),
+    case("mistral", f"[TOOL_CALLS]get_weather[ARGS]{UNICODE}", None, [("get_weather", UNICODE)], "unicode"),
+    case("mistral", f'[TOOL_CALLS][{{"name": "search", "arguments": {TRICKY}}}]', None, [("search", TRICKY)],
+         "tricky-strings"),
+    case("mistral", f"[TOOL_CALLS]search[ARGS] {TRICKY}", None, [("search", TRICKY)], "args-form-tricky"),
+]
+
+
+@pytest.mark.parametrize(("parser", "text", "content", "calls"), TOOL_CASES)
+def test_tool_parser_whole_and_streamed(parser: str, text: str, content: str | None, calls: list[Call]) -> None:
+    kind = TOOL_PARSERS[parser]
+    whole_content, whole_calls = kind().parse(text)
+    assert (whole_content, [(call.name, call.arguments) for call in whole_calls]) == (content, calls)
+    assert all(isinstance(json.loads(arguments), dict) for _, arguments in calls)
+    check_streaming(kind, text, (content, None, calls))
+
+
+REASONING_CASES = [
+    (False, "<think>\nThe user greets me.\n</think>\n\nHello! How can I help?", "The user greets me.",
+     "Hello! How can I help?"),
+    (True, "The user greets me.\n</think>\n\nHello!", "The user greets me.", "Hello!"),
+    (False, "Hello without thinking.", None, "Hello without thinking."),
+    (False, "<think>\nLet me count: 1, 2, 3", "Let me count: 1, 2, 3", None),
+    (True, "Thinking that never ends </thin", "Thinking that never ends </thin", None),
+    (False, "<think>\n\n</think>\n\nHi", None, "Hi"),
+    (False, "\n <think>a < b </ c</think>answer", "a < b </ c", "answer"),
+    (False, "<this is not a tag> </think>", None, "<this is not a tag> </think>"),
+    (False, "Answer first <think>then this</think>", None, "Answer first <think>then this</think>"),
+    (False, "<thi", None, "<thi"),
+    (False, "", None, None),
+]
+
+
+@pytest.mark.parametrize(("opened", "text", "reasoning", "content"), REASONING_CASES)
+def test_qwen3_whole_and_streamed(opened: bool, text: str, reasoning: str | None, content: str | None) -> None:
+    assert Qwen3ReasoningParser(opened).parse(text) == (reasoning, content)
+    check_streaming(lambda: Qwen3ReasoningParser(opened), text, (content, reasoning, []))
+
+
+THINK_WITH_CALL = ("I need the weather. The format is <tool_call>\n{\"name\": \"get_weather\", \"arguments\": {}}\n"
+                   "</tool_call>, so I write that.")
+OUTPUT_CASES = [
+    ("qwen3", "hermes3", "<|im_start|>assistant\n",
+     f"<think>\n{THINK_WITH_CALL}\n</think>\n\n{hermes('get_weather', WEATHER)}",
+     (None, THINK_WITH_CALL, [("get_weather", WEATHER)])),
+    ("qwen3", "hermes3", "<|im_start|>assistant\n<think>\n",
+     f"{THINK_WITH_CALL}\n</think>\n\nLet me check.\n{hermes('get_weather', WEATHER)}",
+     ("Let me check.", THINK_WITH_CALL, [("get_weather", WEATHER)])),
+    ("qwen3", "hermes3", "<|im_start|>assistant\n", f"<think>\n{THINK_WITH_CALL}", (None, THINK_WITH_CALL, [])),
+    ("qwen3", "hermes3", "<|im_start|>assistant\n<think>\n\n</think>\n\n", hermes("get_time", "{}"),
+     (None, None, [("get_time", "{}")])),
+    ("qwen3", None, "", "<think>\nhmm\n</think>\n\n  Paris.  ", ("Paris.", "hmm", [])),
+    (None, "hermes3", "", f"ok {hermes('get_time', '{}')}", ("ok", None, [("get_time", "{}")])),
+    (None, None, "", "  untouched \n", ("  untouched \n", None, [])),
+]
+
+
+@pytest.mark.parametrize(("reasoning_parser", "tool_parser", "prompt", "text", "expected"), OUTPUT_CASES)
+def test_output_parser_whole_and_streamed(reasoning_parser: str | None, tool_parser: str | None, prompt: str,
+                                          text: str, expected: Answer) -> None:
+    whole = output_parser(tool_parser, reasoning_parser, prompt).parse(text)
+    content, reasoning, calls = expected
+    assert (whole.content, whole.reasoning, [(call.name, call.arguments) for call in whole.tool_calls]) == expected
+    check_streaming(lambda: output_parser(tool_parser, reasoning_parser, prompt), text, (content, reasoning, calls))
+
+
+def test_content_streams_at_once_and_markers_are_held_back() -> None:
+    parser = Hermes3ToolParser()
+    assert parser.feed("Let me check. <tool").content == "Let me check."
+    assert parser.feed("_call>\n").content == ""
+    delta = parser.feed('{"name": "get_time", "arguments": {}}\n</tool_call>')
+    assert [(call.index, call.name, call.arguments) for call in delta.tool_calls] == [(0, "get_time", "{}")]
+    assert parser.feed("\n<tool").content == ""
+    assert parser.feed("box> is").content == " \n<toolbox> is"  # the space held back after "check."
+    assert not parser.finish()
+
+
+def test_calls_and_reasoning_are_sent_before_the_end() -> None:
+    parser = OutputParser(Qwen3ReasoningParser(), Llama3ToolParser())
+    assert parser.feed("<think>\nwhich").reasoning == "which"
+    assert parser.feed(" tool\n</think>\n").reasoning == " tool"
+    delta = parser.feed('{"name": "get_time", "parameters": {}}; ')
+    assert delta.tool_calls == [ToolCallDelta(0, delta.tool_calls[0].id, "get_time", "{}")]
+    assert parser.finish() == ParsedDelta()
+
+
+PIECES = ["<tool_call>", "</tool_call>", "\n", " ", "{", "}", "[", "]", '"', "\\", ";", ",", "functools",
+          '{"name": "f", "arguments": {"a": "}"}}', '{"name": "g", "parameters": {}}',
+          '[{"name": "h", "arguments": {}}]', "[TOOL_CALLS]",
+          "get", "[ARGS]", "<|python_tag|>", "<think>", "</think>", "hello", "é", "</"]
+
+
+def test_random_outputs_stream_like_whole() -> None:
+    """Marker and JSON fragments glued at random: whatever the parsers make of them, streaming must agree."""
+    rng = random.Random(7)
+    for _ in range(150):
+        text = "".join(rng.choice(PIECES) for _ in range(rng.randint(0, 10)))
+        cut = rng.randint(0, len(text))
+        for kind in TOOL_PARSERS.values():
+            for forced, length in ((False, False), (False, True), (True, True)):
+                content, calls = kind(forced).parse(text, length)
+                expected = (content, None, [(call.name, call.arguments) for call in calls])
+                assert (streamed(kind(forced), [text[:cut], text[cut:]], length) == expected
+                        == streamed(kind(forced), list(text), length)), text
+        whole = output_parser("hermes3", "qwen3").parse(text)
+        expected = (whole.content, whole.reasoning, [(call.name, call.arguments) for call in whole.tool_calls])
+        assert streamed(output_parser("hermes3", "qwen3"), list(text)) == expected, text
+
+
+def test_json_scanner_resumes_where_it_stopped() -> None:
+    text = f"{TRICKY} and more"
+    scanner = JsonScanner()
+    for cut in range(1, len(text) + 1):
+        assert scanner.end(text[:cut], 0, "{") == (len(TRICKY) if cut >= len(TRICKY) else None), cut
+    assert JsonScanner().end(" {}", 1, "[") == NOT_JSON
+    assert JsonScanner().end(r'x["\\"]', 1, "[") == 7  # an escaped backslash does not escape the quote
+    assert JsonScanner().end(r'x["\"]', 1, "[") is None  # an escaped quote does not end the string
+
+
+def test_parsed_delta_truth() -> None:
+    assert not ParsedDelta()
+    assert ParsedDelta(reasoning="x") and ParsedDelta(content="x") and ParsedDelta(tool_calls=[ToolCallDelta(0)])
+
+
+def test_qwen3_opens() -> None:
+    assert Qwen3ReasoningParser.opens("<|im_start|>assistant\n<think>\n")
+    assert Qwen3ReasoningParser.opens("<think>")
+    assert not Qwen3ReasoningParser.opens("<|im_start|>assistant\n<think>\n\n</think>\n\n")
+    assert not Qwen3ReasoningParser.opens("<|im_start|>assistant\n")
+    assert not Qwen3ReasoningParser.opens("<think> and then text")
+
+
+def test_registries() -> None:
+    assert set(TOOL_PARSERS) == {"hermes3", "llama3", "phi4", "mistral"}
+    assert set(REASONING_PARSERS) == {"qwen3"}
+    assert all(kind.name == name for name, kind in {**TOOL_PARSERS, **REASONING_PARSERS}.items())
+
+
+TOOLS = [
+    Function("get_weather", {"type": "object", "properties": {"location": {"type": "string"},
+                                                              "unit": {"enum": ["celsius", "fahrenheit"]}},
+                             "required": ["location"]}),
+    Function("search_docs", {"type": "object", "properties": {"query": {"type": "string"},
+                                                              "filters": {"type": "object"}}}),
+    Function("ping"),
+]
+INSTANCES = [{"location": "Zürich", "unit": "celsius"}, {"query": "a [b] {c} \"d\"", "filters": {"tags": ["x"]}},
+             {}]
+SEPARATOR = {"hermes3": "\n", "llama3": "; ", "phi4": "", "mistral": ""}  # what a model writes between calls
+
+
+@pytest.mark.parametrize("parser", sorted(TOOL_PARSERS))
+@pytest.mark.parametrize("parallel", [False, True])
+def test_auto_guidance_triggers_calls_in_free_text(parser: str, parallel: bool) -> None:
+    tree = TOOL_PARSERS[parser]().guided(TOOLS, False, parallel)
+    spec = tree["triggered_tags"]
+    assert (spec["at_least_one"], spec["stop_after_first"]) == (False, not parallel)
+    assert len(spec["tags"]) == len(TOOLS)
+    for tool, node in zip(TOOLS, spec["tags"], strict=True):
+        assert any(node["tag"]["begin"].startswith(trigger) for trigger in spec["triggers"])
+        assert json.dumps(tool.name) in node["tag"]["begin"]
+        assert node["tag"]["content"] == json_schema(tool.parameters)
+    assert json.loads(json.dumps(tree)) == tree
+
+
+def calls_only(tree: dict) -> dict:
+    """The tags_with_separator node of a forced tree (inside the list's tag for list formats)."""
+    if "tag" in tree:
+        return tree["tag"]["content"]["tags_with_separator"]
+    return tree["tags_with_separator"]
+
+
+@pytest.mark.parametrize("parser", sorted(TOOL_PARSERS))
+@pytest.mark.parametrize("parallel", [False, True])
+def test_forced_guidance_is_the_calls_and_nothing_else(parser: str, parallel: bool) -> None:
+    """No trigger, no free text: the grammar is exactly the call(s), so it ends, and with it the generation."""
+    tree = TOOL_PARSERS[parser]().guided(TOOLS, True, parallel)
+    assert "triggered_tags" not in json.dumps(tree)
+    spec = calls_only(tree)
+    assert (spec["at_least_one"], spec["stop_after_first"]) == (True, not parallel)
+    assert [node["tag"]["content"] for node in spec["tags"]] == [json_schema(tool.parameters) for tool in TOOLS]
+
+
+def written(node: dict, arguments: list[str]) -> str:
+    """What a model writes under a forced tree, calling the tools in order with these arguments."""
+    if "tags_with_separator" in node:
+        spec = node["tags_with_separator"]
+        tags = spec["tags"][: 1 if spec["stop_after_first"] else len(arguments)]
+        return spec["separator"].join(written(tag, arguments) for tag in tags)
+    begin, content, end = node["tag"]["begin"], node["tag"]["content"], node["tag"]["end"]
+    inner = arguments.pop(0) if "json_schema" in content else written(content, arguments)
+    return begin + inner + end
+
+
+@pytest.mark.parametrize("parser", sorted(TOOL_PARSERS))
+@pytest.mark.parametrize("parallel", [False, True])
+def test_forced_output_parses_back_to_the_calls_alone(parser: str, parallel: bool) -> None:
+    kind = TOOL_PARSERS[parser]
+    arguments = [json.dumps(instance, indent=4, ensure_ascii=False) for instance in INSTANCES]
+    text = written(kind().guided(TOOLS, True, parallel), list(arguments))
+    count = len(TOOLS) if parallel else 1
+    expected = [(tool.name, args) for tool, args in zip(TOOLS[:count], arguments[:count], strict=True)]
+    content, calls = kind(forced=True).parse(text)
+    assert (content, [(call.name, call.arguments) for call in calls]) == (None, expected)
+    check_streaming(lambda: kind(forced=True), text, (None, None, expected))
+
+
+@pytest.mark.parametrize("parser", sorted(TOOL_PARSERS))
+def test_auto_guided_tags_parse_back(parser: str) -> None:
+    kind = TOOL_PARSERS[parser]
+    tags = [node["tag"] for node in kind().guided(TOOLS, False, True)["triggered_tags"]["tags"]]
+    written_args = [json.dumps(instance, indent=4, ensure_ascii=False) for instance in INSTANCES]
+    texts = [tag["begin"] + arguments + tag["end"] for tag, arguments in zip(tags, written_args, strict=True)]
+    expected = (None, None, [(tool.name, arguments) for tool, arguments in zip(TOOLS, written_args, strict=True)])
+    check_streaming(kind, SEPARATOR[parser].join(texts), expected)
+
+
+CUT_CASES = [  # (parser, forced, output cut by the token limit, content, calls)
+    ("hermes3", True, "<", None, []),
+    ("hermes3", True, '<tool_call>\n{"name": "get_weather", "arguments": {"loc', None, []),
+    ("hermes3", True, f"{hermes('get_time', TIME_UTC)}\n<tool_call>\n{{", None, [("get_time", TIME_UTC)]),
+    ("hermes3", False, "Sure. <tool_", "Sure.", []),
+    ("hermes3", False, 'Checking.\n<tool_call>\n{"name": "get_weather", "arguments": {"location": "Par',
+     "Checking.", []),
+    ("hermes3", False, '<tool_call>\n{"arguments": {}} and', '<tool_call>\n{"arguments": {}} and', []),
+    ("hermes3", False, "Plain text cut mid-wor", "Plain text cut mid-wor", []),
+    ("llama3", True, '{"name": "get_weather", "parameters": {"loc', None, []),
+    ("llama3", False, '<|python_tag|>{"name": "get_weather", "parameters": {"location": "Par', None, []),
+    ("llama3", False, '{"na', None, []),
+    ("llama3", False, '{"answer": 4', '{"answer": 4', []),
+    ("llama3", False, '{"name": "a", "parameters": {}}; {"name": "b", "param', None, [("a", "{}")]),
+    ("llama3", False, "Hello", "Hello", []),
+    ("phi4", True, "functools[", None, []),
+    ("phi4", False, 'Let me look.\nfunctools[{"name"', "Let me look.", []),
+    ("phi4", False, "Python's functoo", "Python's", []),
+    ("mistral", True, '[TOOL_CALLS][{"name": "get_time", "arguments": {}}, {"na', None, []),
+    ("mistral", False, "Sure.[TOOL_CALLS]get_wea", "Sure.", []),
+    ("mistral", False, "Sure. [TOOL_C", "Sure.", []),
+]
+
+
+@pytest.mark.parametrize(("parser", "forced", "text", "content", "calls"), CUT_CASES)
+def test_output_cut_by_the_token_limit_never_shows_call_markup(parser: str, forced: bool, text: str,
+                                                             content: str | None, calls: list[Call]) -> None:
+    kind = TOOL_PARSERS[parser]
+    whole_content, whole_calls = kind(forced).parse(text, cut=True)
+    assert (whole_content, [(call.name, call.arguments) for call in whole_calls]) == (content, calls)
+    check_streaming(lambda: kind(forced), text, (content, None, calls), cut=True)
+
+
+def test_a_forced_answer_has_no_content_even_when_it_ends_early() -> None:
+    """Ended by a stop string, say: what is not a complete call is dropped, never content."""
+    text = f"{hermes('get_time', TIME_UTC)}\n<tool_call>\n{{\"name\": \"get_wea"
+    assert Hermes3ToolParser(forced=True).parse(text)[0] is None
+    assert Hermes3ToolParser().parse(text)[0] == '<tool_call>\n{"name": "get_wea'
+    check_streaming(lambda: Hermes3ToolParser(forced=True), text, (None, None, [("get_time", TIME_UTC)]))
+
+
+def test_output_parser_passes_cut_and_forced_to_the_tool_parser() -> None:
+    parser = output_parser("hermes3", "qwen3", "", forced=True)
+    whole = parser.parse("<think>\nhm\n</think>\n\n<tool_ca", cut=True)
+    assert (whole.content, whole.reasoning, whole.tool_calls) == (None, "hm", [])
+    check_streaming(lambda: output_parser("hermes3", "qwen3", "", forced=False), "<think>\nhm\n</think>\n\n<tool_ca",
+                    (None, "hm", []), cut=True)
+
+
+def test_guided_needs_tools() -> None:
+    with pytest.raises(ValueError):
+        Hermes3ToolParser().guided([], required=True, parallel=False)
+
+
+def test_mistral_call_ids_are_what_its_templates_accept() -> None:
+    _, calls = MistralToolParser().parse('[TOOL_CALLS][{"name": "f", "arguments": {}}]')
+    assert len(calls[0].id) == 9 and calls[0].id.isalnum()
+    _, calls = Hermes3ToolParser().parse('<tool_call>\n{"name": "f", "arguments": {}}\n</tool_call>')
+    assert calls[0].id.startswith("call_")

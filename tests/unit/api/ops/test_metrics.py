@@ -1,0 +1,44 @@
+"""api/ops/metrics.py: what a finished request adds, and a retired model's series going and coming back."""
+from __future__ import annotations
+
+from prometheus_client import generate_latest
+
+from api.ops.metrics import Metrics, Record
+from common.keys import Keys
+
+
+def metrics() -> Metrics:
+    return Metrics(None, Keys("ovq"), worker_ttl_s=15)  # type: ignore[arg-type]  # no Redis: nothing is served
+
+
+def finished(model: str, completion: int) -> Record:
+    record = Record("/v3/chat/completions", model=model, device="CPU", completion_tokens=completion,
+                    prompt_tokens=3, ttft_ms=20.0, queue_ms=1.0)
+    record.itl_ms = 2.0
+    return record
+
+
+def sample(m: Metrics, name: str, model: str) -> float | None:
+    return m.registry.get_sample_value(name, {"model": model, "device": "CPU"})
+
+
+def test_a_finished_request_counts_into_its_models_series() -> None:
+    m = metrics()
+    m.finish(finished("a", 5))
+    m.finish(finished("a", 7))
+    m.finish(finished("b", 1))
+    assert sample(m, "ovq_generation_tokens_total", "a") == 12
+    assert sample(m, "ovq_prompt_tokens_total", "a") == 6
+    assert sample(m, "ovq_time_to_first_token_seconds_count", "a") == 2
+    assert sample(m, "ovq_inter_token_latency_seconds_sum", "a") == 0.004
+    assert sample(m, "ovq_generation_tokens_total", "b") == 1
+
+
+async def test_a_retired_models_series_go_and_a_later_request_brings_them_back() -> None:
+    m = metrics()
+    m.finish(finished("a", 5))
+    await m.render({})  # "a" is no longer announced
+    assert b'model="a"' not in generate_latest(m.registry)
+    m.finish(finished("a", 4))  # served again: counted from zero, in series the registry exports
+    assert sample(m, "ovq_generation_tokens_total", "a") == 4
+    assert sample(m, "ovq_queue_time_seconds_count", "a") == 1

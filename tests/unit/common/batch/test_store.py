@@ -1,0 +1,85 @@
+"""A batch's record in Redis (Lua on the real redis-server): the lease, exactly-once answers, cancel, the end."""
+from __future__ import annotations
+
+import time
+
+import pytest
+import redis.asyncio as aioredis
+
+from common.batch.store import Batches, BatchState, result_file_id, window_seconds
+from common.keys import Keys
+from common.settings import Settings
+
+
+@pytest.fixture()
+async def batches(redis_url: str):
+    redis = aioredis.Redis.from_url(redis_url)
+    yield Batches(redis, Keys(f"batches{time.time_ns()}"), Settings(batch_lease_s=5))
+    await redis.aclose()
+
+
+def state(batch_id: str = "batch_1") -> BatchState:
+    now = int(time.time())
+    return BatchState(id=batch_id, endpoint="/v1/chat/completions", input_file_id="file-1", completion_window="24h",
+                      created_at=now, expires_at=now + 86400, metadata={"a": "b"}, model="m")
+
+
+async def test_the_record_round_trips_and_lists_newest_first(batches: Batches) -> None:
+    now = int(time.time())
+    for i in range(3):
+        await batches.create(state(f"batch_{i}").model_copy(update={"created_at": now + i}))
+    assert (await batches.get("batch_1")) == state("batch_1").model_copy(update={"created_at": now + 1})
+    page, more = await batches.page(None, 2)
+    assert [s.id for s in page] == ["batch_2", "batch_1"] and more
+    page, more = await batches.page("batch_1", 2)
+    assert [s.id for s in page] == ["batch_0"] and not more
+    assert 0 < await batches.redis.ttl(batches.keys.batch("batch_1"))
+
+
+async def test_one_runner_holds_the_lease_and_only_it_writes(batches: Batches) -> None:
+    await batches.create(state())
+    assert await batches.acquire("batch_1", "a")
+    assert not await batches.acquire("batch_1", "b")
+    assert await batches.renew("batch_1", "a") and not await batches.renew("batch_1", "b")
+    assert await batches.update("batch_1", "b", ("validating",), status="in_progress") == ""
+    assert await batches.update("batch_1", "a", ("validating",), status="in_progress", total=3) == "in_progress"
+    assert await batches.update("batch_1", "a", ("validating",), status="failed") == "in_progress"
+    s = state()
+    assert await batches.record(s, "a", "x", b'{"n": 1}', True, 5, 7) == 1
+    assert await batches.record(s, "a", "x", b'{"n": 2}', False, 5, 7) == 0  # answered once, whoever asks again
+    assert await batches.record(s, "b", "y", b"{}", True, 1, 1) == -1  # not the lease holder: nothing written
+    assert await batches.lines("batch_1", ["x", "y"]) == [b'{"n": 1}', None]
+    assert 0 < await batches.redis.ttl(batches.keys.batch_done("batch_1"))  # the batch's own TTL
+    got = await batches.get("batch_1")
+    assert got and (got.total, got.completed, got.failed, got.input_tokens, got.output_tokens) == (3, 1, 0, 5, 7)
+    counters = await batches.redis.hgetall(batches.keys.batch_stats("m"))
+    assert counters == {b"completed": b"1"}
+    await batches.release("batch_1", "b")
+    assert not await batches.acquire("batch_1", "c")  # only the holder releases
+    assert await batches.end("batch_1", "a", "completed", completed_at=1, output_file_id="file-o")
+    got = await batches.get("batch_1")
+    assert got and (got.status, got.output_file_id, got.in_flight) == ("completed", "file-o", 0)
+    assert not await batches.redis.exists(batches.keys.batch_done("batch_1"), batches.keys.batch_lease("batch_1"))
+    assert await batches.redis.zrange(batches.keys.active_batches, 0, -1) == []
+
+
+async def test_cancel_ends_an_idle_batch_at_once_and_asks_a_running_one(batches: Batches) -> None:
+    await batches.create(state("batch_idle"))
+    assert await batches.cancel("batch_idle") == "cancelled"
+    assert await batches.cancel("batch_idle") == "cancelled"
+    assert await batches.cancel("batch_nope") == ""
+    await batches.create(state("batch_run"))
+    await batches.acquire("batch_run", "a")
+    assert await batches.cancel("batch_run") == "cancelling"
+    got = await batches.get("batch_run")
+    assert got and got.cancelling_at and got.cancelled_at is None
+    await batches.end("batch_run", "a", "completed")
+    assert await batches.cancel("batch_run") == "completed"
+
+
+def test_windows_and_result_ids() -> None:
+    assert [window_seconds(w) for w in ("24h", "3s", "2d", "90m")] == [86400, 3, 172800, 5400]
+    with pytest.raises(ValueError):
+        window_seconds("tomorrow")
+    assert result_file_id("batch_1", "output") == result_file_id("batch_1", "output") != result_file_id(
+        "batch_1", "error")

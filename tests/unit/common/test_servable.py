@@ -1,0 +1,47 @@
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from common import servable
+from common.servable import ServableType, infer_servable
+
+MODELS = Path(__file__).resolve().parents[2] / "models"
+
+
+def test_servable_type_from_directory_and_device(tmp_path: Path) -> None:
+    assert infer_servable(MODELS / "tiny-llama", "CPU") is ServableType.LM_CB
+    assert infer_servable(MODELS / "tiny-llama", "NPU") is ServableType.LM
+    assert infer_servable(MODELS / "tiny-llava", "GPU") is ServableType.VLM_CB
+    assert infer_servable(MODELS / "tiny-llava", "NPU") is ServableType.VLM
+    assert infer_servable(MODELS / "tiny-sd", "CPU") is ServableType.IMAGE
+    assert infer_servable(MODELS / "tiny-llama", "CPU", "LM") is ServableType.LM
+
+
+def test_chat_template_precedence(tmp_path: Path) -> None:
+    assert servable.chat_template(tmp_path) == servable.DEFAULT_CHAT_TEMPLATE
+    assert servable.chat_template(tmp_path, "from-tokenizer") == "from-tokenizer"
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps({"chat_template": "from-config"}))
+    assert servable.chat_template(tmp_path, "from-tokenizer") == "from-config"
+    (tmp_path / "template.jinja").write_text("from-template")
+    assert servable.chat_template(tmp_path) == "from-template"
+    (tmp_path / "chat_template.jinja").write_text("from-chat-template")
+    assert servable.chat_template(tmp_path) == "from-chat-template"
+
+
+def test_special_tokens_from_tokenizer_config(tmp_path: Path) -> None:
+    assert servable.special_tokens(tmp_path, "<b>", "<e>") == ("<b>", "<e>")
+    config = {"bos_token": {"content": "<s>"}, "eos_token": "</s>"}
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps(config))
+    assert servable.special_tokens(tmp_path) == ("<s>", "</s>")
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps({"eos_token": "</s>"}))
+    assert servable.special_tokens(tmp_path, "<b>") == ("", "</s>")
+
+
+def test_limits_and_defaults(tmp_path: Path) -> None:
+    assert servable.context_length(tmp_path) == 2048
+    assert servable.context_length(MODELS / "tiny-llama") == 2048
+    (tmp_path / "config.json").write_text(json.dumps({"text_config": {"max_position_embeddings": 77}}))
+    assert servable.context_length(tmp_path) == 77
+    (tmp_path / "generation_config.json").write_text(json.dumps({"do_sample": False, "max_new_tokens": 9}))
+    assert servable.generation_defaults(tmp_path) == {"max_tokens": 9, "temperature": 0.0}

@@ -1,0 +1,125 @@
+"""The continuous-batching engine in-process on the real default model."""
+from __future__ import annotations
+
+import threading
+from multiprocessing import Pipe
+from pathlib import Path
+
+import orjson
+import pytest
+
+from common.structured import json_schema
+from workers.engine.arrivals import ArrivalWindow
+from workers.engine.continuous import Engine, EngineSpec, _take
+
+PROMPT = "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
+
+
+@pytest.fixture(scope="module")
+def engine(model_dir: Path) -> Engine:
+    return Engine(EngineSpec(str(model_dir), "CPU", {"cache_size": 0}, {}, 8192))
+
+
+def test_structured_job_is_accepted_only_after_its_grammar_compiled(engine: Engine) -> None:
+    out: list[list] = []
+    engine.add("json", PROMPT, False, {"structured": json_schema({"type": "object"}), "max_tokens": 2}, [], None, out)
+    assert out == []  # held until the step that compiles its grammar
+    engine.step(out)
+    assert out[0] == ["json", [], "accepted", engine.requests["json"].prompt_len]
+    engine.cancel("json", out)
+
+
+def test_a_step_that_fails_names_the_jobs_added_since_the_last_good_one(model_dir: Path) -> None:
+    broken = Engine(EngineSpec(str(model_dir), "CPU", {"cache_size": 0}, {}, 8192))
+    out: list[list] = []
+    broken.add("bystander", PROMPT, False, {"max_tokens": 50, "ignore_eos": True}, [], None, out)
+    broken.step(out)
+    assert broken.added == set()
+    # Lookahead passes the JSON Schema meta-schema but not xgrammar (the API refuses it earlier too).
+    bad = {"type": "string", "pattern": "^(?=a)a+$"}
+    broken.add("culprit", PROMPT, False, {"structured": json_schema(bad), "max_tokens": 4}, [], None, out)
+    assert broken.added == {"culprit"}
+    with pytest.raises(RuntimeError, match="(?i)lookahead"):
+        broken.step(out)
+
+
+def test_end_of_sequence_is_neither_text_nor_counted_and_ends_with_stop(engine: Engine) -> None:
+    """SmolLM2 answers this in 11 tokens then EOS: with exactly 12 allowed, EOS is the last one allowed."""
+    prompt = "<|im_start|>user\nWhat is the capital of France?<|im_end|>\n<|im_start|>assistant\n"
+    finishes = {}
+    for budget in (11, 12, 13):
+        out: list[list] = []
+        engine.add(f"eos{budget}", prompt, False, {"max_tokens": budget, "temperature": 0, "logprobs": 0}, [],
+                   None, out)
+        while f"eos{budget}" in engine.requests:
+            engine.step(out)
+        updates = [u for u in out if u[0] == f"eos{budget}" and u[2] != "accepted"]
+        ids = [i for u in updates for i in u[1]]
+        logprobs = [p for u in updates for p in (u[5] or [])]
+        assert engine.eos not in ids and len(logprobs) == len(ids)
+        finishes[budget] = (updates[-1][2], len(ids))
+    assert finishes == {11: ("length", 11), 12: ("stop", 11), 13: ("stop", 11)}
+
+
+def test_a_resumed_job_goes_on_from_its_generated_ids(engine: Engine) -> None:
+    greedy = {"max_tokens": 12, "temperature": 0}
+    whole: list[list] = []
+    engine.add("whole", PROMPT, False, greedy, [], None, whole)
+    while "whole" in engine.requests:
+        engine.step(whole)
+    ids = [i for u in whole if u[2] != "accepted" for i in u[1]]
+    resumed: list[list] = []
+    engine.add("rest", PROMPT, False, greedy, [], {"generated": {"0": ids[:5]}, "done": []}, resumed)
+    while "rest" in engine.requests:
+        engine.step(resumed)
+    assert not any(u[2] == "accepted" for u in resumed)  # it was accepted on the engine that failed
+    assert ids[:5] + [i for u in resumed for i in u[1]] == ids
+    assert resumed[-1][2] == whole[-1][2]
+
+
+def test_a_plain_choices_running_updates_are_the_short_form(engine: Engine) -> None:
+    """The I/O half takes `[job, ids, None, None]` on its fast path; index and log-probabilities only when needed."""
+    out: list[list] = []
+    engine.add("plain", PROMPT, False, {"max_tokens": 4, "temperature": 0, "ignore_eos": True}, [], None, out)
+    engine.add("probs", PROMPT, False, {"max_tokens": 4, "temperature": 0, "ignore_eos": True, "logprobs": 0}, [],
+               None, out)
+    while engine.requests:
+        engine.step(out)
+    plain = [u for u in out if u[0] == "plain" and u[2] != "accepted"]
+    assert [len(u) for u in plain] == [4, 4, 4, 6] and plain[-1][2] == "length"
+    assert all(len(u) == 6 for u in out if u[0] == "probs" and u[2] != "accepted")
+
+
+
+def _running(engine: Engine, job: str) -> None:
+    out: list[list] = []
+    engine.add(job, PROMPT, False, {"max_tokens": 64, "temperature": 0, "ignore_eos": True}, [], None, out)
+    engine.step(out)
+
+
+@pytest.mark.timeout(20)
+def test_after_a_step_that_ended_jobs_the_engine_waits_for_their_replacements_and_no_longer(engine: Engine) -> None:
+    """The window is 60 s here: the test finishing at all shows the wait ended when the add came."""
+    _running(engine, "busy")
+    commands, to_engine = Pipe(duplex=False)
+    _, outputs = Pipe(duplex=False)
+    add = [["add", "next", PROMPT, False, {"max_tokens": 2}, [], None, "chat"]]
+    sender = threading.Timer(0.2, lambda: to_engine.send_bytes(orjson.dumps(add)))
+    sender.start()
+    window, out = ArrivalWindow(60.0, allowance=60.0), []
+    assert _take(commands, outputs, engine, out, window, ended=1)
+    assert out == [["next", [], "accepted", engine.requests["next"].prompt_len]]
+    assert window.allowance > 0  # it spent only what it waited
+    for job in ("busy", "next"):
+        engine.cancel(job, out)
+
+
+@pytest.mark.timeout(20)
+def test_without_an_allowance_the_engine_does_not_wait(engine: Engine) -> None:
+    _running(engine, "alone")
+    commands, to_engine = Pipe(duplex=False)  # open, silent: a wait would last its whole window
+    _, outputs = Pipe(duplex=False)
+    window = ArrivalWindow(60.0)  # nothing earned: a wait of 60 s would time the test out
+    assert _take(commands, outputs, engine, [], window, ended=1)
+    engine.cancel("alone", [])
+    to_engine.close()

@@ -1,0 +1,51 @@
+from __future__ import annotations
+
+import time
+
+import orjson
+import redis.asyncio as aioredis
+
+from common.events import Cancelled, Delta, EventBatch, batch_adapter
+from common.keys import GROUP, Keys
+from workers.queue.publisher import Outbox, Publisher
+
+KEYS = Keys("t")
+
+
+def test_outboxes_merge_in_order() -> None:
+    a, b = Outbox(), Outbox()
+    a.publish("api1", Delta(job="j", seq=1, text="a", tokens=1))
+    b.publish("api1", Delta(job="j", seq=2, text="b", tokens=1))
+    b.publish("api2", Cancelled(job="k", seq=1))
+    a.set_status("j", status="running")
+    b.set_status("j", status="done")
+    a.merge(b)
+    assert [e["seq"] for e in a.events["api1"]] == [1, 2]
+    assert a.status == {"j": {"status": "done"}}
+
+
+async def test_one_round_trip_publishes_per_reply_channel_and_acks(redis_url: str) -> None:
+    redis = aioredis.Redis.from_url(redis_url)  # a real server: the publisher's lane reads its socket itself
+    stream = KEYS.jobs(f"m{time.time_ns()}", "CPU")
+    await redis.xgroup_create(stream, GROUP, id="0", mkstream=True)
+    entry = await redis.xadd(stream, {"job": b"{}"})
+    await redis.xreadgroup(GROUP, "w", {stream: ">"})
+    pubsub = redis.pubsub()
+    await pubsub.subscribe(KEYS.events("api1"))
+    await pubsub.get_message(timeout=1)
+    publisher = Publisher(redis, KEYS, stream, job_ttl=60)
+    publisher.start()
+    outbox = Outbox()
+    outbox.publish("api1", Delta(job="j", seq=1, text="hi", tokens=1))
+    outbox.set_status("j", status="done", result={"x": 1})
+    outbox.ack(entry)
+    publisher.put(outbox)
+    await publisher.drain()
+    await publisher.stop()
+    message = await pubsub.get_message(timeout=1)
+    batch = batch_adapter.validate_json(message["data"])
+    assert isinstance(batch, EventBatch) and batch.events[0].text == "hi"
+    assert await redis.xlen(stream) == 0
+    assert orjson.loads(await redis.hget(KEYS.job("j"), "result")) == {"x": 1}
+    assert 0 < await redis.ttl(KEYS.job("j")) <= 60
+    await redis.aclose()

@@ -1,0 +1,116 @@
+"""A choice's text goes out at most once per stream interval; nothing is lost or reordered by holding it."""
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from common.events import Delta
+from common.jobs import Job, SamplingParams
+from tests.unit.workers.text.test_logprobs import Pieces, entry
+from workers.text import jobstate
+from workers.text.jobstate import RunningJob
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.fixture
+def clock(monkeypatch: pytest.MonkeyPatch) -> Clock:
+    clock = Clock()
+    monkeypatch.setattr(jobstate.time, "monotonic", clock)
+    return clock
+
+
+def job_state(interval: float, logprobs: bool = False) -> tuple[RunningJob, Pieces]:
+    job = Job(model="m", device="CPU", kind="completion", prompt="p", reply_to="r",
+              params=SamplingParams(logprobs=0 if logprobs else None))
+    stream = Pieces()
+    return RunningJob(job, b"0-0", [stream], interval=interval), stream
+
+
+def feed(state: RunningJob, stream: Pieces, token: str) -> dict[str, Any] | None:
+    stream.pieces = [len(token)]
+    return state.delta(state.choices[0], [7], token, [entry(token)] if state.choices[0].logprobs else None)
+
+
+def test_text_within_the_interval_waits_for_the_next_delta_due(clock: Clock) -> None:
+    state, stream = job_state(0.010)
+    assert feed(state, stream, "Hel")["text"] == "Hel"  # the first text never waits
+    clock.now += 0.004
+    assert feed(state, stream, "lo") is None
+    clock.now += 0.004
+    assert feed(state, stream, " wor") is None
+    clock.now += 0.004  # 12 ms since the last delta
+    sent = feed(state, stream, "ld")
+    assert (sent["text"], sent["tokens"]) == ("lo world", 3)
+    assert state.due(clock.now) == []
+
+
+def test_held_text_goes_out_when_due_even_without_new_tokens(clock: Clock) -> None:
+    state, stream = job_state(0.010)
+    feed(state, stream, "a")
+    clock.now += 0.002
+    assert feed(state, stream, "b") is None
+    assert state.due(clock.now) == []
+    clock.now += 0.010
+    (sent,) = state.due(clock.now)
+    assert sent["text"] == "b"
+    assert state.due(clock.now + 1) == []
+
+
+def test_the_end_sends_everything_held_with_its_logprobs_in_order(clock: Clock) -> None:
+    state, stream = job_state(60.0, logprobs=True)
+    deltas = [feed(state, stream, t) for t in ["x", "y", "z"]]
+    deltas.append(state.finish(state.choices[0], "length"))
+    sent = [Delta.model_validate(d) for d in deltas if d]
+    assert [d.text for d in sent] == ["x", "yz"]
+    assert [e.token for d in sent for e in d.logprobs or []] == ["x", "y", "z"]
+    assert sent[-1].finish_reason == "length" and [d.seq for d in sent] == [1, 2]
+    assert "".join(state.choices[0].text) == "xyz"
+
+
+def test_everything_held_goes_out_before_an_error(clock: Clock) -> None:
+    state, stream = job_state(60.0)
+    feed(state, stream, "a")
+    feed(state, stream, "b")
+    assert [d["text"] for d in state.due(clock.now, everything=True)] == ["b"]
+
+
+def test_interval_zero_sends_every_step(clock: Clock) -> None:
+    state, stream = job_state(0.0)
+    assert [feed(state, stream, t)["text"] for t in ["a", "b", "c"]] == ["a", "b", "c"]
+
+
+def test_more_takes_a_plain_jobs_tokens_as_delta_does(clock: Clock) -> None:
+    """The worker's fast path (`more`) and the general one (`delta`) send the same deltas."""
+    sent: dict[str, list[tuple[str, int, int] | None]] = {}
+    for way in ("delta", "more"):
+        state, stream = job_state(0.010)
+        assert state.plain
+        out = [feed(state, stream, "He")]
+        for token in ["l", "lo", " w", "or", "ld"]:
+            clock.now += 0.004
+            if way == "delta":
+                out.append(feed(state, stream, token))
+            else:
+                out.append(state.more(state.choices[0], [7], token, clock.now))
+        out.append(state.finish(state.choices[0], "length"))
+        sent[way] = [(d["text"], d["tokens"], d["seq"]) if d else None for d in out]
+        assert (state.choices[0].tokens, state.choices[0].ids) == (6, [7] * 6)
+    assert sent["more"] == sent["delta"]
+    assert [s for s in sent["more"] if s] == [("He", 1, 1), ("llo w", 3, 2), ("orld", 2, 3)]
+
+
+@pytest.mark.parametrize("params", [{"stop": ["x"]}, {"logprobs": 1}, {"n": 2}, {"skip_special_tokens": False}])
+def test_a_job_needing_more_than_text_is_not_plain(params: dict[str, Any]) -> None:
+    job = Job(model="m", device="CPU", kind="completion", prompt="p", reply_to="r", params=SamplingParams(**params))
+    streams = [Pieces() for _ in range(job.params.n)]
+    for stream in streams:
+        stream.skip = job.params.skip_special_tokens
+    assert not RunningJob(job, b"0-0", streams).plain  # type: ignore[arg-type]

@@ -1,0 +1,484 @@
+"""The engine process: owns the ContinuousBatchingPipeline; tokenizes, adds, steps, reads and cancels.
+
+`step()` holds the GIL for the whole step, so the engine runs in its own process and talks to the worker's
+I/O process over two one-way pipes (blocking `multiprocessing.Connection`s here; `workers.engine.pipe` on the I/O
+side), one frame of JSON per message:
+
+  in  (a list of commands):
+      ["add", job, prompt, add_special_tokens, sampling params, images, resume, kind]
+          images: base64 image files for vision-language models, in prompt order
+          kind: the job's ("chat" or "completion"), which names the field a refusal of the prompt points at
+          resume: null, or {"generated": {index: [ids]}, "done": [index, ...]}: the job ran on an engine that
+          failed; each unfinished choice goes on from its generated ids (prompt + ids, budget less them)
+      ["cancel", job] | ["cancel", job, index] (the I/O half ended choice `index` itself: drop it, no answer)
+      ["stop"]
+  out (an object):
+      {"u": [update, ...], "s": stats or null}
+          update: [job, new_token_ids, state, extra, index, logprobs] with state None while running, else
+          "accepted" (extra: prompt tokens) | "stop" | "length" | "cancelled" | "error" (extra: {status,
+          message, param, code}) | "prompt" (echo: the prompt's ids); `index` (choice, default 0) and
+          `logprobs` (one per id, or None) may be left off.
+          stats, after each step: [requests, scheduled requests, KV cache usage %, prompt tokens not yet
+          prefilled]: what the I/O half admits new jobs by.
+      {"broken": message, "suspects": [job, ...]}: a step failed; the pipeline refuses every later call, so
+          the process exits after this. Suspects are the jobs added since the last step that succeeded.
+      the first frame: {"ready": true} | {"ready": false, "error": message}
+
+End-of-sequence ids are never text: one that ends a choice is neither sent nor counted, and a choice GenAI
+ended with STOP is "stop" even when that id was the last one the budget allowed.
+
+Prompts are tokenized here, as `add_request(prompt)` does in-process: the engine's OpenVINO threads are warm,
+where a tokenizer in the I/O process pays a cold start on every sparse call (1-5 ms measured).
+"""
+from __future__ import annotations
+
+import logging
+import re
+import signal
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from multiprocessing.connection import Connection
+from typing import Any, TypeVar
+
+import orjson
+
+from common import heap
+from common.errors import OvqError
+from common.jobs import SamplingParams
+from workers.engine.arrivals import ArrivalWindow
+from workers.engine.generation import choice_configs, prompt_param, token_budget
+from workers.engine.prompt_length import prompt_length
+from workers.engine.structured import structured_config
+
+log = logging.getLogger("ovq.engine")
+
+# OpenVINO messages start with "Exception from <file>:<line>:" / "Check '<expr>' failed at <file>:<line>:" lines.
+_LOCATION = re.compile(r"^(Exception from \S+:\d+:|Check '.*' failed at \S+:\d+:)$")
+# xgrammar prefixes its messages with "[HH:MM:SS] /path/file.cc:123: ".
+_XGRAMMAR = re.compile(r"^\[[\d:]+\] \S+:\d+: ")
+
+
+def error_message(exc: BaseException) -> str:
+    """The first line of an OpenVINO error that says what went wrong, not where (else the first line)."""
+    lines = [line.strip() for line in str(exc).strip().splitlines() if line.strip()]
+    for line in lines:
+        if not _LOCATION.match(line):
+            return _XGRAMMAR.sub("", line)
+    return lines[0] if lines else repr(exc)
+
+
+@dataclass
+class EngineSpec:
+    path: str
+    device: str
+    scheduler: dict[str, Any]
+    plugin_config: dict[str, Any]
+    context_length: int
+    cache_eviction: dict[str, Any] | None = None
+    defaults: dict[str, Any] = field(default_factory=dict)
+    vocab_size: int | None = None
+    vision: bool = False  # a vision-language model directory: prompts come with images
+    end_ids: list[int] = field(default_factory=list)  # end-of-sequence ids: never text, never counted
+    arrival_window_ms: float = 0.0  # see workers/engine/arrivals.py
+
+
+def _scheduler_config(spec: EngineSpec) -> Any:
+    import openvino_genai as g
+
+    config = g.SchedulerConfig()
+    for name, value in spec.scheduler.items():
+        setattr(config, name, value)
+    if spec.cache_eviction:
+        eviction = dict(spec.cache_eviction)
+        mode = getattr(g.AggregationMode, eviction.pop("aggregation_mode", "SUM"))
+        config.use_cache_eviction = True
+        config.cache_eviction_config = g.CacheEvictionConfig(
+            eviction["start_size"], eviction["recent_size"], eviction["max_cache_size"], mode,
+            eviction.get("apply_rotation", False),
+        )
+    return config
+
+
+def refusal(job: str, exc: Exception) -> list[Any]:
+    """The `error` update for a job refused before it ran: ours carry their status, GenAI's are 400s."""
+    if isinstance(exc, OvqError):
+        return [job, [], "error", {"status": exc.status, **exc.body.model_dump()}]
+    return [job, [], "error", {"status": 400, "message": error_message(exc)}]
+
+
+def tokenize(tokenizer: Any, prompt: str | list[int], add_special_tokens: bool, vocab_size: int | None) -> list[int]:
+    """A prompt's ids: text through the tokenizer, ids checked against the vocabulary (a 400, not a crash)."""
+    if isinstance(prompt, str):
+        return tokenizer.encode(prompt, add_special_tokens=add_special_tokens).input_ids.data[0].tolist()
+    if vocab_size and any(not 0 <= i < vocab_size for i in prompt):
+        raise OvqError(f"prompt token ids must be in [0, {vocab_size})", param="prompt")
+    return prompt
+
+
+def image_tensor(encoded: str) -> Any:
+    """A base64 image file as the uint8 [1, H, W, 3] tensor vision pipelines take."""
+    import base64
+    import io
+
+    import numpy as np
+    import openvino as ov
+    from PIL import Image
+
+    with Image.open(io.BytesIO(base64.b64decode(encoded))) as image:
+        return ov.Tensor(np.asarray(image.convert("RGB"), dtype=np.uint8)[None])
+
+
+def _generation_config(values: dict[str, Any], eos: int | None = None) -> Any:
+    import openvino_genai as g
+
+    config = g.GenerationConfig()
+    for name, value in values.items():
+        setattr(config, name, set(value) if name in ("stop_strings", "stop_token_ids") else value)
+    if values.get("stop_token_ids") and eos is not None:  # extra stop ids, not instead of the end of sequence
+        config.stop_token_ids = {*values["stop_token_ids"], eos}
+    config.validate()
+    return config
+
+
+def end_ids(ends: frozenset[int], sampling: SamplingParams) -> frozenset[int]:
+    """The ids that end this job's answers: end of sequence (unless ignored) and the request's stop ids."""
+    return frozenset((set() if sampling.ignore_eos else ends) | set(sampling.stop_token_ids or ()))
+
+
+@dataclass
+class Request:
+    """One job in the pipeline: a handle per choice, or one handle whose beams are all the choices."""
+
+    handles: dict[int, Any]
+    budget: int
+    prompt_len: int
+    n: int
+    beam: bool
+    echo: bool
+    logprobs: bool
+    ends: frozenset[int] = frozenset()
+    generated: dict[int, int] = field(default_factory=dict)
+    prefilled: bool = False  # some choice has produced a token: its prompt no longer waits for the scheduler
+    # A trailing end-of-sequence id read but not yet sent: dropped if the choice ends there (ignore_eos goes on).
+    held: dict[int, tuple[int, float | None]] = field(default_factory=dict)
+
+
+class Engine:
+    def __init__(self, spec: EngineSpec) -> None:
+        import openvino_genai as g
+
+        self._g = g
+        self.spec = spec
+        self.pipe = g.ContinuousBatchingPipeline(spec.path, _scheduler_config(spec), spec.device, spec.plugin_config)
+        self.tokenizer = self.pipe.get_tokenizer()
+        self.requests: dict[str, Request] = {}
+        self.next_id = 0
+        self.eos = self.tokenizer.get_eos_token_id()
+        self.ends = frozenset(i for i in (*spec.end_ids, self.eos) if i is not None and i >= 0)
+        # Structured jobs added since the last step, with their prompt sizes: a grammar GenAI cannot compile
+        # breaks the step after its add_request, so their `accepted` waits for that step (a 400 stays a 400).
+        self.unstepped: dict[str, int] = {}
+        # Every job added since the last step that succeeded: the suspects if the next step fails.
+        self.added: set[str] = set()
+
+    def tokenize(self, prompt: str | list[int], add_special_tokens: bool) -> list[int]:
+        return tokenize(self.tokenizer, prompt, add_special_tokens, self.spec.vocab_size)
+
+    def add(self, job: str, prompt: str | list[int], add_special: bool, params: dict[str, Any],
+            images: list[str], resume: dict[str, Any] | None, out: list[list[Any]], kind: str = "chat") -> None:
+        try:
+            ids = self.tokenize(prompt, add_special)
+            sampling = SamplingParams.model_validate(params)
+            context = self.spec.context_length
+            length = prompt_length(self.tokenizer, prompt, add_special, ids, context)
+            budget = token_budget(sampling, self.spec.defaults, length, context, prompt_param(kind))
+            configs = [self._config(c, sampling) for c in choice_configs(sampling, self.spec.defaults, budget)]
+            tensors = [image_tensor(b) for b in images]
+            handles, generated = self._add_choices(prompt, ids, tensors, configs, resume)
+        except Exception as exc:  # a prompt or a config refused is the request's fault
+            out.append(refusal(job, exc))
+            return
+        beam = (sampling.best_of or 1) > 1
+        ends = end_ids(self.ends, sampling)
+        request = Request(handles, budget, len(ids), sampling.n, beam, sampling.echo and resume is None,
+                          sampling.logprobs is not None, frozenset(ends), generated, prefilled=resume is not None)
+        self.requests[job] = request
+        self.added.add(job)
+        if not handles:  # resumed with every choice finished already
+            self._forget(job)
+        elif sampling.structured is not None and resume is None:
+            self.unstepped[job] = len(ids)
+        elif resume is None:
+            out.append([job, [], "accepted", len(ids)])
+
+    def _add_choices(self, prompt: str | list[int], ids: list[int], images: list[Any], configs: list[Any],
+                     resume: dict[str, Any] | None) -> tuple[dict[int, Any], dict[int, int]]:
+        """One engine request per choice; a resumed choice goes on from the ids it had generated."""
+        if resume is None:
+            return {i: self._add_request(prompt, ids, images, config) for i, config in enumerate(configs)}, {}
+        if self.spec.vision or images:
+            raise OvqError("the engine restarted and a vision job cannot be continued", 500, "server_error")
+        done = set(resume.get("done", []))
+        handles, generated = {}, {}
+        for index, config in enumerate(configs):
+            if index in done:
+                continue
+            previous = list(resume.get("generated", {}).get(str(index), []))
+            config.max_new_tokens = max(config.max_new_tokens - len(previous), 1)
+            handles[index] = self._add_request(prompt, ids + previous, images, config)
+            generated[index] = len(previous)
+        return handles, generated
+
+    def _config(self, values: dict[str, Any], sampling: SamplingParams) -> Any:
+        config = _generation_config(values, self.eos)
+        if sampling.structured is not None:
+            config.structured_output_config = structured_config(sampling.structured)
+        if self.spec.plugin_config.get("prompt_lookup"):
+            # GenAI's prompt lookup needs both; these are its samples' values.
+            config.num_assistant_tokens = values.get("num_assistant_tokens") or 5
+            config.max_ngram_size = values.get("max_ngram_size") or 3
+        return config
+
+    def _add_request(self, prompt: str | list[int], ids: list[int], images: list[Any], config: Any) -> Any:
+        import numpy as np
+        import openvino as ov
+
+        self.next_id += 1
+        if self.spec.vision:
+            # Vision pipelines embed the prompt themselves (their language model takes no input_ids: ids break
+            # the step), putting the image tokens where the rendered prompt has its image tags.
+            return self.pipe.add_request(self.next_id, str(prompt), images, config)
+        return self.pipe.add_request(self.next_id, ov.Tensor(np.asarray([ids], dtype=np.int64)), config)
+
+    def cancel(self, job: str, out: list[list[Any]], index: int | None = None) -> None:
+        """Cancel a job (answered `cancelled`), or silently one choice the I/O half has finished already."""
+        request = self.requests.get(job)
+        if index is not None:
+            handle = request.handles.pop(index, None) if request is not None and not request.beam else None
+            if handle is not None:
+                handle.cancel()
+                if not request.handles:
+                    self._forget(job)
+            return
+        tokens: list[int] = []
+        if request is not None:
+            for handle in request.handles.values():
+                if handle.can_read():  # reading after cancel() raises
+                    for output in handle.read().values():
+                        tokens.extend(output.generated_ids)
+                handle.cancel()
+            self._forget(job)
+        out.append([job, [i for i in tokens if i not in request.ends] if request else [], "cancelled", None])
+
+    def step(self, out: list[list[Any]]) -> None:
+        self.pipe.step()  # raises on a broken step: `run` reports the suspects and exits
+        self.added.clear()
+        out.extend([job, [], "accepted", prompt_len] for job, prompt_len in self.unstepped.items())
+        self.unstepped.clear()
+        for job, request in list(self.requests.items()):
+            if request.beam:
+                self._read_beams(job, request, out)
+                continue
+            for index, handle in list(request.handles.items()):
+                if self._read_choice(job, request, index, handle, out) == "error":
+                    for other in request.handles.values():  # the job has failed: its other choices too
+                        other.cancel()
+                    request.handles.clear()
+                    break
+            if not request.handles:
+                self._forget(job)
+
+    def release(self) -> None:
+        """Let the scheduler free what cancelled requests hold (it does so at a step), so the pipeline is destroyed
+        clean; otherwise GenAI logs leaked KV blocks on exit."""
+        try:
+            while self.pipe.has_non_finished_requests():
+                self.pipe.step()
+        except Exception as exc:  # exiting anyway
+            log.warning("could not release the cancelled requests: %s", error_message(exc))
+
+    def stats(self) -> list[Any]:
+        metrics = self.pipe.get_metrics()
+        waiting = sum(r.prompt_len for r in self.requests.values() if not r.prefilled)
+        return [metrics.requests, metrics.scheduled_requests, round(metrics.cache_usage, 1), waiting]
+
+    def _read_choice(self, job: str, request: Request, index: int, handle: Any, out: list[list[Any]]) -> str | None:
+        g = self._g
+        tokens: list[int] = []
+        logprobs: list[float] = []
+        reason = g.GenerationFinishReason.NONE
+        if handle.can_read():
+            for output in handle.read().values():
+                tokens.extend(output.generated_ids)
+                logprobs.extend(output.generated_log_probs)
+                reason = output.finish_reason
+        if request.echo and index not in request.generated and tokens:
+            # GenAI's echo puts the prompt (with its log-probabilities) before the first generated token.
+            cut = request.prompt_len
+            out.append([job, tokens[:cut], "prompt", None, index, logprobs[:cut] if request.logprobs else None])
+            tokens, logprobs = tokens[cut:], logprobs[cut:]
+        if tokens:
+            request.prefilled = True
+        tokens, logprobs = self._hold_end(request, index, tokens, logprobs)
+        request.generated[index] = request.generated.get(index, 0) + len(tokens)
+        status = handle.get_status()
+        finish, extra = None, None
+        if status != g.GenerationStatus.RUNNING and not handle.can_read():
+            del request.handles[index]
+            finish = self._finish(request, index, status, reason)
+            if finish == "error":
+                extra = {"status": 500, "message": "the request did not fit in the KV cache; raise cache_size"}
+        if tokens and finish is None and not index and not request.logprobs:
+            out.append([job, tokens, None, None])  # the usual update, short: the I/O half's fast path takes it
+        elif tokens or finish:
+            out.append([job, tokens, finish, extra, index, logprobs if request.logprobs else None])
+        return finish
+
+    @staticmethod
+    def _hold_end(request: Request, index: int, tokens: list[int],
+                  logprobs: list[float]) -> tuple[list[int], list[float]]:
+        """Send an end-of-sequence id only once generation goes on after it (ignore_eos): if the choice ends
+        there, it is neither text nor counted."""
+        held = request.held.pop(index, None)
+        if held is not None and tokens:
+            tokens, logprobs = [held[0], *tokens], ([held[1], *logprobs] if logprobs else logprobs)
+        elif held is not None:
+            request.held[index] = held
+        if tokens and tokens[-1] in request.ends:
+            request.held[index] = (tokens[-1], logprobs[-1] if logprobs else None)
+            tokens, logprobs = tokens[:-1], logprobs[:-1]
+        return tokens, logprobs
+
+    def _read_beams(self, job: str, request: Request, out: list[list[Any]]) -> None:
+        """Beam search hands out its beams when it ends: the `n` best, by score, are the choices."""
+        g = self._g
+        handle = request.handles[0]
+        status = handle.get_status()
+        if status == g.GenerationStatus.RUNNING:
+            return
+        outputs = list(handle.read().values()) if handle.can_read() else []
+        self._forget(job)
+        if status != g.GenerationStatus.FINISHED or not outputs:
+            out.append([job, [], "error", {"status": 500, "message": "beam search did not finish"}])
+            return
+        best = sorted(outputs, key=lambda o: o.score, reverse=True)[: request.n]
+        for index, output in enumerate(best):
+            ids = list(output.generated_ids)
+            logprobs = list(output.generated_log_probs) if request.logprobs else None
+            ended = bool(ids) and ids[-1] in request.ends
+            if ended:
+                ids, logprobs = ids[:-1], (logprobs[:-1] if logprobs else logprobs)
+            reached = not ended and (output.finish_reason == g.GenerationFinishReason.LENGTH
+                                     or len(ids) >= request.budget)
+            out.append([job, ids, "length" if reached else "stop", None, index, logprobs])
+
+    def _finish(self, request: Request, index: int, status: Any, reason: Any) -> str:
+        g = self._g
+        if status == g.GenerationStatus.IGNORED:
+            return "error"
+        if status in (g.GenerationStatus.CANCEL, g.GenerationStatus.STOP):
+            return "cancelled"
+        if reason == g.GenerationFinishReason.STOP:
+            return "stop"  # an end id or stop string ended it, also when it was the last token allowed
+        if reason == g.GenerationFinishReason.LENGTH or request.generated.get(index, 0) >= request.budget:
+            return "length"
+        return "stop"
+
+    def _forget(self, job: str) -> None:
+        self.requests.pop(job, None)
+        self.unstepped.pop(job, None)
+
+
+E = TypeVar("E")
+
+
+def handshake(outputs: Connection, factory: Callable[[], E]) -> E | None:
+    """Build the engine and tell the I/O half it is ready, or why not (a device that cannot open)."""
+    # The I/O half decides when the engine stops (after draining): a terminal's Ctrl-C or a Procfile runner's
+    # SIGTERM to the whole group is for it, not for us. It stops us through the pipe, or we see it close.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    try:
+        engine = factory()
+    except Exception as exc:
+        answer: dict[str, Any] = {"ready": False, "error": error_message(exc)}
+        engine = None
+    else:
+        answer = {"ready": True}
+        heap.settle()
+    try:
+        outputs.send_bytes(orjson.dumps(answer))
+    except OSError:  # the I/O half stopped while the model loaded: nobody to serve
+        return None
+    return engine
+
+
+def send(outputs: Connection, updates: list[list[Any]], stats: list[Any] | None = None) -> None:
+    outputs.send_bytes(orjson.dumps({"u": updates, "s": stats}))
+
+
+def _apply(engine: Engine, commands: list[list[Any]], out: list[list[Any]]) -> bool:
+    """One message's commands; False on "stop"."""
+    for command in commands:
+        if command[0] == "add":
+            engine.add(*command[1:6], command[6] if len(command) > 6 else None, out, *command[7:8])
+        elif command[0] == "cancel":
+            engine.cancel(command[1], out, command[2] if len(command) > 2 else None)
+        elif command[0] == "stop":
+            for job in list(engine.requests):
+                engine.cancel(job, out)
+            engine.release()
+            return False
+    return True
+
+
+def _take(commands: Connection, outputs: Connection, engine: Engine, out: list[list[Any]], window: ArrivalWindow,
+          ended: int) -> bool:
+    """Apply every command waiting: block for one while no job runs; after a step that ended jobs, wait (as the
+    window allows) until as many have been added. False when the engine stops (EOF or "stop")."""
+    wait = window.wait(ended) if engine.requests else 0.0
+    start = time.monotonic()
+    timeout: float | None = wait if engine.requests else None
+    added = 0
+    while commands.poll(timeout):
+        try:
+            message = orjson.loads(commands.recv_bytes())
+        except EOFError:  # the I/O half is gone: nobody to generate for
+            return False
+        if not _apply(engine, message, out):
+            send(outputs, out)
+            return False
+        added += sum(1 for command in message if command[0] == "add")
+        timeout = max(0.0, start + wait - time.monotonic()) if added < ended else 0
+    if wait:
+        window.spend(time.monotonic() - start)
+    return True
+
+
+def run(commands: Connection, outputs: Connection, spec: EngineSpec) -> None:
+    """Entry point of the engine process: take every command waiting, step, report; exit on EOF or "stop"."""
+    engine = handshake(outputs, lambda: Engine(spec))
+    if engine is None:
+        return
+    window, ended = ArrivalWindow(spec.arrival_window_ms / 1000), 0
+    while True:
+        out: list[list[Any]] = []
+        if not _take(commands, outputs, engine, out, window, ended):
+            return
+        if out:  # accepted / refused / cancelled now, not after a step that may take a second
+            send(outputs, out)
+            out = []
+        if not engine.requests:
+            continue
+        running, started = len(engine.requests), time.monotonic()
+        try:
+            engine.step(out)
+        except Exception as exc:
+            message = error_message(exc)
+            log.error("engine step failed: %s", message)
+            outputs.send_bytes(orjson.dumps({"broken": message, "suspects": sorted(engine.added)}))
+            return
+        window.earn(time.monotonic() - started)
+        ended = running - len(engine.requests)
+        send(outputs, out, engine.stats())

@@ -1,0 +1,162 @@
+"""Everything a worker tells Redis about its jobs goes through here: one pipelined round trip per batch, on
+a connection of the publisher's own (`common.redis.lane`).
+
+Batches are sent strictly in order by one task, so a job's events reach the API in sequence; when Redis is
+slower than the engine, the batches waiting are merged into one round trip.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import Counter, defaultdict
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+import redis.asyncio as aioredis
+from redis.exceptions import ResponseError
+
+from common.keys import GROUP, Keys
+from common.ops.stats import observe
+from common.redis.client import UNAVAILABLE, reason
+from common.redis.lane import Command, Lane
+from workers.queue.accounting import STATS_EVERY_S, Accounting
+
+log = logging.getLogger("ovq.publisher")
+
+
+@dataclass
+class Outbox:
+    events: dict[str, list[dict[str, Any]]] = field(default_factory=lambda: defaultdict(list))
+    status: dict[str, dict[str, Any]] = field(default_factory=dict)
+    # (stream, entry id); stream None: the worker's own (interactive) stream.
+    acks: list[tuple[str | None, bytes]] = field(default_factory=list)
+    # Counts for the model's stats window (`common/ops/stats.py` fields), added up in memory over a step.
+    stats: Counter[str] = field(default_factory=Counter)
+
+    def publish(self, reply_to: str, event: Any) -> None:
+        self.events[reply_to].append(event if type(event) is dict else event.model_dump(mode="json"))
+
+    def set_status(self, job: str, **values: Any) -> None:
+        self.status.setdefault(job, {}).update(values)
+
+    def ack(self, entry_id: bytes, stream: str | None = None) -> None:
+        self.acks.append((stream, entry_id))
+
+    def count(self, name: str, n: int = 1) -> None:
+        self.stats[name] += n
+
+    def observe(self, histogram: str, ms: float, n: int = 1) -> None:
+        observe(self.stats, histogram, ms, n)
+
+    def merge(self, other: Outbox) -> None:
+        for reply_to, events in other.events.items():
+            self.events[reply_to].extend(events)
+        for job, values in other.status.items():
+            self.set_status(job, **values)
+        self.acks.extend(other.acks)
+        self.stats.update(other.stats)
+
+    def __bool__(self) -> bool:
+        return bool(self.events or self.status or self.acks or self.stats)
+
+
+class Publisher:
+    def __init__(self, redis: aioredis.Redis, keys: Keys, stream: str, job_ttl: int,
+                 accounting: Accounting | None = None) -> None:
+        self.keys, self.stream, self.job_ttl = keys, stream, job_ttl
+        self.accounting = accounting
+        self.lane = Lane(redis)  # one round trip per engine step: no pool checkout, no pipeline object
+        self._queue: asyncio.Queue[Outbox] = asyncio.Queue()
+        self._task: asyncio.Task[None] | None = None
+        self._ticker: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._run(), name="publisher")
+        self._ticker = asyncio.create_task(self._tick(), name="publisher-stats")
+
+    def put(self, outbox: Outbox) -> None:
+        if outbox:
+            self._queue.put_nowait(outbox)
+
+    async def drain(self) -> None:
+        await self._queue.join()
+
+    async def stop(self) -> None:
+        """After the caller's (bounded) drain: the counts still pending, in one short try (Redis may be stopping
+        too: they are operators' counts, not anyone's answer), then the tasks and the connection."""
+        for task in (self._task, self._ticker):
+            if task:
+                task.cancel()
+        if self.accounting is not None and self.accounting.pending:
+            try:
+                await asyncio.wait_for(self._send(Outbox(), [], everything=True), timeout=2)
+                self.accounting.written(True)
+            except (asyncio.TimeoutError, *UNAVAILABLE) as exc:
+                log.warning("the last second's stats counts were not written (%s)", reason(exc))
+        await self.lane.close()
+
+    async def _tick(self) -> None:
+        """Counts pending on an idle worker go out within a second or so too."""
+        while True:
+            await asyncio.sleep(STATS_EVERY_S)
+            if self.accounting is not None and self._queue.empty() and self.accounting.due(time.time()):
+                self._queue.put_nowait(Outbox())
+
+    async def _run(self) -> None:
+        while True:
+            batch = await self._queue.get()
+            merged = 1
+            while not self._queue.empty():
+                batch.merge(self._queue.get_nowait())
+                merged += 1
+            try:
+                await self._send_until_sent(batch)
+            finally:
+                for _ in range(merged):
+                    self._queue.task_done()
+
+    async def _send_until_sent(self, batch: Outbox) -> None:
+        """Redis away for a moment must not lose a terminal event: retry, newest batches wait behind."""
+        failures = self.accounting.settle(batch.status, batch.stats) if self.accounting is not None else []
+        delay = 0.1
+        while True:
+            try:
+                await self._send(batch, failures)
+                if self.accounting is not None:
+                    self.accounting.written(True)
+                return
+            except UNAVAILABLE as exc:
+                if self.accounting is not None:
+                    self.accounting.written(False)
+                if not (batch.events or batch.status or batch.acks or failures):
+                    return  # only counts (the ticker's): pending again, for the next round trip
+                if delay == 0.1:
+                    log.warning("publishing to Redis failed (%s); retrying until it is back", reason(exc))
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 5.0)
+
+    async def _send(self, batch: Outbox, failures: list[bytes], everything: bool = False) -> None:
+        commands: list[Command] = []
+        for job, values in batch.status.items():
+            values["updated"] = time.time()
+            key = self.keys.job(job)
+            fields = [part for k, v in values.items() if v is not None
+                      for part in (k, v if isinstance(v, (str, int, float)) else orjson.dumps(v))]
+            commands += [["HSET", key, *fields], ["EXPIRE", key, self.job_ttl]]
+        for reply_to, events in batch.events.items():
+            commands.append(["PUBLISH", self.keys.events(reply_to), orjson.dumps({"v": 1, "events": events})])
+        by_stream: dict[str, list[bytes]] = defaultdict(list)
+        for stream, entry_id in batch.acks:
+            by_stream[stream or self.stream].append(entry_id)
+        for stream, entry_ids in by_stream.items():
+            commands += [["XACK", stream, GROUP, *entry_ids], ["XDEL", stream, *entry_ids]]
+        if self.accounting is not None:
+            self.accounting.write(commands, failures, everything)
+        if not commands:
+            return
+        for result in await self.lane.execute(commands):
+            # A command Redis refuses (NOGROUP after Redis lost its data) must not hold up the events behind it.
+            if isinstance(result, ResponseError):
+                log.warning("Redis refused a command while publishing: %s", result)

@@ -1,0 +1,66 @@
+"""The worker's view of its model directory: tokenizer, model card, generation defaults."""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from common.modelcard import ModelCard
+from common.models.config import ModelConfig
+from common.servable import (
+    chat_template,
+    context_length,
+    eos_ids,
+    generation_defaults,
+    infer_servable,
+    special_tokens,
+    vocab_size,
+)
+
+
+@dataclass
+class ServableInfo:
+    tokenizer: Any
+    card: ModelCard
+    defaults: dict[str, Any]
+    vocab_size: int | None
+    path: Path
+
+    @classmethod
+    def load(cls, path: Path, model: ModelConfig, device: str) -> ServableInfo:
+        import openvino_genai
+
+        # One inference thread: the engine process has the cores; a batched decode per step needs little.
+        tokenizer = openvino_genai.Tokenizer(str(path), INFERENCE_NUM_THREADS=1)
+        bos, eos = special_tokens(path, tokenizer.get_bos_token(), tokenizer.get_eos_token())
+        vocab = vocab_size(path)
+        card = ModelCard(
+            name=model.name,
+            device=device,
+            servable_type=infer_servable(path, device, model.pipeline_type),
+            context_length=context_length(path),
+            vocab_size=vocab,
+            max_tokens_limit=model.max_tokens_limit,
+            best_of_limit=model.best_of_limit,
+            chat_template=chat_template(path, tokenizer.chat_template, model.chat_template),
+            bos_token=bos,
+            eos_token=eos,
+            created=int(path.stat().st_mtime) if path.exists() else int(time.time()),
+            preference=model.devices.index(device) if device in model.devices else len(model.devices),
+            tool_parser=model.tool_parser,
+            reasoning_parser=model.reasoning_parser,
+            enable_tool_guided_generation=model.enable_tool_guided_generation,
+            prompt_lookup=bool(model.plugin_config.get("prompt_lookup")),
+        )
+        defaults = {**model.sampling_defaults, **generation_defaults(path)}
+        return cls(tokenizer, card, defaults, vocab, path)
+
+    def decode(self, sequences: list[list[int]], skip_special_tokens: bool = True) -> list[str]:
+        return self.tokenizer.decode(sequences, skip_special_tokens=skip_special_tokens)
+
+    def end_ids(self) -> set[int]:
+        """Ids that end an answer: the tokenizer's EOS and generation_config.json's `eos_token_id`(s)."""
+        ids = {self.tokenizer.get_eos_token_id()}
+        ids.update(eos_ids(self.path))
+        return {i for i in ids if i is not None and i >= 0}

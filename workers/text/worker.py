@@ -1,0 +1,383 @@
+"""The text worker's I/O half: feeds the engine process jobs, turns its token ids into text events."""
+from __future__ import annotations
+
+import asyncio
+import base64
+import logging
+import time
+from collections import deque
+from pathlib import Path
+from typing import Any
+
+from common.errors import ErrorBody
+from common.events import Accepted, Cancelled, Error
+from common.jobs import Job
+from common.models.config import ModelConfig
+from common.servable import ServableType
+from common.settings import Settings
+from workers.base import BaseWorker
+from workers.engine.client import EngineClient, Target
+from workers.engine.continuous import EngineSpec
+from workers.queue.admission import Admission
+from workers.queue.publisher import Outbox
+from workers.text.detokenizer import ByteTable, Detokenizer
+from workers.text.jobstate import Choice, RunningJob
+from workers.text.servable_info import ServableInfo
+
+log = logging.getLogger("ovq.worker")
+
+
+def engine_spec(model: ModelConfig, device: str, info: ServableInfo) -> EngineSpec:
+    scheduler = {
+        "max_num_batched_tokens": model.max_num_batched_tokens,
+        "cache_size": model.cache_size,
+        "max_num_seqs": model.max_num_seqs,
+        "dynamic_split_fuse": model.dynamic_split_fuse,
+        "enable_prefix_caching": model.enable_prefix_caching,
+    }
+    eviction = model.cache_eviction_config.model_dump() if model.cache_eviction_config else None
+    plugin_config = dict(model.plugin_config)
+    kind = info.card.servable_type
+    if kind in (ServableType.LM, ServableType.VLM) and device == "CPU":
+        # On CPU the default attention is paged (continuous batching inside); SDPA is the stateful pipeline.
+        plugin_config.setdefault("ATTENTION_BACKEND", "SDPA")
+    vision = kind in (ServableType.VLM, ServableType.VLM_CB)
+    return EngineSpec(str(model.path), device, scheduler, plugin_config, info.card.context_length,
+                      eviction, info.defaults, info.vocab_size, vision, sorted(info.end_ids()), model.arrival_window_ms)
+
+
+CB_ONLY = ("cache_size", "dynamic_split_fuse", "max_num_batched_tokens", "max_num_seqs", "enable_prefix_caching",
+           "cache_eviction_config", "arrival_window_ms")
+
+
+def engine_target(kind: ServableType) -> Target:
+    """Continuous batching steps many jobs in one pipeline; a stateful servable runs one job at a time."""
+    if kind in (ServableType.LM, ServableType.VLM):
+        from workers.engine.stateful import run as stateful
+
+        return stateful
+    from workers.engine.continuous import run as batching
+
+    return batching
+
+
+class TextWorker(BaseWorker):
+    """Text out, from a continuous-batching engine (as many jobs as it can schedule) or a stateful one (one)."""
+
+    def __init__(self, settings: Settings, model: ModelConfig, device: str) -> None:
+        super().__init__(settings, model, device)
+        self.info = ServableInfo.load(Path(model.path), model, device)
+        self.card = self.info.card
+        stateful = self.card.servable_type in (ServableType.LM, ServableType.VLM)
+        self.capacity = 1 if stateful else model.max_num_seqs
+        self.admission = None if stateful else Admission(model.max_num_seqs, model.max_num_batched_tokens,
+                                                         model.cache_size > 0)
+        ignored = sorted(set(CB_ONLY) & model.model_fields_set) if stateful else []
+        if ignored:
+            log.warning("%s is a stateful servable: ignoring %s", model.name, ", ".join(ignored))
+        self.detokenizer = Detokenizer(self.info.decode, ByteTable.build(self.info.tokenizer), self.info.end_ids())
+        self._pending: set[asyncio.Task[None]] = set()
+        self.engine = EngineClient(engine_spec(model, device, self.info), engine_target(self.card.servable_type),
+                                   self._on_message, self._on_engine_exit, lambda: bool(self.running),
+                                   settings.engine_watchdog_s, settings.engine_start_timeout_s)
+        self._restarting = False
+        # After a failed step with several suspects: re-added one per step, so a failure names its culprit.
+        self._probation: deque[RunningJob] = deque()
+        self._probing: str | None = None
+
+    async def start_backend(self) -> None:
+        await self.engine.start()
+
+    async def stop_backend(self) -> None:
+        await self.engine.stop()
+
+    @property
+    def backend_alive(self) -> bool:
+        return self.engine.alive
+
+    def describe(self) -> str:
+        kind = "byte-table" if self.detokenizer.table else "window"
+        return f"{self.card.servable_type.value}, {kind} detokenizer"
+
+    def engine_stats(self) -> list[float] | None:
+        return self.admission.stats if self.admission is not None else None
+
+    def room(self) -> int:
+        if self._restarting or self._probation or self._probing:
+            return 0
+        if self.admission is None:
+            return max(0, self.capacity - len(self.running))
+        return self.admission.room(len(self.running))
+
+    def cancel_running(self, job_id: str) -> None:
+        if self._restarting:  # the engine is being replaced: the job is nowhere to cancel, end it here
+            outbox = Outbox()
+            self._end(self.running[job_id], "cancelled", outbox)
+            self.publisher.put(outbox)
+            return
+        self.engine.send(["cancel", job_id])
+
+    def _start(self, entry_id: bytes, job: Job, outbox: Outbox) -> None:
+        """Hand the job to the engine; it answers `accepted` (prompt tokens) or an error right away."""
+        skip = job.params.skip_special_tokens
+        streams = [self.detokenizer.stream(skip) for _ in range(job.params.n)]
+        state = RunningJob(job, entry_id, streams, interval=self.settings.stream_interval_ms / 1000)
+        self.running[job.id] = state
+        if self.admission is not None:
+            self.admission.sent(job.id, job.prompt)
+        self._add(state)
+
+    def _add(self, state: RunningJob, resume: dict[str, Any] | None = None) -> None:
+        job = state.job
+        if job.images:
+            task = asyncio.create_task(self._add_with_images(job, resume))
+            self._pending.add(task)
+            task.add_done_callback(self._pending.discard)
+            return
+        self.engine.send(["add", job.id, job.prompt, job.add_special_tokens, job.params.model_dump(), [], resume,
+                          job.kind])
+
+    async def _add_with_images(self, job: Job, resume: dict[str, Any] | None) -> None:
+        blobs = await self.redis.mget(job.images)
+        if job.id not in self.running:  # cancelled meanwhile
+            return
+        if any(b is None for b in blobs):
+            extra = {"status": 400, "message": "the request's images expired before the job started"}
+            self._on_message([[job.id, [], "error", extra]], None)
+            return
+        images = [base64.b64encode(b).decode() for b in blobs]
+        self.engine.send(["add", job.id, job.prompt, job.add_special_tokens, job.params.model_dump(), images,
+                          resume, job.kind])
+
+    def _accepted(self, state: RunningJob, prompt_tokens: int, outbox: Outbox) -> None:
+        job = state.job
+        state.prompt_tokens = prompt_tokens
+        queue_ms = (state.received - job.created) * 1000
+        accepted = Accepted(job=job.id, seq=state.next_seq(), worker=self.id, prompt_tokens=prompt_tokens,
+                            queue_ms=queue_ms)
+        outbox.publish(job.reply_to, accepted)
+        outbox.set_status(job.id, status="running", worker=self.id, prompt_tokens=prompt_tokens, streamed=0)
+        outbox.count("prompt_tokens", prompt_tokens)
+        outbox.observe("queue", queue_ms)
+
+    # ---- engine output ---------------------------------------------------------------------------------
+    def _on_message(self, outputs: list[list[Any]], stats: list[Any] | None) -> None:
+        outbox = Outbox()
+        now, clock, tokens = time.time(), time.monotonic(), 0
+        updates, work = [], []
+        itl: dict[tuple[float, int], int] = {}
+        running = self.running
+        by_table = self.detokenizer.table is not None
+        later: set[str] = set()  # jobs with an update in the batched pass: their other updates follow it there
+        for update in outputs:
+            state = running.get(update[0])
+            if state is None:  # finished here already (a stop string the engine had not seen yet)
+                continue
+            ids, finish, size = update[1], update[2], len(update)
+            if (finish is None and size == 4 and by_table and state.plain and state.streamed and state.first_token
+                    and update[0] not in later):
+                # Most updates: more tokens of a plain job already streaming. Its text is a table lookup, so it
+                # is handled here, without the batched pass that the decoder and the other kinds of update need.
+                choice = state.choices[0]
+                tokens += len(ids)
+                self._count(state, choice, ids, now, outbox, itl)
+                delta = state.more(choice, ids, choice.detok.text(ids), clock)  # type: ignore[attr-defined]
+                if delta is not None:
+                    outbox.publish(state.job.reply_to, delta)
+                continue
+            index = update[4] if size > 4 else 0
+            choice = state.choices[index] if index < len(state.choices) else None
+            generated = finish in (None, "stop", "length") and choice is not None and choice.finish is None
+            updates.append((state, choice, ids, finish, update[3], update[5] if size > 5 else None, generated))
+            later.add(update[0])
+            if generated:
+                work.append((choice.detok, ids))
+        texts = iter(self.detokenizer.step(work))
+        for state, choice, ids, finish, extra, logprobs, generated in updates:
+            text = next(texts) if generated else ""
+            if state.job.id not in running:  # an error or cancel earlier in this batch ended it
+                continue
+            if generated:  # the usual update first: the others are one per job
+                tokens += len(ids)
+                self._count(state, choice, ids, now, outbox, itl)
+                self._generated(state, choice, ids, text, finish, logprobs, outbox, clock)
+            elif finish == "accepted":
+                self._accepted(state, extra, outbox)
+                if self.admission is not None:
+                    self.admission.answered(state.job.id, state.job.prompt, extra)
+            elif finish in ("cancelled", "error"):
+                self._end(state, finish, outbox, extra)
+            elif finish == "prompt" and choice is not None:
+                self._echo(state, choice, ids, logprobs, outbox)
+        if tokens:
+            self.tokens_generated += tokens
+            outbox.count("tokens", tokens)
+        for (last, n), choices in itl.items():
+            outbox.observe("itl", (now - last) * 1000 / n, n * choices)
+        self._send_due(outbox, clock)
+        self.publisher.put(outbox)
+        if stats is not None:
+            if self.admission is not None:
+                self.admission.stepped(stats)
+            self._probing = None  # a step went through with it
+            self._next_probation()
+            self._slot_free.set()
+
+    def _send_due(self, outbox: Outbox, now: float) -> None:
+        """Held text past its stream interval, also of jobs this step gave no token (preempted, prefilling)."""
+        for state in self.running.values():
+            # Checked here, not by a call per job and step: most jobs hold nothing due (those that stepped were
+            # checked against the same clock when their tokens came).
+            for choice in state.choices:
+                if (choice.held or choice.held_entries) and now - (choice.sent_at or 0.0) >= state.interval:
+                    for event in state.due(now):
+                        outbox.publish(state.job.reply_to, event)
+                    break
+
+    @staticmethod
+    def _count(state: RunningJob, choice: Choice, ids: list[int], now: float, outbox: Outbox,
+               itl: dict[tuple[float, int], int]) -> None:
+        """TTFT into this step's stats; inter-token latency into `itl`, by (previous tokens' time, tokens): the
+        choices that stepped together share one, so a step adds one or two observations, not one per choice."""
+        if not ids:
+            return
+        if state.first_token is None:
+            outbox.observe("ttft", (now - state.job.created) * 1000)
+        last, choice.last_token = choice.last_token, now
+        if last is not None:
+            key = (last, len(ids))
+            itl[key] = itl.get(key, 0) + 1
+
+    def _generated(self, state: RunningJob, choice: Choice, ids: list[int], text: str, finish: str | None,
+                   logprobs: list[float] | None, outbox: Outbox, clock: float) -> None:
+        job = state.job
+        was_streamed = state.streamed
+        entries = self._entries(ids, logprobs) if logprobs is not None else None
+        delta = state.delta(choice, ids, text, entries, clock)
+        if delta:
+            outbox.publish(job.reply_to, delta)
+            if not was_streamed:
+                outbox.set_status(job.id, streamed=1)
+        if choice.stops.stopped and finish is None:
+            self.engine.send(["cancel", job.id, choice.index])
+            finish = "stop"
+        if finish is not None:
+            outbox.publish(job.reply_to, state.finish(choice, finish))
+            if state.finished:
+                self._end(state, "done", outbox)
+
+    def _echo(self, state: RunningJob, choice: Choice, ids: list[int], logprobs: list[float] | None,
+              outbox: Outbox) -> None:
+        """The prompt first, as given (a string prompt) or decoded (token ids), with its log-probabilities."""
+        prompt = state.job.prompt
+        if isinstance(prompt, str):
+            text = prompt
+        else:
+            text = self.info.decode([prompt], state.job.params.skip_special_tokens)[0]
+        entries = self._entries(ids, logprobs)
+        if entries:
+            entries[0]["logprob"] = None  # nothing predicts the first token
+        outbox.publish(state.job.reply_to, state.echo(choice, text, entries))
+
+    def _entries(self, ids: list[int], logprobs: list[float] | None) -> list[dict[str, Any]] | None:
+        if logprobs is None:
+            return None
+        texts = self.detokenizer.token_texts(ids)
+        return [{"token": text, "logprob": lp, "bytes": list(raw)}
+                for (text, raw), lp in zip(texts, logprobs, strict=True)]
+
+    def _end(self, state: RunningJob, end: str, outbox: Outbox, extra: Any = None) -> None:
+        """The job's one terminal event: done (every choice finished), cancelled or error."""
+        job = state.job
+        self._job_done(state, outbox)
+        summary = state.summary()
+        if end == "cancelled":
+            outbox.publish(job.reply_to, Cancelled(job=job.id, seq=state.next_seq()))
+            outbox.set_status(job.id, status="cancelled", **summary)
+        elif end == "error":
+            for event in state.due(0.0, everything=True):  # what it had generated comes before the error
+                outbox.publish(job.reply_to, event)
+            status = extra.pop("status")
+            error = ErrorBody.model_validate(extra)
+            outbox.publish(job.reply_to, Error(job=job.id, seq=state.next_seq(), status=status, error=error))
+            outbox.set_status(job.id, status="error", error=error.model_dump(), **summary)
+        else:
+            done = state.done()
+            outbox.publish(job.reply_to, done)
+            outbox.set_status(job.id, status="done", result=done.model_dump(mode="json"), **summary)
+            if self.settings.keep_job_text:  # off by default: the client has had the text; Redis need not keep it
+                outbox.set_status(job.id, text="".join(state.choices[0].text))
+
+    def _job_done(self, state: RunningJob, outbox: Outbox) -> None:
+        super()._job_done(state, outbox)
+        if self.admission is not None:
+            self.admission.forget(state.job.id)
+            if not self.running:
+                self.admission.idle()
+        if self._probing == state.job.id:
+            self._probing = None
+            self._next_probation()
+
+    # ---- engine failures -------------------------------------------------------------------------------
+    def _on_engine_exit(self, kind: str, report: dict[str, Any] | None) -> None:
+        """A failed step fails only its culprit: the others go on, from what they had generated, on a new
+        engine. A crash or a hang fails every running job (nothing says which one caused it)."""
+        if self._stopping.is_set():
+            return
+        self._restarting = True
+        self.engine.drop_pending()  # commands of jobs failed or re-sent just below
+        running = list(self.running.values())
+        if kind == "broken" and report is not None:
+            suspects = [s for s in running if s.job.id in report["suspects"]]
+            innocents = [s for s in running if s.job.id not in report["suspects"]]
+            if len(suspects) == 1:
+                self._fail(suspects.pop(), report["broken"])
+            log.error("engine step failed (%s); restarting it: %d jobs go on, %d suspects re-run one at a time",
+                      report["broken"], len(innocents), len(suspects))
+        else:
+            why = ("stopped responding and was restarted" if kind == "unresponsive"
+                   else "crashed while running this job")
+            log.error("engine process %s; failing %d running jobs and restarting it", why, len(running))
+            self._fail_all(500, f"the inference engine {why}")
+            innocents, suspects = [], []
+        self.engine_restarts += 1
+        task = asyncio.get_running_loop().create_task(self._restart_engine(innocents, suspects))
+        self._pending.add(task)
+        task.add_done_callback(self._pending.discard)
+
+    def _fail(self, state: RunningJob, message: str) -> None:
+        structured = state.job.params.structured is not None
+        extra = ({"status": 400, "message": f"invalid structured output: {message}", "param": "response_format"}
+                 if structured else
+                 {"status": 500, "message": "the inference engine could not run this request", "type": "server_error"})
+        outbox = Outbox()
+        self._end(state, "error", outbox, extra)
+        self.publisher.put(outbox)
+
+    async def _restart_engine(self, innocents: list[RunningJob], suspects: list[RunningJob]) -> None:
+        try:
+            await self.engine.start()
+        except Exception as exc:
+            log.error("the engine could not be restarted (%s); stopping the worker", exc)
+            self._fail_all(500, "the inference engine failed and could not be restarted")
+            self._stopping.set()
+            return
+        for state in innocents:
+            if state.job.id in self.running:
+                self._add(state, self._resume(state))
+        self._probation.extend(suspects)
+        self._restarting = False
+        self._next_probation()
+        self._slot_free.set()
+
+    @staticmethod
+    def _resume(state: RunningJob) -> dict[str, Any] | None:
+        """Nothing sent yet: run it afresh. Else go on from each choice's generated ids."""
+        return state.resume() if any(c.ids or c.text for c in state.choices) else None
+
+    def _next_probation(self) -> None:
+        while self._probing is None and self._probation:
+            state = self._probation.popleft()
+            if state.job.id in self.running:
+                self._probing = state.job.id
+                self._add(state, self._resume(state))
