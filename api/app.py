@@ -16,8 +16,8 @@ from starlette.responses import JSONResponse, Response
 from api.batch import batches, files
 from api.http.auth import ApiKeyMiddleware, load_keys
 from api.http.body import BodyGuard
-from api.http.docs import install_docs
 from api.http.front import Endpoint, Front
+from api.openai.docs import install_docs
 from api.openai.images import ImageServing
 from api.openai.protocol import ModelList, ModelObject
 from api.openai.serving import Serving

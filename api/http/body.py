@@ -13,7 +13,7 @@ import orjson
 from starlette.requests import ClientDisconnect
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from api.queue.client import CLIENT_CLOSED
+from api.http.status import CLIENT_CLOSED
 from common.errors import OvqError
 from common.settings import Settings
 
