@@ -5,7 +5,12 @@ Feed it what the chat path has per step (`ChoiceState.feed`'s `ParsedDelta`, or 
 log-probability entries) and the finish (reason, usage). Output items open and close one at a time, in the order
 the model wrote them: a `reasoning` item for reasoning text, a `message` for the answer, a `function_call` per
 call. Whitespace alone does not open a message (a reasoning model writes "\\n\\n" between its reasoning and its
-calls); it is kept for the message that follows, or dropped when none does.
+calls); it is kept for the message that follows, or dropped when none does (an answer with no item at all is
+still one message, with whatever text it had).
+
+Events are typed dicts (`protocol.StreamEvent`), not models: one is made per streamed step, and a dict costs a
+fraction of a pydantic model. Items and the response inside events are dumped when the event is made, so an
+event never changes after it went out.
 
 Every event is stamped with the next sequence number (from 0, or from where a resumed stream left off); `render`
 writes them as SSE with the `event:` line OpenAI sends, and an `id:` line equal to the sequence number when asked,
@@ -24,10 +29,7 @@ import orjson
 from api.openai.parsers import Parsed, ParsedDelta, ToolCallDelta
 from api.openai.responses.protocol import (
     ERROR_CODES,
-    ArgumentsDeltaEvent,
-    ArgumentsDoneEvent,
     ContentPartEvent,
-    DeltaLogprob,
     ErrorEvent,
     FunctionCall,
     IncompleteDetails,
@@ -37,16 +39,12 @@ from api.openai.responses.protocol import (
     OutputText,
     Reasoning,
     ReasoningConfig,
-    ReasoningDeltaEvent,
-    ReasoningDoneEvent,
     ReasoningText,
     Response,
     ResponseError,
     ResponseEvent,
     ResponsesRequest,
     StreamEvent,
-    TextDeltaEvent,
-    TextDoneEvent,
     Usage,
 )
 from common.errors import ErrorBody
@@ -80,7 +78,8 @@ def usage_of(usage: Mapping[str, int] | None) -> Usage:
 
 
 def error_of(error: ErrorBody | Mapping[str, Any], status: int = 500) -> ResponseError:
-    """A failed response's error; its code is one OpenAI has for failures (the original kept as `type`)."""
+    """A failed response's error: the code one of OpenAI's for failed responses (the SDK takes no other), the
+    nearest by HTTP status where ovq's own code is not one; message, param and type as they were."""
     body = error if isinstance(error, ErrorBody) else ErrorBody.model_validate(error)
     code = body.code if body.code in ERROR_CODES else \
         "rate_limit_exceeded" if status == 429 else "server_error" if status >= 500 else "invalid_prompt"
@@ -93,12 +92,9 @@ class _Item:
 
     item: OutputMessage | FunctionCall | Reasoning
     index: int
+    id: str
     pieces: list[str] = field(default_factory=list)
     logprobs: list[dict[str, Any]] = field(default_factory=list)
-
-    @property
-    def id(self) -> str:
-        return self.item.id or ""
 
 
 class ResponseStream:
@@ -169,8 +165,8 @@ class ResponseStream:
         current = self._open
         assert current is not None
         current.pieces.append(text)
-        return events + [self._event(ReasoningDeltaEvent, item_id=current.id, output_index=current.index,
-                                     content_index=0, delta=text)]
+        return events + [{"type": "response.reasoning_text.delta", "sequence_number": self._next(),
+                          "item_id": current.id, "output_index": current.index, "content_index": 0, "delta": text}]
 
     def call(self, delta: ToolCallDelta) -> list[StreamEvent]:
         """A fragment of call `delta.index`: its first one (id, name) opens a `function_call` item."""
@@ -187,8 +183,8 @@ class ResponseStream:
             current.item.name = delta.name
         if delta.arguments:
             current.pieces.append(delta.arguments)
-            events.append(self._event(ArgumentsDeltaEvent, item_id=current.id, output_index=current.index,
-                                      delta=delta.arguments))
+            events.append({"type": "response.function_call_arguments.delta", "sequence_number": self._next(),
+                           "item_id": current.id, "output_index": current.index, "delta": delta.arguments})
         return events
 
     def finish(self, reason: str | None, usage: Mapping[str, int] | None = None) -> list[StreamEvent]:
@@ -232,8 +228,10 @@ class ResponseStream:
 
     def error(self, error: ErrorBody) -> list[StreamEvent]:
         """An `error` event: for trouble that is not this response's failure (the stream could not go on)."""
-        return [self._event(ErrorEvent, code=None if error.code is None else str(error.code), message=error.message,
-                            param=error.param)]
+        event: ErrorEvent = {"type": "error", "sequence_number": self._next(),
+                             "code": None if error.code is None else str(error.code), "message": error.message,
+                             "param": error.param}
+        return [event]
 
     def whole(self, parsed: Parsed, reason: str | None, usage: Mapping[str, int] | None = None,
               logprobs: list[dict[str, Any]] | None = None) -> Response:
@@ -254,11 +252,10 @@ class ResponseStream:
     # ---- items ----
 
     def _add(self, item: OutputMessage | FunctionCall | Reasoning) -> tuple[_Item, OutputItemEvent]:
-        opened = _Item(item, len(self.response.output))
+        opened = _Item(item, len(self.response.output), item.id or "")
         self.response.output.append(item)
         self._open = opened
-        return opened, self._event(OutputItemEvent, type="response.output_item.added", output_index=opened.index,
-                                   item=item.model_copy(deep=True))
+        return opened, self._item_event("response.output_item.added", opened)
 
     def _open_message(self) -> list[StreamEvent]:
         opened, added = self._add(OutputMessage(id=new_id("msg"), status="in_progress", content=[]))
@@ -270,8 +267,9 @@ class ResponseStream:
         assert current is not None
         current.pieces.append(text)
         current.logprobs += entries
-        return [self._event(TextDeltaEvent, item_id=current.id, output_index=current.index, content_index=0,
-                            delta=text, logprobs=[_delta_logprob(e, self.top or 0) for e in entries])]
+        return [{"type": "response.output_text.delta", "sequence_number": self._next(), "item_id": current.id,
+                 "output_index": current.index, "content_index": 0, "delta": text,
+                 "logprobs": [_delta_logprob(e, self.top or 0) for e in entries] if entries else []}]
 
     def _close(self, status: str) -> list[StreamEvent]:
         current, self._open = self._open, None
@@ -284,19 +282,19 @@ class ResponseStream:
             part = item.content[0]
             assert isinstance(part, OutputText)
             events: list[StreamEvent] = [
-                self._event(TextDoneEvent, item_id=current.id, output_index=current.index, content_index=0,
-                            text=part.text, logprobs=[_delta_logprob(e, self.top or 0) for e in current.logprobs]),
+                {"type": "response.output_text.done", "sequence_number": self._next(), "item_id": current.id,
+                 "output_index": current.index, "content_index": 0, "text": part.text,
+                 "logprobs": [_delta_logprob(e, self.top or 0) for e in current.logprobs]},
                 self._part_event("response.content_part.done", current, part)]
         elif isinstance(item, Reasoning):
             text = item.content[0] if item.content else ReasoningText(text="")
-            events = [self._event(ReasoningDoneEvent, item_id=current.id, output_index=current.index,
-                                  content_index=0, text=text.text),
+            events = [{"type": "response.reasoning_text.done", "sequence_number": self._next(),
+                       "item_id": current.id, "output_index": current.index, "content_index": 0, "text": text.text},
                       self._part_event("response.content_part.done", current, text)]
         else:
-            events = [self._event(ArgumentsDoneEvent, item_id=current.id, output_index=current.index,
-                                  arguments=item.arguments)]
-        return events + [self._event(OutputItemEvent, type="response.output_item.done", output_index=current.index,
-                                     item=item.model_copy(deep=True))]
+            events = [{"type": "response.function_call_arguments.done", "sequence_number": self._next(),
+                       "item_id": current.id, "output_index": current.index, "arguments": item.arguments}]
+        return events + [self._item_event("response.output_item.done", current)]
 
     def _logprobs_out(self, current: _Item) -> list[Logprob] | None:
         if self.top is None:
@@ -310,17 +308,20 @@ class ResponseStream:
 
     # ---- events ----
 
-    def _event(self, kind: type[Any], **fields: Any) -> Any:
-        event = kind(sequence_number=self.sequence, **fields)
+    def _next(self) -> int:
         self.sequence += 1
-        return event
+        return self.sequence - 1
+
+    def _item_event(self, kind: str, current: _Item) -> OutputItemEvent:
+        return {"type": kind, "sequence_number": self._next(), "output_index": current.index,
+                "item": current.item.model_dump(by_alias=True)}
 
     def _part_event(self, kind: str, current: _Item, part: OutputText | ReasoningText) -> ContentPartEvent:
-        return self._event(ContentPartEvent, type=kind, item_id=current.id, output_index=current.index,
-                           content_index=0, part=part.model_copy(deep=True))
+        return {"type": kind, "sequence_number": self._next(), "item_id": current.id, "output_index": current.index,
+                "content_index": 0, "part": part.model_dump(by_alias=True)}
 
     def _response_event(self, kind: str) -> ResponseEvent:
-        return self._event(ResponseEvent, type=kind, response=self.snapshot())
+        return {"type": kind, "sequence_number": self._next(), "response": self.snapshot().model_dump(by_alias=True)}
 
 
 def _fill(item: Any, current: _Item, status: str, logprobs: list[Logprob] | None) -> None:
@@ -334,9 +335,9 @@ def _fill(item: Any, current: _Item, status: str, logprobs: list[Logprob] | None
         item.arguments = text
 
 
-def _delta_logprob(entry: dict[str, Any], top: int) -> DeltaLogprob:
+def _delta_logprob(entry: dict[str, Any], top: int) -> dict[str, Any]:
     alternatives = [{"token": entry["token"], "logprob": entry["logprob"]}] if top >= 1 else []
-    return DeltaLogprob(token=entry["token"], logprob=entry["logprob"], top_logprobs=alternatives)
+    return {"token": entry["token"], "logprob": entry["logprob"], "top_logprobs": alternatives}
 
 
 def _output_logprob(entry: dict[str, Any], top: int) -> Logprob:
@@ -350,11 +351,10 @@ def _output_logprob(entry: dict[str, Any], top: int) -> Logprob:
 
 def sse(event: StreamEvent, ids: bool = False) -> bytes:
     """One event as OpenAI sends it: `event: <type>` and `data: <json>` (and `id: <sequence_number>`)."""
-    head = b"id: %d\n" % event.sequence_number if ids else b""
-    return (head + b"event: " + event.type.encode() + b"\ndata: " + orjson.dumps(event.model_dump(by_alias=True))
-            + b"\n\n")
+    head = b"id: %d\n" % event["sequence_number"] if ids else b""
+    return head + b"event: " + event["type"].encode() + b"\ndata: " + orjson.dumps(event) + b"\n\n"
 
 
 def render(events: Iterable[StreamEvent], after: int = -1, ids: bool = False) -> bytes:
     """Events as one SSE write; `after`: a resumed stream's last seen sequence number (only later ones go)."""
-    return b"".join(sse(event, ids) for event in events if event.sequence_number > after)
+    return b"".join(sse(event, ids) for event in events if event["sequence_number"] > after)

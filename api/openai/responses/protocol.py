@@ -7,7 +7,7 @@ ovq sends with the SDK's own types). What ovq cannot do is refused with a 400 th
 from __future__ import annotations
 
 import re
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, TypedDict
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, field_validator, model_validator
 
@@ -587,95 +587,82 @@ class Response(BaseModel):
 
 
 # ---- stream events ------------------------------------------------------------------------------------------
+# Plain dicts, typed: a streamed answer makes one per step, and a pydantic model would cost it several times what
+# building and dumping a dict does (measured: 13-21 µs against 2.4-2.8 µs per text delta, chat's own 1.6-1.8).
+# Their shapes are the SDK's `ResponseStreamEvent` union (tests parse every one with it).
 
 
-class _Event(BaseModel):
+class _Event(TypedDict):
+    type: str
     sequence_number: int
 
 
 class ResponseEvent(_Event):
     """`response.created`, `.queued`, `.in_progress`, `.completed`, `.incomplete`, `.failed`."""
 
-    type: Literal["response.created", "response.queued", "response.in_progress", "response.completed",
-                  "response.incomplete", "response.failed"]
-    response: Response
+    response: dict[str, Any]  # a `Response`, dumped by alias
 
 
 class OutputItemEvent(_Event):
-    type: Literal["response.output_item.added", "response.output_item.done"]
+    """`response.output_item.added`, `.done`."""
+
     output_index: int
-    item: Annotated[OutputItem, Field(discriminator="type")]
+    item: dict[str, Any]  # an output item, dumped by alias
 
 
 class ContentPartEvent(_Event):
-    type: Literal["response.content_part.added", "response.content_part.done"]
+    """`response.content_part.added`, `.done`."""
+
     item_id: str
     output_index: int
     content_index: int
-    part: Annotated[OutputText | Refusal | ReasoningText, Field(discriminator="type")]
+    part: dict[str, Any]  # `output_text` or `reasoning_text`
 
 
-class DeltaLogprob(BaseModel):
-    token: str
-    logprob: float
-    top_logprobs: list[dict[str, Any]] = []
-
-
-class TextDeltaEvent(_Event):
-    type: Literal["response.output_text.delta"] = "response.output_text.delta"
+class _InPart(_Event):
     item_id: str
     output_index: int
     content_index: int
+
+
+class TextDeltaEvent(_InPart):
+    """`response.output_text.delta`; `logprobs` entries: token, logprob, top_logprobs."""
+
     delta: str
-    logprobs: list[DeltaLogprob] = []
+    logprobs: list[dict[str, Any]]
 
 
-class TextDoneEvent(_Event):
-    type: Literal["response.output_text.done"] = "response.output_text.done"
-    item_id: str
-    output_index: int
-    content_index: int
+class TextDoneEvent(_InPart):
     text: str
-    logprobs: list[DeltaLogprob] = []
+    logprobs: list[dict[str, Any]]
 
 
-class ReasoningDeltaEvent(_Event):
-    type: Literal["response.reasoning_text.delta"] = "response.reasoning_text.delta"
-    item_id: str
-    output_index: int
-    content_index: int
+class ReasoningDeltaEvent(_InPart):
     delta: str
 
 
-class ReasoningDoneEvent(_Event):
-    type: Literal["response.reasoning_text.done"] = "response.reasoning_text.done"
-    item_id: str
-    output_index: int
-    content_index: int
+class ReasoningDoneEvent(_InPart):
     text: str
 
 
 class ArgumentsDeltaEvent(_Event):
-    type: Literal["response.function_call_arguments.delta"] = "response.function_call_arguments.delta"
     item_id: str
     output_index: int
     delta: str
 
 
 class ArgumentsDoneEvent(_Event):
-    type: Literal["response.function_call_arguments.done"] = "response.function_call_arguments.done"
     item_id: str
     output_index: int
     arguments: str
 
 
 class ErrorEvent(_Event):
-    """A stream's error that is not a response's failure (the response could not be created or read)."""
+    """`error`: a stream's trouble that is not the response's failure."""
 
-    type: Literal["error"] = "error"
-    code: str | None = None
+    code: str | None
     message: str
-    param: str | None = None
+    param: str | None
 
 
 StreamEvent = (ResponseEvent | OutputItemEvent | ContentPartEvent | TextDeltaEvent | TextDoneEvent

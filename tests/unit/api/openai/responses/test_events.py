@@ -72,7 +72,7 @@ def test_a_text_answer() -> None:
     events = s.start() + s.feed(ParsedDelta(content="Hel")) + s.feed(ParsedDelta(content="lo")) + \
         s.finish("stop", USAGE)
     assert types(events) == TEXT
-    assert [e.sequence_number for e in events] == list(range(len(TEXT)))
+    assert [e["sequence_number"] for e in events] == list(range(len(TEXT)))
     bodies = wire(events)
     assert bodies[0]["response"]["status"] == "in_progress" and bodies[0]["response"]["output"] == []
     assert bodies[4]["delta"] == "Hel" and bodies[4]["item_id"].startswith("msg_") and bodies[4]["logprobs"] == []
@@ -255,7 +255,7 @@ def test_a_snapshot_while_it_runs() -> None:
 def test_sse_frames_ids_and_resume() -> None:
     s = ResponseStream(stream().response, sequence=40)
     events = s.start() + s.feed(ParsedDelta(content="x"))
-    assert [e.sequence_number for e in events] == list(range(40, 40 + len(events)))
+    assert [e["sequence_number"] for e in events] == list(range(40, 40 + len(events)))
     frame = sse(events[0], ids=True)
     assert frame.startswith(b"id: 40\nevent: response.created\ndata: {") and frame.endswith(b"}\n\n")
     assert orjson.loads(frame.split(b"data: ", 1)[1])["sequence_number"] == 40
