@@ -10,7 +10,8 @@ from openai.types.responses import Response as SDKResponse
 from openai.types.responses import ResponseStreamEvent
 from pydantic import TypeAdapter
 
-from api.openai.parsers import Parsed, ParsedDelta, ToolCall, ToolCallDelta
+from api.openai.choices import ChoiceState
+from api.openai.parsers import Parsed, ParsedDelta, ToolCall, ToolCallDelta, output_parser
 from api.openai.responses.events import ResponseStream, initial_response, render, sse
 from api.openai.responses.protocol import FunctionCall, OutputMessage, Reasoning, ResponsesRequest, StreamEvent
 from common.errors import ErrorBody
@@ -286,3 +287,28 @@ def test_the_request_settings_echo_in_the_sdks_shape() -> None:
     assert (final.instructions, final.max_output_tokens, final.temperature, final.top_p, final.metadata,
             final.store, final.user) == ("i", 32, 0.2, 0.5, {"k": "v"}, False, "u")
     assert final.reasoning is not None and final.reasoning.effort == "low"
+
+
+def test_what_the_chat_parsers_make_of_a_real_answer() -> None:
+    """Worker deltas through `ChoiceState` (qwen3 reasoning, hermes3 calls), streamed and whole, give one answer."""
+    answer = ('<think>Paris, so weather.</think>\n\nChecking.\n<tool_call>\n{"name": "get_weather", '
+              '"arguments": {"city": "Paris"}}\n</tool_call>')
+    chunks = [answer[i:i + 7] for i in range(0, len(answer), 7)]
+    streamed, choice = stream(), ChoiceState(0, output_parser("hermes3", "qwen3"))
+    events = streamed.start()
+    for i, text in enumerate(chunks):
+        delta = {"text": text, **({"finish_reason": "stop"} if i == len(chunks) - 1 else {})}
+        events += streamed.feed(choice.feed(delta))
+    events += streamed.finish(choice.finish_reason(choice.called), USAGE)
+    final = sdk_final(streamed, events)
+    assert [item.type for item in final.output] == ["reasoning", "message", "function_call"]
+    assert final.output[0].content[0].text == "Paris, so weather."
+    assert final.output_text.strip() == "Checking."
+    assert final.output[2].name == "get_weather" and orjson.loads(final.output[2].arguments) == {"city": "Paris"}
+
+    whole = ChoiceState(0, output_parser("hermes3", "qwen3"))
+    whole.add({"text": answer, "finish_reason": "stop"})
+    parsed = whole.parsed()
+    response = stream().whole(parsed, whole.finish_reason(bool(parsed.tool_calls)), USAGE)
+    assert [item.type for item in response.output] == ["reasoning", "message", "function_call"]
+    assert response.output_text.strip() == "Checking." and response.output[2].arguments == final.output[2].arguments
