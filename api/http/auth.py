@@ -6,7 +6,8 @@
   `OVQ_ADMIN_KEY_FILE`), as a Bearer token or as the password of HTTP Basic auth (so a browser can open them).
   With no admin key they are open only while no API key is configured either: a server with API keys never
   shows its operator routes to anyone without an admin key (fail closed).
-- Health probes (`/health`, `/v2/*`) are always open: load balancers and orchestrators carry no keys.
+- Health probes (`/health`, `/v1/health`, `/v3/health`, `/v2/health/*`, `/v2/models/*/ready`) are always open:
+  load balancers and orchestrators carry no keys.
 
 Keys are compared as SHA-256 digests with `hmac.compare_digest`, against every configured key, so the time taken
 says nothing about how much of a key matched or which key it was. Keys are never logged, put in metrics or
@@ -27,7 +28,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from common.settings import Settings
 
-OPEN = re.compile(r"/health|/v2/health/(live|ready)|/v2/models/.+/ready")
+OPEN = re.compile(r"(/v1|/v3)?/health|/v2/health/(live|ready)|/v2/models/.+/ready")
 ADMIN_PREFIXES = ("/metrics", "/docs", "/openapi.json", "/ops")
 
 
