@@ -9,7 +9,7 @@ import sys
 
 import uvicorn
 
-from api.http.auth import KeyFileError, load_keys
+from api.http.auth import KeyFileError, exposure_refusal, is_loopback, load_keys
 from common.models.config import ConfigError, configured_models
 from common.redis.client import RedisURLError, connect, redis_url, wait_until_up
 from common.settings import Settings, get_settings
@@ -33,7 +33,11 @@ def main() -> int:
     logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
     try:
         configured_models(settings)  # one line here for a broken models file, not a traceback per process
-        load_keys(settings)
+        keys = load_keys(settings)
+        refusal = exposure_refusal(settings, keys)
+        if refusal:
+            print(f"ovq api: {refusal}", file=sys.stderr)
+            return 2
         redis_url(settings)
         asyncio.run(_wait_for_redis(settings))
     except (ConfigError, RedisURLError, KeyFileError) as exc:
@@ -42,6 +46,9 @@ def main() -> int:
     except TimeoutError as exc:
         print(f"ovq api: {exc}; exiting", file=sys.stderr)
         return 1
+    if not keys[0] and not is_loopback(settings.host):
+        logging.getLogger("ovq.api").warning("serving on %s with OVQ_ALLOW_UNAUTHENTICATED: no API key is asked for",
+                                             settings.host)
     # uvicorn re-raises the stop signal once it has drained, to die by it; the drain is the intended end: exit 0.
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: None)

@@ -164,6 +164,21 @@ def _install_routes(app: FastAPI) -> dict[str, Endpoint]:
             raise not_found(f"The model `{model}` does not exist")
         return _model_object(model, listed[model])
 
+    async def ready(request: Request) -> JSONResponse:
+        """This API process can take requests: Redis answers. Which models have a live worker is detail (a model
+        without one answers 503 with Retry-After; `/v2/models/{name}/ready` is its own probe)."""
+        try:
+            models = await request.app.state.registry.ready()
+        except UNAVAILABLE:
+            return JSONResponse({"ready": False, "redis": False, "models": {}}, status_code=503,
+                                headers={"Retry-After": RETRY_AFTER[503]})
+        return JSONResponse({"ready": True, "redis": True, "models": models})
+
+    # The bare probes, and the same readiness under each API prefix: tools given the OpenAI base URL
+    # (`.../v3`, `.../v1`) look for `{base}/health` (guidellm does).
+    for path in ("/health", "/v2/health/ready", "/v3/health", "/v1/health"):
+        app.add_api_route(path, ready, methods=["GET"])
+
     hot: dict[str, Endpoint] = {}
     for prefix in ("/v3", "/v1"):
         for path, endpoint in (("chat/completions", chat), ("completions", completions),
@@ -174,17 +189,6 @@ def _install_routes(app: FastAPI) -> dict[str, Endpoint]:
         app.add_api_route(f"{prefix}/models/{{model:path}}", get_model, methods=["GET"])
         app.include_router(files.router, prefix=prefix)
         app.include_router(batches.router, prefix=prefix)
-
-    @app.get("/health")
-    @app.get("/v2/health/ready")
-    async def ready(request: Request) -> JSONResponse:
-        """Ready when Redis answers: what a load balancer needs. Models without a live worker are detail."""
-        try:
-            models = await request.app.state.registry.ready()
-        except UNAVAILABLE:
-            return JSONResponse({"ready": False, "redis": False, "models": {}}, status_code=503,
-                                headers={"Retry-After": RETRY_AFTER[503]})
-        return JSONResponse({"ready": True, "redis": True, "models": models})
 
     @app.get("/v2/health/live")
     async def live() -> dict[str, bool]:

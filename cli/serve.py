@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from api.http.auth import KeyFileError, read_key_file
-from cli import ovms
+from cli import exposure, ovms
 from cli.tiers import add_key_arguments, config_env, key_env
 from common.redis.client import embedded_socket
 from common.redis.server import EmbeddedRedis
@@ -111,7 +111,7 @@ def _batch_key(env: dict[str, str], keys: dict[str, str]) -> dict[str, str]:
 
 def serve(args: argparse.Namespace) -> int:
     env = {**os.environ, **config_env(args)}
-    keys = key_env(args)  # for the API only: workers never see a key
+    keys = {**key_env(args), **exposure.env(args)}  # for the API only: workers never see a key
     if args.host:
         env["OVQ_HOST"] = args.host
     if args.port:
@@ -122,8 +122,12 @@ def serve(args: argparse.Namespace) -> int:
     settings = Settings()
     try:
         _check_key_files({**env, **keys})
+        refused = exposure.refusal({**env, **keys})
     except KeyFileError as exc:
         log(str(exc))
+        return 2
+    if refused:
+        log(refused)
         return 2
     from common.models.prepare import prepare
 
@@ -187,4 +191,5 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--api-processes", type=int, help="API processes sharing the port (default: OVQ_API_PROCESSES)")
     ovms.add_arguments(p, server=True)
     add_key_arguments(p)
+    exposure.add_argument(p)
     p.set_defaults(func=serve)

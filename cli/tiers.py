@@ -10,7 +10,7 @@ import json
 import os
 import sys
 
-from cli import ovms
+from cli import exposure, ovms
 from common.settings import Settings
 
 
@@ -52,7 +52,7 @@ def add_key_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def api(args: argparse.Namespace) -> int:
-    env = {**config_env(args), **key_env(args)}
+    env = {**config_env(args), **key_env(args), **exposure.env(args)}
     if args.host:
         env["OVQ_HOST"] = args.host
     if args.port:
@@ -78,6 +78,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     p.add_argument("--processes", type=int, help="API processes sharing the port (default: OVQ_API_PROCESSES)")
     ovms.add_arguments(p, server=True)
     add_key_arguments(p)
+    exposure.add_argument(p)
     p.set_defaults(func=api)
     p = sub.add_parser("worker", help="one worker: a model on a device (or: ovq worker drain ID)")
     p.add_argument("--model", help="the model to serve (required to run a worker)")

@@ -104,6 +104,9 @@ class Settings(BaseSettings):
     api_key_file: Path | None = None
     admin_keys: Keys = Field(default_factory=list)
     admin_key_file: Path | None = None
+    # Protected mode: an API bound to an address other than loopback refuses to start without an API key, unless
+    # this says an open API is meant (`--allow-unauthenticated`).
+    allow_unauthenticated: bool = False
     # Input limits, checked in the API before anything is queued (each a 4xx naming the field).
     max_body_bytes: int = 32 * 1024 * 1024  # 413; /images/edits takes up to 2 x max_upload_bytes + 1 MiB
     max_message_chars: int = 256_000  # characters in one message's content (text parts)

@@ -6,7 +6,12 @@
   `OVQ_ADMIN_KEY_FILE`), as a Bearer token or as the password of HTTP Basic auth (so a browser can open them).
   With no admin key they are open only while no API key is configured either: a server with API keys never
   shows its operator routes to anyone without an admin key (fail closed).
-- Health probes (`/health`, `/v2/*`) are always open: load balancers and orchestrators carry no keys.
+- Health probes (`/health`, `/v1/health`, `/v3/health`, `/v2/health/*`, `/v2/models/*/ready`) are always open:
+  load balancers and orchestrators carry no keys.
+
+Protected mode (as Redis has): an API bound to an address other than loopback with no API key configured refuses
+to start (`exposure_refusal`), unless OVQ_ALLOW_UNAUTHENTICATED says an open API is meant; on 127.0.0.1 it is
+open as before.
 
 Keys are compared as SHA-256 digests with `hmac.compare_digest`, against every configured key, so the time taken
 says nothing about how much of a key matched or which key it was. Keys are never logged, put in metrics or
@@ -18,6 +23,7 @@ import base64
 import binascii
 import hashlib
 import hmac
+import ipaddress
 import re
 from collections.abc import Iterable
 from pathlib import Path
@@ -27,7 +33,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from common.settings import Settings
 
-OPEN = re.compile(r"/health|/v2/health/(live|ready)|/v2/models/.+/ready")
+OPEN = re.compile(r"(/v1|/v3)?/health|/v2/health/(live|ready)|/v2/models/.+/ready")
 ADMIN_PREFIXES = ("/metrics", "/docs", "/openapi.json", "/ops")
 
 
@@ -76,6 +82,26 @@ def load_keys(settings: Settings) -> tuple[KeySet, KeySet]:
     if settings.admin_key_file:
         admin += read_key_file(settings.admin_key_file)
     return KeySet(k for k in api if k), KeySet(k for k in admin if k)
+
+
+def is_loopback(host: str) -> bool:
+    """Only this machine can connect: `localhost` or a loopback address (a name that needs DNS does not count)."""
+    name = host.strip().strip("[]")
+    if name.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(name).is_loopback
+    except ValueError:
+        return False
+
+
+def exposure_refusal(settings: Settings, keys: tuple[KeySet, KeySet]) -> str | None:
+    """Why this API must not start (one line that says what to do), or None."""
+    if keys[0] or settings.allow_unauthenticated or is_loopback(settings.host):
+        return None
+    return (f"refusing to serve on {settings.host}:{settings.port} with no API key: anyone who reaches it could use "
+            "the models. Set a key (--api-key KEY, OVQ_API_KEYS or OVQ_API_KEY_FILE), bind to 127.0.0.1, or pass "
+            "--allow-unauthenticated (OVQ_ALLOW_UNAUTHENTICATED=1) if an open API is meant")
 
 
 def presented_key(scope: Scope) -> bytes | None:

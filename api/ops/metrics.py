@@ -18,12 +18,14 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from redis.exceptions import ResponseError
 
 from common.keys import GROUP, Keys
+from common.ops.stats import BOUNDS
 
 LABELS = ("model", "device")
 access_log = logging.getLogger("ovq.access")
 
-LATENCY = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
-TOKEN_LATENCY = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.2, 0.3, 0.5, 1, 2.5)
+# The ops page's bounds (common/ops/stats.py BOUNDS), in seconds: the same latency reads alike on both.
+LATENCY = tuple(ms / 1000 for ms in BOUNDS["ttft"])
+TOKEN_LATENCY = tuple(ms / 1000 for ms in BOUNDS["itl"])
 DURATION = (0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 40, 80, 160, 320, 640)
 
 

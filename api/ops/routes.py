@@ -28,6 +28,7 @@ POLICY = ("default-src 'none'; script-src 'self'; style-src 'self'; img-src 'sel
 templates = Jinja2Templates(directory=HERE / "templates")
 templates.env.filters.update(view.FILTERS)
 templates.env.globals["chart"] = view.chart
+templates.env.globals["windows"] = view.WINDOWS
 
 router = APIRouter(prefix="/ops", include_in_schema=False)
 

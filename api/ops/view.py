@@ -4,15 +4,33 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 
-from common.ops.stats import Point
+from common.ops.stats import RATE_SPAN_S, SPAN_S, WINDOW_S, Point
 
-CHART_W, CHART_H = 240, 48
+CHART_W, CHART_H = 150, 36
+# A worker's tokens/s comes with its heartbeat, over about its last 10 s (workers/queue/heartbeat.py `Rate`; a
+# test keeps the two equal: the page cannot import the worker tier).
+WORKER_RATE_S = 10
 
 
 def ms(value: float | None) -> str:
     if value is None:
         return "–"
     return f"{value:.0f} ms" if value < 1000 else f"{value / 1000:.2f} s"
+
+
+def ms3(values: dict[str, float | None]) -> str:
+    """p50 / p90 / p99 with one unit for the three: `12 / 15 / 31 ms`, `0.85 / 1.20 / 2.40 s`."""
+    found = [values.get(k) for k in ("p50", "p90", "p99")]
+    if all(v is None for v in found):
+        return "–"
+    in_s = max(v for v in found if v is not None) >= 1000
+    shown = ["–" if v is None else f"{v / 1000:.2f}" if in_s else f"{v:.0f}" for v in found]
+    return " / ".join(shown) + (" s" if in_s else " ms")
+
+
+def span(seconds: float) -> str:
+    """A window's length as the page labels it: `10 s`, `1 min`, `5 min`."""
+    return f"{seconds / 60:g} min" if seconds >= 60 and seconds % 60 == 0 else f"{seconds:g} s"
 
 
 def ago(seconds: float) -> str:
@@ -49,4 +67,6 @@ def chart(series: Sequence[Point]) -> dict[str, object]:
             "requests": line(requests, top_requests), "top_tokens": top_tokens, "top_requests": top_requests}
 
 
-FILTERS = {"ms": ms, "ago": ago, "clock": clock, "rate": rate}
+FILTERS = {"ms": ms, "ms3": ms3, "span": span, "ago": ago, "clock": clock, "rate": rate}
+# Every rate on the page says the window it is over.
+WINDOWS = {"rate": span(RATE_SPAN_S), "span": span(SPAN_S), "point": span(WINDOW_S), "worker": span(WORKER_RATE_S)}

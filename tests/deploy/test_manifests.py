@@ -199,6 +199,45 @@ def test_compose_worker_drains_within_its_stop_grace_and_shares_prepared_models(
     assert prepare["command"][:3] == ["ovq", "models", "prepare"]
 
 
+def _dockerfile_env() -> dict[str, str]:
+    pairs = [rest for stage in _dockerfile_stages() for kw, rest in stage["instructions"] if kw == "ENV"]
+    return dict(pair.split("=", 1) for line in pairs for pair in line.split())
+
+
+def test_compose_api_takes_its_keys_from_operator_made_secrets() -> None:
+    """The image listens on 0.0.0.0 (protected mode wants a key): the API reads its keys from compose secrets kept
+    out of git and out of the image; the batch worker and Prometheus get the keys they need from the same ones."""
+    assert _dockerfile_env()["OVQ_HOST"] == "0.0.0.0"
+    compose = _compose()
+    services, secrets = compose["services"], compose["secrets"]
+    api = services["api"]
+    assert "OVQ_ALLOW_UNAUTHENTICATED" not in api["environment"]
+    for variable, secret in (("OVQ_API_KEY_FILE", "ovq-api-keys"), ("OVQ_ADMIN_KEY_FILE", "ovq-admin-key")):
+        assert api["environment"][variable] == f"/run/secrets/{secret}" and secret in api["secrets"]
+        assert secrets[secret]["file"].startswith("./secrets/")
+    assert "ovq-api-keys" in services["batch"]["secrets"]
+    assert "/run/secrets/ovq-api-keys" in services["batch"]["command"][-1]
+    assert "ovq-admin-key" in services["prometheus"]["secrets"]
+    assert "ovq-api-keys" not in services["worker"].get("secrets", []), "workers never see a key"
+    ignored = (DEPLOY / "secrets" / ".gitignore").read_text().splitlines()
+    assert "*" in ignored
+    assert "deploy/secrets/" in (ROOT / ".dockerignore").read_text().splitlines()
+
+
+def test_kubernetes_api_takes_its_keys_from_the_ovq_api_keys_secret() -> None:
+    (api,) = [w for w in _workloads() if w["metadata"]["name"] == "ovq-api"]
+    (container,) = api["spec"]["template"]["spec"]["containers"]
+    env = {e["name"]: e for e in container["env"]}
+    assert "OVQ_ALLOW_UNAUTHENTICATED" not in env
+    keys = env["OVQ_API_KEYS"]["valueFrom"]["secretKeyRef"]
+    assert keys == {"name": "ovq-api-keys", "key": "api-keys"}, "not optional: no Secret, no API pod"
+    admin = env["OVQ_ADMIN_KEYS"]["valueFrom"]["secretKeyRef"]
+    assert admin["name"] == "ovq-api-keys" and admin["optional"] is True
+    for workload in _workloads():  # workers and Redis see no key
+        if workload["metadata"]["name"] != "ovq-api":
+            assert "ovq-api-keys" not in json.dumps(workload), workload["metadata"]["name"]
+
+
 # --- Kubernetes -------------------------------------------------------------------------------------------------
 
 def test_kustomization_lists_every_manifest() -> None:
@@ -254,7 +293,7 @@ def test_ovq_pods_drain_within_their_grace_period_and_are_scraped() -> None:
         if not main["image"].startswith("ovq:"):
             continue
         name = workload["metadata"]["name"]
-        env = {e["name"]: e["value"] for e in main.get("env", [])}
+        env = {e["name"]: e.get("value") for e in main.get("env", [])}
         grace = float(env.get("OVQ_SHUTDOWN_GRACE_S", DEFAULT_SHUTDOWN_GRACE_S))
         pre_stop = 0
         if "lifecycle" in main:
@@ -349,20 +388,30 @@ def test_scaled_object_scales_the_worker_on_its_stream() -> None:
 
 # --- Prometheus -------------------------------------------------------------------------------------------------
 
-def _promtool(config: Path) -> subprocess.CompletedProcess[str]:
+def _promtool(config: Path, tmp_path: Path) -> subprocess.CompletedProcess[str]:
+    """promtool on the config, its credentials files (the operator's secrets, mounted at run time) stood in for by
+    a file of this test: promtool checks that they exist."""
     promtool = shutil.which("promtool")
     if promtool is None:
         pytest.skip("promtool is not installed (Debian: apt-get install -y prometheus)")
-    return subprocess.run([promtool, "check", "config", str(config)], capture_output=True, text=True, timeout=60)
+    parsed = yaml.safe_load(config.read_text())
+    for job in parsed["scrape_configs"]:
+        if "authorization" in job:
+            stand_in = tmp_path / Path(job["authorization"]["credentials_file"]).name
+            stand_in.write_text("adm-stand-in\n")
+            job["authorization"]["credentials_file"] = str(stand_in)
+    checked = tmp_path / config.name
+    checked.write_text(yaml.safe_dump(parsed))
+    return subprocess.run([promtool, "check", "config", str(checked)], capture_output=True, text=True, timeout=60)
 
 
-def test_compose_prometheus_config_passes_promtool() -> None:
-    result = _promtool(DEPLOY / "prometheus" / "prometheus.yml")
+def test_compose_prometheus_config_passes_promtool(tmp_path: Path) -> None:
+    result = _promtool(DEPLOY / "prometheus" / "prometheus.yml", tmp_path)
     assert result.returncode == 0, result.stdout + result.stderr
 
 
-def test_kubernetes_prometheus_config_passes_promtool() -> None:
-    result = _promtool(DEPLOY / "prometheus" / "prometheus-kubernetes.yml")
+def test_kubernetes_prometheus_config_passes_promtool(tmp_path: Path) -> None:
+    result = _promtool(DEPLOY / "prometheus" / "prometheus-kubernetes.yml", tmp_path)
     if "kubernetes_sd_configs not found" in result.stdout + result.stderr:
         pytest.skip("this promtool is built without Kubernetes service discovery (Debian's is)")
     assert result.returncode == 0, result.stdout + result.stderr
@@ -374,6 +423,8 @@ def test_prometheus_scrapes_every_api_and_worker_replica() -> None:
     jobs = {job["job_name"]: job for job in config["scrape_configs"]}
     targets = {(sd["names"][0], sd["port"]) for job in jobs.values() for sd in job.get("dns_sd_configs", [])}
     assert ("api", 8000) in targets
+    # /metrics takes the admin key once API keys are on: Prometheus sends the secret compose mounts for it.
+    assert jobs["ovq-api"]["authorization"]["credentials_file"] == "/run/secrets/ovq-admin-key"
     assert ("worker", int(compose["worker"]["environment"]["OVQ_WORKER_PORT"])) in targets
     assert {"api", "worker"} <= set(compose)
     kubernetes = yaml.safe_load((DEPLOY / "prometheus" / "prometheus-kubernetes.yml").read_text())

@@ -1,6 +1,8 @@
 """The ops page in a real headless browser (the system's Chromium, driven by Playwright; never a downloaded
 browser): it loads with no console error and nothing from elsewhere, its numbers agree with Redis during a load,
-and its buttons retry and purge dead letters and drain a worker. A screenshot is saved and its path printed."""
+its buttons retry and purge dead letters and drain a worker, it fits a 1280 px laptop screen without a horizontal
+scrollbar (the page and the queues table's box), and every rate names its window. Screenshots are saved and their
+paths printed."""
 from __future__ import annotations
 
 import os
@@ -25,6 +27,7 @@ CHROMIUM = "/usr/bin/chromium"
 ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
         "--disable-background-networking", "--disable-component-update", "--disable-sync"]
 STREAMS, TOKENS = 6, 96
+LAPTOP = {"width": 1280, "height": 800}
 
 
 def _installed() -> str | None:
@@ -100,6 +103,26 @@ def page_numbers(page: Any, worker: str) -> tuple[int, int, int, int]:
     return (*(int(c) for c in cells), int(running))
 
 
+def assert_fits(page: Any, when: str) -> None:
+    """No horizontal scrollbar: neither the page nor the queues table's box is wider than what it shows."""
+    widths = page.evaluate("""() => {
+        const page = document.documentElement, queues = document.getElementById('streams-table');
+        return {page: [page.scrollWidth, page.clientWidth], queues: [queues.scrollWidth, queues.clientWidth]};
+    }""")
+    for box, (scroll, client) in widths.items():
+        assert scroll <= client, f"{when}: the {box} scrolls sideways at {LAPTOP['width']} px ({scroll} > {client})"
+
+
+def rate_labels(page: Any) -> dict[str, str]:
+    """Each rate's column header (or the chart's legend): what window it says it is over."""
+    queues = [h.inner_text() for h in page.locator("#streams th").all()]
+    workers = [h.inner_text() for h in page.locator("#workers th").all()]
+    return {"queue tokens/s": next(h for h in queues if h.startswith("tokens/s\n")),
+            "queue requests/s": next(h for h in queues if h.startswith("requests/s")),
+            "chart": next(h for h in queues if h.startswith("tokens/s, requests/s")),
+            "worker tokens/s": next(h for h in workers if h.startswith("tokens/s"))}
+
+
 def next_refresh(page: Any) -> None:
     version = page.evaluate("() => Number(document.getElementById('panel').dataset.version || 0)")
     page.wait_for_function("v => Number(document.getElementById('panel').dataset.version || 0) > v", arg=version,
@@ -128,7 +151,7 @@ def test_the_ops_page_shows_what_redis_holds_and_steers_the_queue(
     redis_client.xadd(keys.dead, {"job": b"{", "reason": b"unreadable"})
 
     origin = f"http://127.0.0.1:{t.port}"
-    page = browser.new_page(viewport={"width": 1600, "height": 1000})
+    page = browser.new_page(viewport=LAPTOP)
     problems: list[str] = []
     page.on("console", lambda m: problems.append(f"console {m.type}: {m.text}") if m.type == "error" else None)
     page.on("pageerror", lambda e: problems.append(f"page error: {e}"))
@@ -159,6 +182,7 @@ def test_the_ops_page_shows_what_redis_holds_and_steers_the_queue(
     failure = page.locator(f'tr[data-failed="{refused.id}"] .error').inner_text()
     assert failure == redis_client.hget(keys.job(refused.id), "error").decode().split('"message":"')[1].split('"')[0]
     assert agreed[2] == 1 and agreed[1] <= 2
+    assert_fits(page, "under load")
     screenshot = tmp_path / "ops-page.png"
     page.screenshot(path=str(screenshot), full_page=True)
     print(f"\nops page screenshot (under load, waiting/in flight/workers/running = {agreed}): {screenshot}")
@@ -172,6 +196,11 @@ def test_the_ops_page_shows_what_redis_holds_and_steers_the_queue(
             float(row.locator('[data-k="tokens-per-s"]').inner_text()) > 0
     wait_for(stats_shown, 30, "the jobs' stats on the page")
     assert "–" not in page.locator(f'tr[data-stream="{MODEL}:CPU"] [data-k="ttft"]').inner_text()
+    assert_fits(page, "after the load, every number shown")
+    labels = rate_labels(page)
+    assert "last 1 min" in labels["queue tokens/s"] and "last 1 min" in labels["queue requests/s"], labels
+    assert "last 5 min" in labels["chart"] and "per 10 s" in labels["chart"], labels
+    assert "last 10 s" in labels["worker tokens/s"], labels
     after_load = tmp_path / "ops-page-after-load.png"
     page.screenshot(path=str(after_load), full_page=True)
     print(f"ops page screenshot (after the load: rates, latencies, the failure): {after_load}")

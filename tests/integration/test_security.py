@@ -12,7 +12,8 @@ from tests.integration.conftest import Guarded
 from tests.integration.rawhttp import connect, read_response, request_head
 
 HELLO = [{"role": "user", "content": "hi"}]
-OPEN_PROBES = ["/health", "/v2/health/live", "/v2/health/ready", f"/v2/models/{MODEL}/ready"]
+OPEN_PROBES = ["/health", "/v3/health", "/v1/health", "/v2/health/live", "/v2/health/ready",
+               f"/v2/models/{MODEL}/ready"]
 ADMIN_ROUTES = ["/metrics", "/docs", "/openapi.json", "/docs/assets/swagger-ui-bundle.js"]
 
 

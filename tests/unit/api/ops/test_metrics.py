@@ -5,6 +5,7 @@ from prometheus_client import generate_latest
 
 from api.ops.metrics import Metrics, Record
 from common.keys import Keys
+from common.ops.stats import BOUNDS
 
 
 def metrics() -> Metrics:
@@ -42,3 +43,21 @@ async def test_a_retired_models_series_go_and_a_later_request_brings_them_back()
     m.finish(finished("a", 4))  # served again: counted from zero, in series the registry exports
     assert sample(m, "ovq_generation_tokens_total", "a") == 4
     assert sample(m, "ovq_queue_time_seconds_count", "a") == 1
+
+
+def test_a_12_ms_inter_token_latency_lands_in_a_bucket_a_few_ms_wide() -> None:
+    """The exported `le` bounds are the ops page's (common/ops/stats.py), fine where served latencies sit."""
+    m = metrics()
+    record = finished("a", 5)
+    record.itl_ms = 12.0
+    m.finish(record)
+
+    def bucket(le: str) -> float | None:
+        return m.registry.get_sample_value("ovq_inter_token_latency_seconds_bucket",
+                                           {"model": "a", "device": "CPU", "le": le})
+
+    assert bucket("0.01") == 0 and bucket("0.0125") == 1
+    text = generate_latest(m.registry).decode()
+    bounds = {line.split('le="')[1].split('"')[0] for line in text.splitlines()
+              if line.startswith("ovq_inter_token_latency_seconds_bucket{") and 'model="a"' in line}
+    assert {float(b) for b in bounds if b != "+Inf"} == {ms / 1000 for ms in BOUNDS["itl"]}

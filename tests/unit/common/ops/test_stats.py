@@ -19,23 +19,32 @@ from workers.queue.publisher import Outbox, Publisher
 
 
 def test_an_observation_lands_in_the_first_bucket_whose_bound_holds_it() -> None:
-    assert stats.bucket("ttft", 0.5) == "ttft:10"
+    assert stats.bucket("ttft", 0.5) == "ttft:5"
     assert stats.bucket("ttft", 10) == "ttft:10"  # bounds are inclusive, as Prometheus' `le`
-    assert stats.bucket("ttft", 10.01) == "ttft:25"
+    assert stats.bucket("ttft", 10.01) == "ttft:20"
     assert stats.bucket("ttft", 10**7) == "ttft:inf"
     counts: Counter[str] = Counter()
     stats.observe(counts, "itl", 12.0, n=4)
-    assert counts == {"itl:20": 4, "itl:sum": 48}
+    assert counts == {"itl:12.5": 4, "itl:sum": 48}
+
+
+@pytest.mark.parametrize("ms", [3.0, 7.0, 12.0, 16.0, 22.0, 35.0])
+def test_a_served_models_inter_token_latency_reads_within_a_few_ms(ms: float) -> None:
+    """Latencies where served models sit are told apart, not lumped into one wide low bucket."""
+    counts: Counter[str] = Counter()
+    stats.observe(counts, "itl", ms, n=100)
+    assert abs(stats.quantile(counts, "itl", 0.5) - ms) <= 3.0
+    assert len(stats.BOUNDS["itl"]) <= 20 and len(stats.BOUNDS["ttft"]) <= 20  # series per model and device
 
 
 def test_quantiles_interpolate_within_the_bucket() -> None:
     counts: Counter[str] = Counter()
-    for ms in [5] * 50 + [20] * 40 + [70] * 10:  # 50 in (0,10], 40 in (10,25], 10 in (50,100]
+    for ms in [5] * 50 + [20] * 40 + [70] * 10:  # 50 in (0,5], 40 in (10,20], 10 in (50,75]
         stats.observe(counts, "ttft", ms)
-    assert stats.quantile(counts, "ttft", 0.5) == pytest.approx(10.0)
-    assert stats.quantile(counts, "ttft", 0.25) == pytest.approx(5.0)
-    assert stats.quantile(counts, "ttft", 0.7) == pytest.approx(10 + 15 * 20 / 40)
-    assert stats.quantile(counts, "ttft", 0.99) == pytest.approx(50 + 50 * 9 / 10)
+    assert stats.quantile(counts, "ttft", 0.5) == pytest.approx(5.0)
+    assert stats.quantile(counts, "ttft", 0.25) == pytest.approx(2.5)
+    assert stats.quantile(counts, "ttft", 0.7) == pytest.approx(10 + 10 * 20 / 40)
+    assert stats.quantile(counts, "ttft", 0.99) == pytest.approx(50 + 25 * 9 / 10)
     assert stats.quantile(Counter(), "ttft", 0.5) is None
     stats.observe(counts, "ttft", 10**7, n=1000)
     assert stats.quantile(counts, "ttft", 0.99) == 60000  # the open bucket: its lower bound, as Prometheus does
@@ -57,8 +66,8 @@ def test_windows_sum_into_rates_series_and_percentiles() -> None:
     assert summary.tokens_per_s == pytest.approx(400 / 55)  # 5 complete windows and 5 s of the current one
     assert summary.requests_per_s == pytest.approx(6 / 55)
     assert (summary.tokens, summary.done, summary.error, summary.cancelled) == (1399, 13, 1, 1)
-    assert summary.ttft_ms["p50"] == pytest.approx(75.0)
-    assert 10 < summary.itl_ms["p99"] <= 20
+    assert summary.ttft_ms["p50"] == pytest.approx(87.5)
+    assert 17.5 < summary.itl_ms["p99"] <= 20
     assert summary.queue_ms["p50"] is None
 
 
@@ -110,7 +119,7 @@ async def test_the_publisher_writes_counts_failures_and_terminal_counts_in_its_r
     if not written:  # the window turned between the write and this read
         key = keys.stats("m", "CPU", stats.window_of(time.time()) - stats.WINDOW_S)
         written = {k.decode(): int(v) for k, v in (await aredis.hgetall(key)).items()}
-    assert written["tokens"] == 7 and written["ttft:50"] == 1
+    assert written["tokens"] == 7 and written["ttft:35"] == 1
     assert written["done"] == 1 and written["error"] == 3 and "running" not in written
     assert written["e2e:500"] == 1
     assert 0 < await aredis.ttl(key) <= 120
