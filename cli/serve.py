@@ -178,12 +178,13 @@ def _prepare(model: ModelConfig) -> bool:
 
     if is_prepared(model.path):
         return True
-    # A plain line, not the progress spinner: the download and the conversion draw their own progress bars.
-    log(f"preparing {model.name}: downloading it and converting it to OpenVINO IR, once, into {model.path}")
+    if model.source:
+        # A plain line, not the progress spinner: the download and the conversion draw their own progress bars.
+        log(f"preparing {model.name}: downloading it and converting it to OpenVINO IR, once, into {model.path}")
     try:
         prepare(model)
     except Exception as exc:  # a download or a conversion fails in many ways: one line, not a traceback
-        log(f"preparing {model.name} failed: {exc}")
+        log(f"{model.name} cannot be prepared: {exc}")
         return False
     return True
 

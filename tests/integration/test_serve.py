@@ -111,6 +111,20 @@ def test_ovq_serve_names_the_worker_that_cannot_load_and_exits_non_zero_without_
             serve.kill()
 
 
+def test_a_model_path_without_a_model_is_one_line_and_exit_1_before_anything_starts(tmp_path: Path) -> None:
+    config = tmp_path / "models.json"
+    config.write_text(json.dumps({"models": {"nowhere": {"path": str(tmp_path / "no-such-model")}}}))
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OVQ_", "REDIS_URL"))}
+    env.update(PYTHONPATH=str(ROOT), OVQ_CACHE_DIR=str(tmp_path / "cache"), OVQ_PORT=str(free_port()))
+    done = subprocess.run(_dev_serve("--config", str(config)), env=env, cwd=tmp_path, capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 1
+    assert f"ovq serve: nowhere cannot be prepared: {tmp_path / 'no-such-model'} holds no OpenVINO model" in \
+        done.stderr, done.stderr
+    assert "Traceback" not in done.stderr and SERVING not in done.stderr, done.stderr
+    assert not (tmp_path / "cache" / "redis").exists()  # nothing was started
+
+
 def test_ctrl_c_while_ovq_serve_starts_stops_everything_with_one_line_why(model_dir: Path, tmp_path: Path) -> None:
     env, _ = _environment(tmp_path, model_dir)
     env["PYTHONPATH"] = str(ROOT)
