@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -36,6 +37,9 @@ from common.settings import Settings
 QUICK_EXIT_S = 10.0
 MAX_QUICK_EXITS = 5
 POLL_S = 0.25
+# A child's line that says what went wrong: a log record at ERROR or worse, an exception, a tier's own one-line
+# reason (`ovq worker: ...`). uvicorn, for one, logs more lines after its error as it shuts down.
+ERROR_LINE = re.compile(r"\b(ERROR|CRITICAL)\b|Error\b|Exception\b|^ovq [a-z-]+:")
 API_STOP_REPEAT_S = 2.0
 
 
@@ -51,7 +55,8 @@ class Child:
     model: str = ""  # a worker's model and device, as it announces them
     device: str = ""
     process: subprocess.Popen[bytes] | None = None
-    last_line: str = ""  # the last non-blank line it printed: why it exited, often
+    last_line: str = ""  # the last non-blank line it printed
+    last_error: str = ""  # the last one that reads as an error: why it exited, most often
     reader: threading.Thread | None = None
     started: float = 0.0
     quick_exits: int = 0
@@ -74,18 +79,24 @@ class Child:
             line = raw.decode(errors="replace").rstrip()
             if line.strip():
                 self.last_line = line.strip()
+                if ERROR_LINE.search(line):
+                    self.last_error = self.last_line
             try:
                 say(line)
             except (OSError, ValueError):  # our stderr is gone (a closed pipe): keep reading, or the child blocks
                 pass
 
+    @property
+    def last_words(self) -> str:
+        return self.last_error or self.last_line
+
     def exit_reason(self) -> str:
-        """How it exited, with its last line (read to the end first, but not for longer than a second: a
-        grandchild may hold the pipe open)."""
+        """How it exited, with its last error line, else its last line (read to the end first, but not for longer
+        than a second: a grandchild may hold the pipe open)."""
         assert self.process is not None
         if self.reader is not None:
             self.reader.join(timeout=1.0)
-        said = f": {self.last_line}" if self.last_line else ""
+        said = f": {self.last_words}" if self.last_words else ""
         return f"exited with code {self.process.returncode}{said}"
 
     @property
@@ -220,7 +231,7 @@ def _wait_until_serving(workers: list[Child], api: Child, batch: Child, stopper:
             late += [] if api_up else [(api, api_bound_s(settings), f"answer {base}/health")]
             for child, bound, what in late:
                 if time.monotonic() - child.started > bound:
-                    said = f"; its last line: {child.last_line}" if child.last_line else ""
+                    said = f"; it last said: {child.last_words}" if child.last_words else ""
                     return f"{child.name} failed to start: it did not {what} within {bound:.0f}s{said}"
             steps = [f"loading {w.model} on {w.device}" for w in loading] + ([] if api_up else ["API starting"])
             progress.update(", ".join(steps), time.monotonic() - started)
@@ -228,6 +239,34 @@ def _wait_until_serving(workers: list[Child], api: Child, batch: Child, stopper:
         return None
     finally:
         announcements.close()
+
+
+def _children(models: list[ModelConfig], env: dict[str, str],
+              keys: dict[str, str]) -> tuple[list[Child], Child, Child]:
+    """A worker per model and device, the API, the batch worker."""
+    workers = [Child(f"worker {m.name} on {d}", _module("workers", "--model", m.name, "--device", d), env,
+                     model=m.name, device=d.upper()) for m in models for d in m.devices]
+    api = Child("api", _module("api"), {**env, **keys, "OVQ_MODELS": json.dumps([m.name for m in models])})
+    # Lines go to this API (OVQ_PORT), with one of its keys.
+    batch = Child("batch worker", _module("cli.main", "batch-worker"), {**env, **_batch_key(env, keys)})
+    return workers, api, batch
+
+
+def _stop_in_order(why: str, workers: list[Child], api: Child, batch: Child, redis: EmbeddedRedis | None,
+                   settings: Settings) -> None:
+    log(f"{why}: stopping the batch worker and the API, then the workers "
+        f"(grace {settings.shutdown_grace_s:.0f}s), then Redis")
+    batch.stop(settings.shutdown_grace_s + 10)  # first: its lines in flight need the API and the workers
+    # Repeated: a SIGTERM that comes while the API installs its handlers is lost (api/__main__.py ignores
+    # signals until uvicorn takes them); uvicorn takes another as the same request.
+    api.stop(settings.shutdown_grace_s + 10, repeat_s=API_STOP_REPEAT_S)
+    for child in workers:  # all at once: each drains its own jobs within the grace period
+        if child.running:
+            child.process.send_signal(signal.SIGTERM)
+    for child in workers:
+        child.stop(settings.shutdown_grace_s + 10)
+    if redis:
+        redis.stop()
 
 
 def serve(args: argparse.Namespace) -> int:
@@ -271,11 +310,7 @@ def serve(args: argparse.Namespace) -> int:
         if redis:
             redis.stop()
         return 0
-    workers = [Child(f"worker {m.name} on {d}", _module("workers", "--model", m.name, "--device", d), env,
-                     model=m.name, device=d.upper()) for m in models for d in m.devices]
-    api = Child("api", _module("api"), {**env, **keys, "OVQ_MODELS": json.dumps([m.name for m in models])})
-    # Lines go to this API (OVQ_PORT), with one of its keys.
-    batch = Child("batch worker", _module("cli.main", "batch-worker"), {**env, **_batch_key(env, keys)})
+    workers, api, batch = _children(models, env, keys)
     children = [*workers, api, batch]
     failure = None
     try:
@@ -295,20 +330,8 @@ def serve(args: argparse.Namespace) -> int:
             time.sleep(0.2)
     finally:
         progress.close()
-        why = stopper.why or ("not serving" if failure else "every child failed")
-        log(f"{why}: stopping the batch worker and the API, then the workers "
-            f"(grace {settings.shutdown_grace_s:.0f}s), then Redis")
-        batch.stop(settings.shutdown_grace_s + 10)  # first: its lines in flight need the API and the workers
-        # Repeated: a SIGTERM that comes while the API installs its handlers is lost (api/__main__.py ignores
-        # signals until uvicorn takes them); uvicorn takes another as the same request.
-        api.stop(settings.shutdown_grace_s + 10, repeat_s=API_STOP_REPEAT_S)
-        for child in workers:  # all at once: each drains its own jobs within the grace period
-            if child.running:
-                child.process.send_signal(signal.SIGTERM)
-        for child in workers:
-            child.stop(settings.shutdown_grace_s + 10)
-        if redis:
-            redis.stop()
+        _stop_in_order(stopper.why or ("not serving" if failure else "every child failed"), workers, api, batch,
+                       redis, settings)
     return 0 if stopper.why and not failure else 1
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -109,6 +110,20 @@ def test_ovq_serve_names_the_worker_that_cannot_load_and_exits_non_zero_without_
     finally:
         if serve.poll() is None:
             serve.kill()
+
+
+def test_an_api_that_cannot_take_its_port_is_named_with_its_error_and_exit_1(model_dir: Path, tmp_path: Path) -> None:
+    env, port = _environment(tmp_path, model_dir)
+    env["PYTHONPATH"] = str(ROOT)
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", port))
+        taken.listen()
+        done = subprocess.run(_dev_serve(), env=env, cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    said = [line for line in done.stderr.splitlines() if line.startswith("ovq serve: api failed to start")]
+    assert done.returncode == 1, done.stderr[-3000:]
+    # uvicorn's error, not the lines it logs as it shuts down after it.
+    assert said and "address already in use" in said[0], done.stderr[-3000:]
+    assert SERVING not in done.stderr and "Traceback" not in done.stderr, done.stderr[-3000:]
 
 
 def test_a_model_path_without_a_model_is_one_line_and_exit_1_before_anything_starts(tmp_path: Path) -> None:
