@@ -3,6 +3,7 @@ model with its embedded Redis says "serving" only once a request is answered, an
 that cannot load makes it say which and exit non-zero; Ctrl-C while it starts stops everything cleanly."""
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import signal
@@ -158,3 +159,26 @@ def test_ctrl_c_while_ovq_serve_starts_stops_everything_with_one_line_why(model_
     finally:
         if serve.poll() is None:
             serve.kill()
+
+
+def test_ctrl_c_while_ovq_serve_prepares_a_model_stops_it_with_one_line_why(tmp_path: Path) -> None:
+    config = tmp_path / "models.json"
+    config.write_text(json.dumps({"models": {"slow": {"path": str(tmp_path / "slow"),
+                                                      "source": str(tmp_path / "slow.gguf")}}}))
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OVQ_", "REDIS_URL"))}
+    env.update(PYTHONPATH=str(ROOT), OVQ_CACHE_DIR=str(tmp_path / "cache"), OVQ_PORT=str(free_port()))
+    log = tmp_path / "serve.log"
+    # Another process preparing the same model holds its lock: this preparation waits for it.
+    with open(tmp_path / "slow.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        serve = _start(_dev_serve("--config", str(config)), env, tmp_path)
+        try:
+            _wait_for_line(serve, log, "ovq serve: preparing slow: downloading it and converting it")
+            serve.send_signal(signal.SIGINT)
+            assert serve.wait(60) == 0
+            text = log.read_text()
+            assert "ovq serve: SIGINT: stopping before anything else started" in text, text[-3000:]
+            assert "Traceback" not in text, text[-3000:]
+        finally:
+            if serve.poll() is None:
+                serve.kill()
