@@ -66,9 +66,11 @@ class Child:
 
     def start(self) -> None:
         # Its own session, so a Ctrl-C reaches only `ovq serve`, which stops the tiers in order.
-        # Its lines pass through `ovq serve` (above the progress line, and remembered for a failure's reason).
-        self.process = subprocess.Popen(self.args, env=self.env, start_new_session=True, stdout=subprocess.PIPE,
-                                        stderr=subprocess.STDOUT)
+        # Its lines pass through `ovq serve` (above the progress line, and remembered for a failure's reason),
+        # unbuffered: in order, and none lost when it dies.
+        self.process = subprocess.Popen(self.args, env={**self.env, "PYTHONUNBUFFERED": "1"}, start_new_session=True,
+                                        stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        self.last_line = self.last_error = ""
         self.started = time.monotonic()
         self.restart_at = None
         self.reader = threading.Thread(target=self._pass_on, args=(self.process.stdout,), daemon=True)
