@@ -2,9 +2,20 @@
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
 
-from cli import batch, dead, drain, jobs, models, redis, serve, status, tiers
+
+def _stopped(signum: int, _frame: object) -> None:
+    print(f"ovq: {signal.Signals(signum).name} before the command started: exiting", file=sys.stderr)
+    sys.exit(0)
+
+
+# Before the imports below (a second or more): a stop signal while `ovq` starts ends it with exit 0 and a line, not
+# a kill. Each command puts its own handlers in place when it has any; `ovq api` and `ovq worker` exec the tier.
+signal.signal(signal.SIGTERM, _stopped)
+
+from cli import batch, dead, drain, jobs, models, redis, serve, status, tiers  # noqa: E402
 
 
 def parser() -> argparse.ArgumentParser:

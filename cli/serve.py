@@ -40,7 +40,6 @@ POLL_S = 0.25
 # A child's line that says what went wrong: a log record at ERROR or worse, an exception, a tier's own one-line
 # reason (`ovq worker: ...`). uvicorn, for one, logs more lines after its error as it shuts down.
 ERROR_LINE = re.compile(r"\b(ERROR|CRITICAL)\b|Error\b|Exception\b|^ovq [a-z-]+:")
-API_STOP_REPEAT_S = 2.0
 
 
 def log(message: str) -> None:
@@ -124,21 +123,17 @@ class Child:
         elif now >= self.restart_at:
             self.start()
 
-    def stop(self, timeout: float, repeat_s: float | None = None) -> None:
-        """SIGTERM, and SIGTERM again every `repeat_s` (for a child that takes a repeat as the same request) until
-        it exits; killed past `timeout`."""
+    def stop(self, timeout: float) -> None:
+        """SIGTERM; killed past `timeout`."""
         if not self.running:
             return
         assert self.process is not None
-        deadline = time.monotonic() + timeout
-        while True:
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                self.process.wait(timeout=min(repeat_s or timeout, max(deadline - time.monotonic(), 0.0)))
-                return
-            except subprocess.TimeoutExpired:
-                if time.monotonic() >= deadline:
-                    break
+        self.process.send_signal(signal.SIGTERM)
+        try:
+            self.process.wait(timeout=timeout)
+            return
+        except subprocess.TimeoutExpired:
+            pass
         log(f"{self.name} did not stop within {timeout:.0f}s; killing it")
         self.process.kill()
         self.process.wait()
@@ -259,9 +254,7 @@ def _stop_in_order(why: str, workers: list[Child], api: Child, batch: Child, red
     log(f"{why}: stopping the batch worker and the API, then the workers "
         f"(grace {settings.shutdown_grace_s:.0f}s), then Redis")
     batch.stop(settings.shutdown_grace_s + 10)  # first: its lines in flight need the API and the workers
-    # Repeated: a SIGTERM that comes while the API installs its handlers is lost (api/__main__.py ignores
-    # signals until uvicorn takes them); uvicorn takes another as the same request.
-    api.stop(settings.shutdown_grace_s + 10, repeat_s=API_STOP_REPEAT_S)
+    api.stop(settings.shutdown_grace_s + 10)  # a SIGTERM while it starts is kept for uvicorn (api/http/signals.py)
     for child in workers:  # all at once: each drains its own jobs within the grace period
         if child.running:
             child.process.send_signal(signal.SIGTERM)

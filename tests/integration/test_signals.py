@@ -115,3 +115,15 @@ def test_a_worker_as_pid_1_of_its_namespace_drains_on_sigterm(tiers: Callable[..
     streams.wait_started()
     worker.send_signal(signal.SIGTERM)
     assert_drained(t, outer, streams, "SIGTERM")
+
+
+@pytest.mark.parametrize("delay", [0.3, 1.5])
+def test_an_api_stopped_while_it_starts_exits_0_saying_why(tiers: Callable[..., Tiers], delay: float) -> None:
+    """A stop signal that lands while the API is still starting (before or while uvicorn sets up) is neither lost
+    nor a crash: the API stops at once, or serves and drains, exits 0 and says why."""
+    t = tiers({})
+    api = t.api()
+    time.sleep(delay)
+    api.send_signal(signal.SIGTERM)
+    assert api.wait(30) == 0, t.log(api)
+    assert "SIGTERM" in t.log(api) or "Shutting down" in t.log(api), t.log(api)
