@@ -23,7 +23,7 @@ from api.openai.protocol import ModelList, ModelObject
 from api.openai.serving import Serving
 from api.ops import router as ops_router
 from api.ops.metrics import Metrics, Record
-from api.queue.client import JobClient
+from api.queue.client import CLIENT_CLOSED, ClientGone, JobClient
 from api.queue.heartbeat import ApiHeartbeat
 from api.queue.hub import EventHub
 from api.queue.registry import Registry
@@ -220,6 +220,9 @@ async def _counted(request: Request, endpoint: str, handler: Any) -> Response:
     record = request.state.record = Record(endpoint)
     try:
         response = await handler(request)
+    except ClientGone:  # before any answer: nobody reads this one, but logs and metrics do
+        record.failed(CLIENT_CLOSED)
+        response = Response(status_code=CLIENT_CLOSED)
     except OvqError as exc:
         record.failed(exc.status, exc.body.code)
         metrics.finish(record)

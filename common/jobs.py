@@ -1,9 +1,13 @@
-"""The job: what the API puts on a model's stream and a worker runs. Versioned: workers on other hosts read it."""
+"""The job: what the API puts on a model's stream and a worker runs. Versioned: workers on other hosts read it.
+
+Also the job's hash (`Keys.job`: where a job is and how it went) by its field names and status values, and the
+fields of a stream entry: every tier and the operator's tools read and write them by these names.
+"""
 from __future__ import annotations
 
 import time
 import uuid
-from typing import Any, Literal
+from typing import Any, Final, Literal
 
 import orjson
 from pydantic import BaseModel, Field
@@ -13,6 +17,50 @@ JOB_VERSION = 2
 Priority = Literal["interactive", "batch"]
 # The request header that marks a request's job as batch traffic (the Batch API's workers send it).
 PRIORITY_HEADER = "X-Ovq-Priority"
+
+
+class JobStatus:
+    """The job hash's `status`: `queued` by the API (or a retried dead letter), `running` once a worker accepted
+    it, then how it ended."""
+
+    QUEUED: Final = "queued"
+    RUNNING: Final = "running"
+    DONE: Final = "done"
+    ERROR: Final = "error"
+    CANCELLED: Final = "cancelled"
+
+
+class JobHash:
+    """The job hash's field names. Written by the API's enqueue (status, created, api, model, device), then by the
+    worker's publisher (the rest; `updated` on every write), and by `ovq dead retry` (retries)."""
+
+    STATUS: Final = "status"  # a `JobStatus`
+    CREATED: Final = "created"  # unix s, as the job says
+    API: Final = "api"  # the API process waiting for it (its `reply_to`)
+    MODEL: Final = "model"
+    DEVICE: Final = "device"
+    UPDATED: Final = "updated"  # unix s of the last write
+    WORKER: Final = "worker"  # the worker that accepted it
+    ENTRY: Final = "entry"  # its stream entry id (when Redis queued it)
+    TAKEN: Final = "taken"  # unix s it left the stream
+    STREAMED: Final = "streamed"  # 1 once a token went out: a dead worker's job is then failed, not run again
+    PROMPT_TOKENS: Final = "prompt_tokens"
+    COMPLETION_TOKENS: Final = "completion_tokens"
+    QUEUE_MS: Final = "queue_ms"
+    TTFT_MS: Final = "ttft_ms"
+    TOTAL_MS: Final = "total_ms"
+    RESULT: Final = "result"  # the `done` event (JSON)
+    ERROR: Final = "error"  # the error body (JSON)
+    REASON: Final = "reason"  # why it was cancelled, when not by its client
+    TEXT: Final = "text"  # the first choice's text, only with OVQ_KEEP_JOB_TEXT
+    RETRIES: Final = "retries"  # how often an operator retried it from the dead letters
+
+
+# A stream entry's fields: the job (`Job.to_fields`); a dead letter adds why and which worker put it there.
+ENTRY_JOB: Final = "job"
+ENTRY_REASON: Final = "reason"
+ENTRY_WORKER: Final = "worker"
+_ENTRY_JOB = ENTRY_JOB.encode()
 
 
 class SamplingParams(BaseModel):
@@ -88,8 +136,8 @@ class Job(BaseModel):
     priority: Priority = "interactive"
 
     def to_fields(self) -> dict[str, bytes]:
-        return {"job": orjson.dumps(self.model_dump())}
+        return {ENTRY_JOB: orjson.dumps(self.model_dump())}
 
     @classmethod
     def from_fields(cls, fields: dict[bytes, bytes]) -> Job:
-        return cls.model_validate_json(fields[b"job"])
+        return cls.model_validate_json(fields[_ENTRY_JOB])

@@ -21,7 +21,7 @@ from redis.exceptions import ResponseError
 from common import heap
 from common.errors import ErrorBody, OvqError
 from common.events import Cancelled, Error
-from common.jobs import Job
+from common.jobs import ENTRY_JOB, ENTRY_REASON, ENTRY_WORKER, Job, JobStatus
 from common.keys import GROUP, Keys
 from common.modelcard import ModelCard
 from common.models.config import ModelConfig
@@ -242,7 +242,7 @@ class BaseWorker:
                 log.exception("unreadable job %s moved to the dead-letter stream", entry_id)
                 await self.dead_letter(fields, "unreadable")
                 outbox.ack(entry_id, stream)
-                self._refuse_unreadable(fields.get(b"job", b""), outbox)
+                self._refuse_unreadable(fields.get(ENTRY_JOB.encode(), b""), outbox)
         self.publisher.put(outbox)
         await self.admit_jobs(jobs, taken, lane)
 
@@ -255,7 +255,7 @@ class BaseWorker:
         for entry_id, job in jobs:
             if job.id in cancelled or job.reply_to in gone or self._cancelled_early.pop(job.id, None):
                 outbox.publish(job.reply_to, Cancelled(job=job.id, seq=1))
-                outbox.set_status(job.id, status="cancelled",
+                outbox.set_status(job.id, status=JobStatus.CANCELLED,
                                   reason=f"its API process {job.reply_to} is gone" if job.reply_to in gone else None)
                 outbox.ack(entry_id, self.stream_of(job))
                 continue
@@ -281,7 +281,7 @@ class BaseWorker:
                 if now - since > self.settings.worker_ttl_s * 4:
                     log.warning("job %s dropped: its API process (%s) stopped listening", job_id, job.reply_to)
                     del self._deferred[job_id]
-                    outbox.set_status(job_id, status="cancelled")
+                    outbox.set_status(job_id, status=JobStatus.CANCELLED)
                     outbox.ack(entry_id, self.stream_of(job))
             self.publisher.put(outbox)
             waiting = [(e, j) for e, j, _ in self._deferred.values()][: self.room()]
@@ -364,7 +364,8 @@ class BaseWorker:
 
     async def dead_letter(self, fields: dict[bytes, bytes], reason: str) -> None:
         """Into the dead-letter stream (trimmed to about OVQ_MAX_DEAD_LETTERS), for `ovq dead` and the ops page."""
-        await self.redis.xadd(self.keys.dead, {**fields, b"reason": reason.encode(), b"worker": self.id.encode()},
+        await self.redis.xadd(self.keys.dead, {**fields, ENTRY_REASON.encode(): reason.encode(),
+                                              ENTRY_WORKER.encode(): self.id.encode()},
                               maxlen=self.settings.max_dead_letters, approximate=True)
 
     def _job_done(self, state: JobState, outbox: Outbox) -> None:
@@ -379,7 +380,8 @@ class BaseWorker:
             error = OvqError(message, status, "server_error" if status >= 500 else "invalid_request_error")
             outbox.publish(state.job.reply_to, Error(job=state.job.id, seq=state.next_seq(), status=status,
                                                      error=error.body))
-            outbox.set_status(state.job.id, status="error", error=error.body.model_dump(), **state.summary())
+            outbox.set_status(state.job.id, status=JobStatus.ERROR, error=error.body.model_dump(),
+                              **state.summary())
             outbox.ack(state.entry_id, self.stream_of(state.job))
         self.running.clear()
         self._orphaned.clear()

@@ -1,13 +1,13 @@
 """One choice of an answer as the API builds it: text through the output parser, log-probabilities, finish.
 
-Events are the worker's plain dicts (see `common.events.Delta` for their fields): this is the hot path.
+Events are the worker's plain dicts (`common.events.DeltaEvent`): this is the hot path.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
 
 from api.openai.parsers import OutputParser, Parsed, ParsedDelta
+from common.events import DeltaEvent, TokenLogprobDict
 
 
 @dataclass(eq=False)  # identity: a response keys its choices' pending texts by the choice itself
@@ -16,7 +16,7 @@ class ChoiceState:
     parser: OutputParser | None = None
     top: int | None = None  # None: no log-probabilities; else how many alternatives per token (0 or 1)
     text: list[str] = field(default_factory=list)
-    logprobs: list[dict[str, Any]] = field(default_factory=list)
+    logprobs: list[TokenLogprobDict] = field(default_factory=list)
     finish: str | None = None
     called: bool = False  # a tool call went out in the stream
     offset: int = 0  # characters of text so far: a completion's `text_offset`
@@ -26,7 +26,7 @@ class ChoiceState:
         """Text goes out as it comes: no parser, no log-probabilities (the fast path)."""
         return self.parser is None and self.top is None
 
-    def add(self, delta: dict[str, Any]) -> None:
+    def add(self, delta: DeltaEvent) -> None:
         """Whole answers: keep everything for `parsed()` at the end."""
         self.text.append(delta["text"])
         if delta.get("logprobs"):
@@ -40,7 +40,7 @@ class ChoiceState:
             return Parsed(text, None, [])
         return self.parser.parse(text, cut=self.finish == "length")
 
-    def feed(self, delta: dict[str, Any]) -> ParsedDelta:
+    def feed(self, delta: DeltaEvent) -> ParsedDelta:
         """Streams: what this delta adds, through the parser; at the choice's end, whatever it held back."""
         finish = delta.get("finish_reason")
         if finish:

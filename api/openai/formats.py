@@ -18,9 +18,10 @@ import orjson
 from api.openai.choices import ChoiceState
 from api.openai.parsers import ParsedDelta, ToolCall
 from api.openai.protocol import ChatCompletion, Completion
+from common.events import DeltaEvent, TokenLogprobDict
 
 
-def _chat_logprobs(entries: list[dict[str, Any]], top: int) -> dict[str, Any]:
+def _chat_logprobs(entries: list[TokenLogprobDict], top: int) -> dict[str, Any]:
     content = []
     for entry in entries:
         if entry["logprob"] is None:
@@ -30,7 +31,7 @@ def _chat_logprobs(entries: list[dict[str, Any]], top: int) -> dict[str, Any]:
     return {"content": content}
 
 
-def _completion_logprobs(entries: list[dict[str, Any]], top: int, choice: ChoiceState) -> dict[str, Any]:
+def _completion_logprobs(entries: list[TokenLogprobDict], top: int, choice: ChoiceState) -> dict[str, Any]:
     tokens, logprobs, offsets = [], [], []
     alternatives: list[dict[str, float] | None] | None = [] if top >= 1 else None
     for entry in entries:
@@ -89,7 +90,7 @@ class ChatFormat(_Stream):
         out = self._content(choice.index, text) if text else b""
         return out + self._finish(choice.index, finish, b"null") if finish else out
 
-    def chunk(self, choice: ChoiceState, delta: dict[str, Any]) -> bytes:
+    def chunk(self, choice: ChoiceState, delta: DeltaEvent) -> bytes:
         finish = delta.get("finish_reason")
         if choice.plain:
             return self.plain(choice, delta["text"], finish)
@@ -156,7 +157,7 @@ class CompletionFormat(_Stream):
         return self._frame(b'{"index":%d,"text":%s,"logprobs":null,"finish_reason":%s}'
                            % (choice.index, orjson.dumps(text), orjson.dumps(finish)))
 
-    def chunk(self, choice: ChoiceState, delta: dict[str, Any]) -> bytes:
+    def chunk(self, choice: ChoiceState, delta: DeltaEvent) -> bytes:
         finish = delta.get("finish_reason")
         if choice.plain:
             return self.plain(choice, delta["text"], finish)

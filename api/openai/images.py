@@ -19,11 +19,12 @@ from api.http.sse import frame
 from api.openai.limits import check_image_prompts, require_media_type
 from api.openai.media import check_image
 from api.openai.protocol import ImageData, ImageEditRequest, ImageRequest, ImagesResponse, ImageStreamEvent, StreamError
-from api.openai.serving import parse_body, validation_error
+from api.openai.serving import parse_body, stream_response, validation_error
 from api.ops.metrics import Record
-from api.queue.client import ClientGone, Generation, JobClient, deadline, request_id
+from api.queue.client import CLIENT_CLOSED, ClientGone, Generation, JobClient, deadline, error_of, request_id
 from api.queue.registry import Registry, Servable
 from common.errors import OvqError, exc_text, internal
+from common.events import CANCELLED, DONE, ERROR, PROGRESS
 from common.jobs import ImageParams, Job
 from common.modelcard import ImageLimits
 from common.models.config import parse_size
@@ -130,10 +131,15 @@ class ImageServing:
 
     async def _respond(self, request: Request, body: ImageRequest, servable: Servable, job: Job,
                        kind: str) -> Response:
-        request.state.record.model = body.model
-        stream = (lambda generation, record: self._stream(generation, kind, record)) if body.stream else None
-        return await self.jobs.respond(request, [job], servable, deadline(request, self.settings.request_timeout_s),
-                                       stream, self._whole)
+        record: Record = request.state.record
+        record.model = body.model
+        ends = deadline(request, self.settings.request_timeout_s)
+        async with self.jobs.open(request, [job], servable, ends) as generation:
+            headers = {"X-Request-Id": record.request_id}
+            if body.stream:
+                frames = self._stream(generation, kind, record)
+                return stream_response(generation, frames, record, self.jobs.metrics, headers)
+            return await self._whole(generation, record, headers)
 
     async def _images(self, keys: list[str]) -> list[str]:
         pipe = self.jobs.redis.pipeline(transaction=False)
@@ -147,17 +153,15 @@ class ImageServing:
     async def _whole(self, generation: Generation, record: Record, headers: dict[str, str]) -> Response:
         while not generation.finished:
             for event in await generation.events():
-                if event["type"] == "done":
+                if event["type"] == DONE:
                     record.done(event)
                     data = [ImageData(b64_json=b) for b in await self._images(event["images"])]
                     answer = ImagesResponse(created=int(time.time()), data=data, size=event.get("size"))
                     return Response(answer.model_dump_json(exclude_none=True), media_type="application/json",
                                     headers=headers)
-                if event["type"] == "error":
-                    error = event["error"]
-                    raise OvqError(error["message"], event["status"], error.get("type", "invalid_request_error"),
-                                   error.get("param"), error.get("code"))
-                if event["type"] == "cancelled":
+                if event["type"] == ERROR:
+                    raise error_of(event, "invalid_request_error")
+                if event["type"] == CANCELLED:
                     raise ClientGone()
         raise ClientGone()
 
@@ -167,20 +171,20 @@ class ImageServing:
             while not generation.finished:
                 for event in await generation.events():
                     now = int(time.time())
-                    if event["type"] == "progress":
+                    if event["type"] == PROGRESS:
                         partial = ImageStreamEvent(
                             type=f"{kind}.partial_image", b64_json=event.get("preview") or "", created_at=now,
                             size=size, partial_image_index=event["step"] - 1, step=event["step"],
                             total_steps=event["total"], index=event.get("index", 0))
                         yield frame(partial.model_dump_json(exclude_none=True).encode(), partial.type.encode())
-                    elif event["type"] == "done":
+                    elif event["type"] == DONE:
                         record.done(event)
                         for index, b64 in enumerate(await self._images(event["images"])):
                             completed = ImageStreamEvent(type=f"{kind}.completed", b64_json=b64, created_at=now,
                                                          size=event.get("size") or size, index=index, usage=NO_USAGE)
                             yield frame(completed.model_dump_json(exclude_none=True).encode(),
                                         completed.type.encode())
-                    elif event["type"] == "error":
+                    elif event["type"] == ERROR:
                         record.failed(event["status"], event["error"].get("code"))
                         error = StreamError(error=event["error"]).model_dump_json().encode()
                         yield frame(error, b"error")
@@ -188,4 +192,4 @@ class ImageServing:
             record.failed(exc.status, exc.body.code)
             yield frame(StreamError(error=exc.body).model_dump_json().encode(), b"error")
         except ClientGone:
-            record.failed(499)
+            record.failed(CLIENT_CLOSED)

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from typing import Any, TypeVar
 
 import orjson
@@ -10,7 +10,8 @@ from pydantic import BaseModel, ValidationError
 from starlette.requests import Request
 from starlette.responses import Response
 
-from api.http.sse import DONE, PING, Last
+from api.http.sse import DONE as END
+from api.http.sse import PING, Last, SSEResponse, Write
 from api.openai.checks import check_for_model
 from api.openai.choices import ChoiceState
 from api.openai.formats import ChatFormat, CompletionFormat, Format
@@ -20,9 +21,11 @@ from api.openai.media import load_image
 from api.openai.protocol import ChatCompletionRequest, CompletionRequest, SamplingRequest
 from api.openai.templates import render, template_message
 from api.ops.metrics import Metrics, Record
-from api.queue.client import CLIENT_CLOSED, ClientGone, Generation, JobClient, deadline, request_id
+from api.queue.client import CLIENT_CLOSED, ClientGone, Generation, JobClient, deadline, error_of, request_id
+from api.queue.hub import Express
 from api.queue.registry import Registry, Servable
 from common.errors import OvqError
+from common.events import CANCELLED, DELTA, DONE, ERROR, DoneEvent, EventDict
 from common.jobs import Job, SamplingParams
 from common.modelcard import ModelCard
 from common.redis.client import UNAVAILABLE
@@ -143,10 +146,15 @@ class Serving:
 
     async def _respond(self, request: Request, body: SamplingRequest, servable: Servable, jobs: list[Job],
                        fmt: Format, choices: dict[tuple[str, int], ChoiceState]) -> Response:
-        request.state.record.model = body.model
-        stream = (lambda generation, record: self._stream(generation, fmt, choices, record)) if body.stream else None
-        return await self.jobs.respond(request, jobs, servable, deadline(request, self.jobs.settings.request_timeout_s),
-                                       stream, lambda g, record, headers: self._whole(g, fmt, choices, record, headers))
+        record: Record = request.state.record
+        record.model = body.model
+        ends = deadline(request, self.jobs.settings.request_timeout_s)
+        async with self.jobs.open(request, jobs, servable, ends) as generation:
+            headers = {"X-Request-Id": record.request_id}
+            if body.stream:
+                frames = self._stream(generation, fmt, choices, record)
+                return stream_response(generation, frames, record, self.metrics, headers)
+            return await self._whole(generation, fmt, choices, record, headers)
 
     async def _whole(self, generation: Generation, fmt: Format, choices: dict[tuple[str, int], ChoiceState],
                      record: Record, headers: dict[str, str]) -> Response:
@@ -154,17 +162,15 @@ class Serving:
         while not generation.finished:
             for event in await generation.events():
                 kind = event["type"]
-                if kind == "delta":
+                if kind == DELTA:
                     choices[event["job"], event.get("index", 0)].add(event)
-                elif kind == "done":
+                elif kind == DONE:
                     _add_usage(usage, event)
                     record.done(event)
                     _finish_choices(choices, event)
-                elif kind == "error":
-                    error = event["error"]
-                    raise OvqError(error["message"], event["status"], error.get("type", "server_error"),
-                                   error.get("param"), error.get("code"))
-                elif kind == "cancelled":
+                elif kind == ERROR:
+                    raise error_of(event, "server_error")
+                elif kind == CANCELLED:
                     raise ClientGone()
         ordered = sorted(choices.values(), key=lambda c: c.index)
         record.outcome = ordered[0].finish_reason(bool(ordered[0].parsed().tool_calls)) or "stop"
@@ -182,21 +188,20 @@ class Serving:
         last = time.monotonic()
         tail = b""  # the last frames: they go out with `[DONE]` and the end of the body, in one write
         try:
-            generation.inbox.express = self._express(generation, fmt, choices)
-            while not generation.finished:
-                events = await generation.events()
-                out = self._frames(events, fmt, choices, record, usage, generation)
-                if generation.finished:
-                    tail = out
-                    break
-                now = time.monotonic()
-                if out:
-                    last = now
-                    yield out
-                elif now - max(last, generation.inbox.last) >= PING_S:  # idle: keep proxies open
-                    last = now
-                    yield PING
-            generation.inbox.express = None  # nothing may follow the last frames
+            with generation.express(lambda write: self._express(write, generation, fmt, choices)):
+                while not generation.finished:
+                    events = await generation.events()
+                    out = self._frames(events, fmt, choices, record, usage, generation)
+                    if generation.finished:
+                        tail = out
+                        break
+                    now = time.monotonic()
+                    if out:
+                        last = now
+                        yield out
+                    elif now - max(last, generation.inbox.last) >= PING_S:  # idle: keep proxies open
+                        last = now
+                        yield PING
             if fmt.include_usage:
                 tail += fmt.usage(usage)
             if not record.outcome:
@@ -211,22 +216,16 @@ class Serving:
         except ClientGone:
             record.failed(CLIENT_CLOSED)
             return
-        finally:
-            generation.inbox.express = None
-        yield Last(tail + DONE)
+        yield Last(tail + END)
 
     @staticmethod
-    def _express(generation: Generation, fmt: Format,
-                 choices: dict[tuple[str, int], ChoiceState]) -> Callable[[dict[str, Any]], bool] | None:
+    def _express(write: Write, generation: Generation, fmt: Format,
+                 choices: dict[tuple[str, int], ChoiceState]) -> Express:
         """The hub writes a plain choice's text delta itself, in the order it came, when nothing is queued ahead
         of it: no task wake-up, no batching step, one write. Anything else (a finish, tool calls, log-probabilities,
         a terminal event, a slow client) declines and takes the loop above."""
-        write = generation.write
-        if write is None:
-            return None
-
-        def express(event: dict[str, Any]) -> bool:
-            if event["type"] != "delta" or event.get("finish_reason") or not generation.quiet:
+        def express(event: EventDict) -> bool:
+            if event["type"] != DELTA or event.get("finish_reason") or not generation.quiet:
                 return False
             choice = choices.get((event["job"], event.get("index", 0)))
             if choice is None or not choice.plain:
@@ -236,7 +235,7 @@ class Serving:
         return express
 
     @staticmethod
-    def _frames(events: list[dict[str, Any]], fmt: Format, choices: dict[tuple[str, int], ChoiceState],
+    def _frames(events: list[EventDict], fmt: Format, choices: dict[tuple[str, int], ChoiceState],
                 record: Record, usage: dict[str, int], generation: Generation) -> bytes:
         out: list[bytes] = []
         plain: dict[ChoiceState, list[str]] = {}  # texts of plain choices, merged into one chunk each
@@ -248,7 +247,7 @@ class Serving:
 
         for event in events:
             kind = event["type"]
-            if kind == "delta":
+            if kind == DELTA:
                 choice = choices[event["job"], event.get("index", 0)]
                 if choice.plain and not event.get("finish_reason"):
                     plain.setdefault(choice, []).append(event["text"])
@@ -257,26 +256,42 @@ class Serving:
                 if texts:
                     event = {**event, "text": "".join(texts) + event["text"]}
                 out.append(fmt.chunk(choice, event))
-            elif kind == "done":
+            elif kind == DONE:
                 _add_usage(usage, event)
                 record.done(event)
-            elif kind == "error":
+            elif kind == ERROR:
                 flush()
                 record.failed(event["status"], event["error"].get("code"))
                 out.append(b"data: " + orjson.dumps({"error": event["error"]}) + b"\n\n")
                 generation.end()  # the response ends here; close() cancels its other jobs
-            elif kind == "cancelled":
+            elif kind == CANCELLED:
                 raise ClientGone()
         flush()
         return b"".join(out)
 
 
-def _add_usage(usage: dict[str, int], event: dict[str, Any]) -> None:
+def stream_response(generation: Generation, frames: AsyncIterator[bytes], record: Record, metrics: Metrics,
+                    headers: dict[str, str]) -> SSEResponse:
+    """The generation's frames as SSE. The stream takes the generation over: its end (the last frame written, or
+    the client gone) closes it and finishes the request's record."""
+    generation.hand_over()
+    record.streaming = True
+
+    async def close() -> None:
+        if not generation.finished and not record.outcome:
+            record.failed(CLIENT_CLOSED)  # the client left mid-stream
+        await generation.close()
+        metrics.finish(record)
+
+    return SSEResponse(frames, close, headers, generation.writes_to)
+
+
+def _add_usage(usage: dict[str, int], event: DoneEvent) -> None:
     for name, value in (event.get("usage") or {}).items():
         usage[name] = usage.get(name, 0) + value
 
 
-def _finish_choices(choices: dict[tuple[str, int], ChoiceState], done: dict[str, Any]) -> None:
+def _finish_choices(choices: dict[tuple[str, int], ChoiceState], done: DoneEvent) -> None:
     reasons = done.get("finish_reasons") or [done.get("finish_reason", "stop")]
     for index, reason in enumerate(reasons):
         choice = choices.get((done["job"], index))

@@ -17,6 +17,7 @@ import redis.asyncio as aioredis
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from redis.exceptions import ResponseError
 
+from common.events import DoneEvent
 from common.keys import GROUP, Keys
 from common.ops.stats import BOUNDS
 
@@ -66,7 +67,7 @@ class Record:
     def failed(self, status: int, code: str | int | None = None) -> None:
         self.status, self.outcome = status, outcome_of(status, code)
 
-    def done(self, event: dict) -> None:
+    def done(self, event: DoneEvent) -> None:
         """A job's `done` event: its usage and the worker's timings (several jobs add up)."""
         usage, timings = event.get("usage") or {}, event.get("timings") or {}
         completion = usage.get("completion_tokens", 0)

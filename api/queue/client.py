@@ -12,34 +12,41 @@ import logging
 import re
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 
 import redis.asyncio as aioredis
 from starlette.requests import Request
-from starlette.responses import Response
 
-from api.http.sse import SSEResponse, Write
+from api.http.sse import Write
 from api.ops.metrics import Metrics, Record
-from api.queue.hub import EventHub, Inbox
+from api.queue.hub import EventHub, Express, Inbox
 from api.queue.priority import priority_of
 from api.queue.registry import Registry, Servable
 from common.errors import OvqError, unavailable
-from common.jobs import Job
+from common.events import ACCEPTED, CANCELLED, ERROR, TERMINAL, AcceptedEvent, ErrorEvent, EventDict
+from common.jobs import Job, JobHash, JobStatus
 from common.keys import Keys
 from common.redis.client import UNAVAILABLE
 from common.settings import Settings
 
 log = logging.getLogger("ovq.api.jobs")
 CLIENT_CLOSED = 499  # nginx's "client closed request": nobody reads it, but logs and metrics do
-TERMINAL = ("done", "error", "cancelled")
+QUEUED = JobStatus.QUEUED.encode()
 
 
 REQUEST_ID = re.compile(r"[A-Za-z0-9._:-]{1,128}")
 
 
 class ClientGone(Exception):
-    pass
+    """The client left (or its jobs were cancelled): the route answers 499 to nobody, a stream just ends."""
+
+
+def error_of(event: ErrorEvent, default_type: str) -> OvqError:
+    """A worker's `error` event as the HTTP error it stands for."""
+    error = event["error"]
+    return OvqError(error["message"], event["status"], error.get("type", default_type), error.get("param"),
+                    error.get("code"))
 
 
 def request_id(request: Request) -> str:
@@ -62,54 +69,23 @@ def deadline(request: Request, default_s: float | None) -> float | None:
     return time.monotonic() + seconds
 
 
-Stream = Callable[["Generation", Record], AsyncIterator[bytes]]
-Whole = Callable[["Generation", Record, dict[str, str]], Awaitable[Response]]
-
-
 class JobClient:
     def __init__(self, redis: aioredis.Redis, keys: Keys, hub: EventHub, registry: Registry, settings: Settings,
                  metrics: Metrics) -> None:
         self.redis, self.keys, self.hub, self.registry, self.settings = redis, keys, hub, registry, settings
         self.metrics = metrics
 
-    async def respond(self, request: Request, jobs: list[Job], servable: Servable, deadline: float | None,
-                      stream: Stream | None, whole: Whole) -> Response:
-        """Queue the jobs, hold the status until every worker's verdict, then answer as SSE or whole.
-
-        The client leaving at any point (queued, running, mid-stream) cancels the jobs at their workers. The
-        request's `Record` is finished here for streams (when the stream ends), else by the route.
-        """
+    def open(self, request: Request, jobs: list[Job], servable: Servable, deadline: float | None) -> Generation:
+        """The response's jobs, to run with `async with`: entering queues them, watches the client and holds until
+        every worker's verdict (its refusal raises as the HTTP error, also for streams); leaving cancels whatever
+        has not ended, unless a stream took the generation over (`hand_over()`): then the stream's end closes it.
+        The client leaving at any point raises `ClientGone`."""
         record: Record = request.state.record
         record.request_id = jobs[0].id.rsplit("-", 1)[0] if len(jobs) > 1 else jobs[0].id
         priority = priority_of(request)
         for job in jobs:
             job.priority = priority
-        generation = Generation(self, jobs, servable, deadline)
-        await generation.submit()
-        record.device = jobs[0].device
-        generation.watch(request)
-        headers = {"X-Request-Id": record.request_id}
-        try:
-            await generation.start()
-            if stream is not None:
-                record.streaming = True
-                return SSEResponse(stream(generation, record), self._closer(generation, record), headers,
-                                   generation.writes_to)
-            return await whole(generation, record, headers)
-        except ClientGone:
-            record.failed(CLIENT_CLOSED)
-            return Response(status_code=CLIENT_CLOSED)
-        finally:
-            if stream is None or not record.streaming:
-                await generation.close()
-
-    def _closer(self, generation: Generation, record: Record) -> Callable[[], Awaitable[None]]:
-        async def close() -> None:
-            if not generation.finished and not record.outcome:
-                record.failed(CLIENT_CLOSED)  # the client left mid-stream
-            await generation.close()
-            self.metrics.finish(record)
-        return close
+        return Generation(self, jobs, servable, deadline, request)
 
     async def cancel(self, job_ids: list[str]) -> None:
         pipe = self.redis.pipeline(transaction=False)
@@ -121,7 +97,7 @@ class JobClient:
     async def statuses(self, job_ids: list[str]) -> list[bytes | None]:
         pipe = self.redis.pipeline(transaction=False)
         for job_id in job_ids:
-            pipe.hget(self.keys.job(job_id), "status")
+            pipe.hget(self.keys.job(job_id), JobHash.STATUS)
         return await pipe.execute()
 
     async def workers_alive(self, workers: list[str]) -> list[bool]:
@@ -133,22 +109,44 @@ class JobClient:
 
 class Generation:
     """The jobs of one response, submitted together and followed through one inbox; each ends in exactly one
-    terminal event, and `close()` cancels whichever have not."""
+    terminal event, and `close()` cancels whichever have not. Run with `async with` (see `JobClient.open`)."""
 
-    def __init__(self, client: JobClient, jobs: list[Job], servable: Servable, deadline: float | None) -> None:
-        self.client, self.jobs, self.servable = client, jobs, servable
+    def __init__(self, client: JobClient, jobs: list[Job], servable: Servable, deadline: float | None,
+                 request: Request | None = None) -> None:
+        self.client, self.jobs, self.servable, self.request = client, jobs, servable, request
         self.inbox = Inbox()
         self.open = {job.id for job in jobs}  # not ended yet
-        self.accepted: dict[str, dict[str, Any]] = {}
+        self.accepted: dict[str, AcceptedEvent] = {}
         self.deadline = deadline  # time.monotonic() by which the whole response must be done
         self.started = time.monotonic()
         self.gone = False
         self.ended = False
-        self._held: list[dict[str, Any]] = []
+        self._held: list[EventDict] = []
         self._checked = self.started
-        self.write: Write | None = None  # a stream's synchronous frame write to its client, when its server has one
+        self._write: Write | None = None  # a stream's synchronous frame write to its client, when its server has one
         self._watcher: asyncio.Task[None] | None = None
         self._submitted: list[str] = []
+        self._handed_over = False  # to a stream: its end closes the generation
+
+    async def __aenter__(self) -> Generation:
+        await self.submit()
+        if self.request is not None:
+            self.request.state.record.device = self.job.device
+            self.watch(self.request)
+        try:
+            await self.start()
+        except BaseException:
+            await self.close()
+            raise
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        if not self._handed_over:
+            await self.close()
+
+    def hand_over(self) -> None:
+        """A stream takes the generation over: leaving the `async with` no longer closes it, the stream's end does."""
+        self._handed_over = True
 
     @property
     def job(self) -> Job:
@@ -159,7 +157,19 @@ class Generation:
         return self.ended or not self.open
 
     def writes_to(self, write: Write) -> None:
-        self.write = write
+        self._write = write
+
+    @contextmanager
+    def express(self, lane: Callable[[Write], Express]) -> Iterator[None]:
+        """While inside: the hub hands each event to `lane(write)` at once, from its own callback, where the
+        stream's server can write to the client directly (`writes_to`); the lane may decline an event, which is
+        then queued for `events()` as always. Leaving removes it: nothing may follow a stream's last frames."""
+        if self._write is not None:
+            self.inbox.express = lane(self._write)
+        try:
+            yield
+        finally:
+            self.inbox.express = None
 
     @property
     def quiet(self) -> bool:
@@ -197,20 +207,18 @@ class Generation:
         while len(self.accepted) < len(self.jobs):
             for event in await self._take():
                 kind = event["type"]
-                if kind == "accepted":
+                if kind == ACCEPTED:
                     self.accepted[event["job"]] = event
-                elif kind == "error":
+                elif kind == ERROR:
                     self.open.discard(event["job"])
-                    error = event["error"]
-                    raise OvqError(error["message"], event["status"], error.get("type", "invalid_request_error"),
-                                   error.get("param"), error.get("code"))
-                elif kind == "cancelled":
+                    raise error_of(event, "invalid_request_error")
+                elif kind == CANCELLED:
                     self.open.discard(event["job"])
                     raise ClientGone()
                 else:
                     self._held.append(event)
 
-    async def events(self) -> list[dict[str, Any]]:
+    async def events(self) -> list[EventDict]:
         """The next events after `accepted` (terminal ones close their job); [] when a tick passed with none."""
         if self._held:
             events, self._held = self._held, []
@@ -218,13 +226,13 @@ class Generation:
             events = await self._take(tick=True)
         return self._seen(events)
 
-    def _seen(self, events: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    def _seen(self, events: list[EventDict]) -> list[EventDict]:
         for event in events:
             if event["type"] in TERMINAL:
                 self.open.discard(event["job"])
-        return [e for e in events if e["type"] != "accepted"]
+        return [e for e in events if e["type"] != ACCEPTED]
 
-    async def _take(self, tick: bool = False) -> list[dict[str, Any]]:
+    async def _take(self, tick: bool = False) -> list[EventDict]:
         while True:
             if self.gone:
                 raise ClientGone()
@@ -272,7 +280,7 @@ class Generation:
             statuses = await self.client.statuses([job.id for job in self.jobs])
         except UNAVAILABLE:
             return True
-        if all(status == b"queued" for status in statuses):
+        if all(status == QUEUED for status in statuses):
             self.inbox.lost = False
             return True
         return False

@@ -2,14 +2,15 @@
 
 Workers publish to this process's own channel (`reply_to` in the job), one message per engine step holding
 that step's events; the hub parses it once, in the socket's data callback (`api/queue/subscription.py`; orjson, no
-model validation on this hot path: both tiers speak the versioned contract in `common/events.py`), and hands
-each event to the inbox of the response waiting for it.
+model validation on this hot path: `common.events.read_batch`, which checks the message's version), and hands
+each event to the inbox of the response waiting for it. A message of another version answers the jobs it names
+with an error.
 
 An inbox has a single waiter: its response's task sleeps until events arrive, then takes everything buffered at
-once, so a response that falls behind catches up in one write. A streaming response may also give its inbox an
-`express` lane: a plain delta that finds nothing queued ahead of it is written to the client from the hub's own
-callback, with no task wake-up at all (see `Serving._express`). A ticker wakes idle inboxes every second, which
-is how waits get their bounds (queue timeout, a dead worker, pings) without a timer per event.
+once, so a response that falls behind catches up in one write. A streaming response's generation may also give
+its inbox an `express` lane (`Generation.express`): a plain delta that finds nothing queued ahead of it is written
+to the client from the hub's own callback, with no task wake-up at all. A ticker wakes idle inboxes every second,
+which is how waits get their bounds (queue timeout, a dead worker, pings) without a timer per event.
 
 If the connection to Redis drops, or goes silent (a PING unanswered), events published meanwhile are lost: every
 inbox is told (`lost`), and the hub resubscribes with backoff, logging each attempt once.
@@ -23,17 +24,19 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
-import orjson
 import redis
 import redis.asyncio as aioredis
 
 from api.queue.subscription import Subscription, subscribe
+from common.events import EventDict, Unreadable, read_batch
 from common.keys import Keys
 from common.redis.client import UNAVAILABLE, Backoff, describe
 
 log = logging.getLogger("ovq.api.hub")
 TICK_S = 1.0
 PING_S = 15.0  # a quiet subscription is checked with a PING this often
+# Handles an event at once, from the hub's callback (True), or declines it (False: it is queued, as always).
+Express = Callable[[EventDict], bool]
 
 
 class Inbox:
@@ -42,14 +45,13 @@ class Inbox:
     __slots__ = ("events", "_waiter", "last", "lost", "express")
 
     def __init__(self) -> None:
-        self.events: list[dict[str, Any]] = []
+        self.events: list[EventDict] = []
         self._waiter: asyncio.Future[None] | None = None
         self.last = time.monotonic()  # when events last came: pings, the liveness checks, the ticker
         self.lost = False  # the hub lost its subscription: events may be missing
-        # Handles an event at once (True) or declines it (False: it is queued for the task, as always).
-        self.express: Callable[[dict[str, Any]], bool] | None = None
+        self.express: Express | None = None
 
-    def push(self, event: dict[str, Any]) -> None:
+    def push(self, event: EventDict) -> None:
         # Only with nothing queued: an event must not overtake those its task has not taken yet.
         if self.express is not None and not self.events and self.express(event):
             self.last = time.monotonic()
@@ -64,7 +66,7 @@ class Inbox:
         if waiter is not None and not waiter.done():
             waiter.set_result(None)
 
-    async def take(self) -> list[dict[str, Any]]:
+    async def take(self) -> list[EventDict]:
         """Everything buffered; if nothing is, wait for an event (or a tick: then an empty list)."""
         if not self.events:
             self._waiter = asyncio.get_running_loop().create_future()
@@ -87,6 +89,7 @@ class EventHub:
         self._subscription: Subscription | None = None
         self.subscribed = asyncio.Event()
         self._ever_subscribed = False
+        self._unreadable: set[Any] = set()  # message versions already logged
 
     async def start(self) -> None:
         self._tasks = [asyncio.create_task(self._run(), name="event-hub"),
@@ -137,7 +140,14 @@ class EventHub:
 
     def _dispatch(self, data: bytes) -> None:
         inboxes = self._inboxes
-        for event in orjson.loads(data)["events"]:
+        try:
+            events = read_batch(data)
+        except Unreadable as exc:
+            if exc.version not in self._unreadable:  # once per version: a mixed deployment sends many
+                self._unreadable.add(exc.version)
+                log.error("%s: answering its jobs with an error", exc)
+            events = exc.errors()
+        for event in events:
             inbox = inboxes.get(event["job"])
             if inbox is not None:
                 inbox.push(event)

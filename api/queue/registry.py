@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import redis.asyncio as aioredis
 
 from common.errors import OvqError, not_found, unavailable
-from common.jobs import Job
+from common.jobs import ENTRY_JOB, Job, JobHash, JobStatus
 from common.keys import Keys
 from common.modelcard import ModelCard
 from common.redis.lane import Lane, Script
@@ -22,7 +22,7 @@ CARD_CACHE_S = 1.0
 # and the job as JSON. An interactive job goes to the device with the fewest interactive jobs (batch jobs never
 # delay it: workers read them only when no interactive job waits); a batch job to the device with the fewest jobs
 # of either kind. Returns the 1-based device chosen, 0 when none has a live worker, -1 when its backlog is full.
-ENQUEUE = """
+ENQUEUE = f"""
 local batch = ARGV[7] == 'batch'
 local best, best_len = 0, 0
 for i = 1, (#KEYS - 1) / 3 do
@@ -34,10 +34,10 @@ for i = 1, (#KEYS - 1) / 3 do
 end
 if best == 0 then return 0 end
 if best_len >= tonumber(ARGV[2]) then return -1 end
-redis.call('HSET', KEYS[1], 'status', 'queued', 'created', ARGV[4], 'api', ARGV[5], 'model', ARGV[6],
-           'device', ARGV[6 + 2 * best])
+redis.call('HSET', KEYS[1], '{JobHash.STATUS}', '{JobStatus.QUEUED}', '{JobHash.CREATED}', ARGV[4],
+           '{JobHash.API}', ARGV[5], '{JobHash.MODEL}', ARGV[6], '{JobHash.DEVICE}', ARGV[6 + 2 * best])
 redis.call('EXPIRE', KEYS[1], ARGV[3])
-redis.call('XADD', KEYS[3 * best + (batch and 1 or 0)], '*', 'job', ARGV[7 + 2 * best])
+redis.call('XADD', KEYS[3 * best + (batch and 1 or 0)], '*', '{ENTRY_JOB}', ARGV[7 + 2 * best])
 return best
 """
 

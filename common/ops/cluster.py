@@ -12,7 +12,7 @@ from redis.exceptions import ResponseError
 
 from common.batch.store import ModelBatches
 from common.batch.store import per_model as batch_models
-from common.jobs import Job
+from common.jobs import ENTRY_REASON, ENTRY_WORKER, Job
 from common.keys import GROUP, Keys
 from common.ops.stats import Summary
 from common.ops.stats import read as read_stats
@@ -201,8 +201,9 @@ async def apis(redis: aioredis.Redis, keys: Keys, settings: Settings) -> list[Ap
 
 def dead_letter(entry_id: bytes | str, fields: dict[bytes, bytes]) -> DeadLetter:
     entry = _text(entry_id)
-    letter = DeadLetter(id=entry, time=int(entry.split("-")[0]) / 1000, reason=_text(fields.get(b"reason", b"")),
-                        worker=_text(fields.get(b"worker", b"")))
+    letter = DeadLetter(id=entry, time=int(entry.split("-")[0]) / 1000,
+                        reason=_text(fields.get(ENTRY_REASON.encode(), b"")),
+                        worker=_text(fields.get(ENTRY_WORKER.encode(), b"")))
     try:
         job = Job.from_fields(fields)
     except Exception:  # an unreadable job is exactly what may land here: show what can be shown

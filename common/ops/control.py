@@ -9,7 +9,8 @@ import orjson
 import redis.asyncio as aioredis
 from pydantic import BaseModel
 
-from common.jobs import Job
+from common.jobs import ENTRY_JOB, Job, JobStatus
+from common.jobs import JobHash as H
 from common.keys import GROUP, Keys
 from common.settings import Settings
 
@@ -22,13 +23,13 @@ RETRY_REPLY_TO = "ops-retry"
 # KEYS: dead-letter stream, job hash, the model's stream. ARGV: entry id, job JSON, created, reply_to, model,
 # device, job TTL. Removed from the dead letters and queued again in one step; 0 when the entry is gone already
 # (retried or purged by someone else).
-RETRY = """
+RETRY = f"""
 if redis.call('XDEL', KEYS[1], ARGV[1]) == 0 then return 0 end
-redis.call('XADD', KEYS[3], '*', 'job', ARGV[2])
-redis.call('HDEL', KEYS[2], 'error', 'result', 'worker', 'reason', 'streamed', 'text')
-redis.call('HSET', KEYS[2], 'status', 'queued', 'created', ARGV[3], 'api', ARGV[4], 'model', ARGV[5],
-           'device', ARGV[6])
-redis.call('HINCRBY', KEYS[2], 'retries', 1)
+redis.call('XADD', KEYS[3], '*', '{ENTRY_JOB}', ARGV[2])
+redis.call('HDEL', KEYS[2], '{H.ERROR}', '{H.RESULT}', '{H.WORKER}', '{H.REASON}', '{H.STREAMED}', '{H.TEXT}')
+redis.call('HSET', KEYS[2], '{H.STATUS}', '{JobStatus.QUEUED}', '{H.CREATED}', ARGV[3], '{H.API}', ARGV[4],
+           '{H.MODEL}', ARGV[5], '{H.DEVICE}', ARGV[6])
+redis.call('HINCRBY', KEYS[2], '{H.RETRIES}', 1)
 redis.call('EXPIRE', KEYS[2], ARGV[7])
 return 1
 """
@@ -108,24 +109,26 @@ async def job_info(redis: aioredis.Redis, keys: Keys, settings: Settings, job_id
     def number(name: str) -> float | None:
         return float(raw[name]) if raw.get(name) not in (None, "", "null") else None
 
-    result = orjson.loads(raw["result"]) if raw.get("result") else {}
+    def count(name: str, fallback: int | None) -> int | None:
+        return int(raw[name]) if raw.get(name) else fallback
+
+    result = orjson.loads(raw[H.RESULT]) if raw.get(H.RESULT) else {}
     timings, usage = result.get("timings") or {}, result.get("usage") or {}
     info = JobInfo(
-        id=job_id, status=raw.get("status", ""), model=raw.get("model", ""), device=raw.get("device", ""),
-        worker=raw.get("worker", ""), api=raw.get("api", ""), created=number("created"), updated=number("updated"),
-        queue_ms=number("queue_ms") if "queue_ms" in raw else timings.get("queue_ms"),
-        ttft_ms=number("ttft_ms") if "ttft_ms" in raw else timings.get("ttft_ms"),
-        total_ms=number("total_ms") if "total_ms" in raw else timings.get("total_ms"),
-        prompt_tokens=int(raw["prompt_tokens"]) if raw.get("prompt_tokens") else usage.get("prompt_tokens"),
-        completion_tokens=int(raw["completion_tokens"]) if raw.get("completion_tokens")
-        else usage.get("completion_tokens"),
-        finish_reasons=result.get("finish_reasons") or [], retries=int(raw.get("retries", 0)),
-        reason=raw.get("reason", ""), error=orjson.loads(raw["error"]) if raw.get("error") else None,
-        text=raw.get("text"))
+        id=job_id, status=raw.get(H.STATUS, ""), model=raw.get(H.MODEL, ""), device=raw.get(H.DEVICE, ""),
+        worker=raw.get(H.WORKER, ""), api=raw.get(H.API, ""), created=number(H.CREATED), updated=number(H.UPDATED),
+        queue_ms=number(H.QUEUE_MS) if H.QUEUE_MS in raw else timings.get("queue_ms"),
+        ttft_ms=number(H.TTFT_MS) if H.TTFT_MS in raw else timings.get("ttft_ms"),
+        total_ms=number(H.TOTAL_MS) if H.TOTAL_MS in raw else timings.get("total_ms"),
+        prompt_tokens=count(H.PROMPT_TOKENS, usage.get("prompt_tokens")),
+        completion_tokens=count(H.COMPLETION_TOKENS, usage.get("completion_tokens")),
+        finish_reasons=result.get("finish_reasons") or [], retries=int(raw.get(H.RETRIES, 0)),
+        reason=raw.get(H.REASON, ""), error=orjson.loads(raw[H.ERROR]) if raw.get(H.ERROR) else None,
+        text=raw.get(H.TEXT))
     if info.api:
         score = await redis.zscore(keys.apis, info.api)
         info.api_alive = None if score is None else score >= time.time() - settings.api_ttl_s
-    if info.status in ("queued", "running") and info.model and info.device:
+    if info.status in (JobStatus.QUEUED, JobStatus.RUNNING) and info.model and info.device:
         await _find_in_stream(redis, keys, info)
     return info
 

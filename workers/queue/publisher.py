@@ -17,6 +17,8 @@ import orjson
 import redis.asyncio as aioredis
 from redis.exceptions import ResponseError
 
+from common.events import pack
+from common.jobs import JobHash
 from common.keys import GROUP, Keys
 from common.ops.stats import observe
 from common.redis.client import UNAVAILABLE, reason
@@ -39,6 +41,7 @@ class Outbox:
         self.events[reply_to].append(event if type(event) is dict else event.model_dump(mode="json"))
 
     def set_status(self, job: str, **values: Any) -> None:
+        """Fields of the job's hash, named as `common.jobs.JobHash` names them (a value None: left as it is)."""
         self.status.setdefault(job, {}).update(values)
 
     def ack(self, entry_id: bytes, stream: str | None = None) -> None:
@@ -140,13 +143,13 @@ class Publisher:
     async def _send(self, batch: Outbox, failures: list[bytes], everything: bool = False) -> None:
         commands: list[Command] = []
         for job, values in batch.status.items():
-            values["updated"] = time.time()
+            values[JobHash.UPDATED] = time.time()
             key = self.keys.job(job)
             fields = [part for k, v in values.items() if v is not None
                       for part in (k, v if isinstance(v, (str, int, float)) else orjson.dumps(v))]
             commands += [["HSET", key, *fields], ["EXPIRE", key, self.job_ttl]]
         for reply_to, events in batch.events.items():
-            commands.append(["PUBLISH", self.keys.events(reply_to), orjson.dumps({"v": 1, "events": events})])
+            commands.append(["PUBLISH", self.keys.events(reply_to), pack(events)])
         by_stream: dict[str, list[bytes]] = defaultdict(list)
         for stream, entry_id in batch.acks:
             by_stream[stream or self.stream].append(entry_id)

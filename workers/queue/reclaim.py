@@ -12,7 +12,7 @@ from redis.exceptions import ResponseError
 
 from common.errors import OvqError
 from common.events import Error
-from common.jobs import Job
+from common.jobs import Job, JobHash, JobStatus
 from common.keys import GROUP
 from common.redis.client import UNAVAILABLE
 from workers.queue.publisher import Outbox
@@ -110,7 +110,7 @@ class Reclaimer:
                 continue
             job = Job.from_fields(fields)
             job.priority = "batch" if stream == w.batch_stream else "interactive"
-            streamed = await w.redis.hget(w.keys.job(job.id), "streamed")
+            streamed = await w.redis.hget(w.keys.job(job.id), JobHash.STREAMED)
             if deliveries.get(entry_id, 0) > w.settings.max_deliveries:
                 await w.dead_letter(fields, "delivered too often")
                 self._fail(outbox, stream, entry_id, job, "the job failed on every worker that tried it")
@@ -128,5 +128,5 @@ class Reclaimer:
     def _fail(outbox: Outbox, stream: str, entry_id: bytes, job: Job, message: str) -> None:
         error = OvqError(message, 500, "server_error")
         outbox.publish(job.reply_to, Error(job=job.id, seq=10_000, status=500, error=error.body))
-        outbox.set_status(job.id, status="error", error=error.body.model_dump())
+        outbox.set_status(job.id, status=JobStatus.ERROR, error=error.body.model_dump())
         outbox.ack(entry_id, stream)

@@ -1,4 +1,4 @@
-"""A response's jobs seen from the API: what a finished one leaves behind."""
+"""A response's jobs seen from the API: what leaving one does, its express lane, what a finished one leaves behind."""
 from __future__ import annotations
 
 import asyncio
@@ -7,7 +7,10 @@ import weakref
 from types import SimpleNamespace
 from typing import Any
 
+import pytest
+
 from api.queue.client import Generation
+from common.events import ACCEPTED
 
 
 class SilentClient:
@@ -38,3 +41,56 @@ async def test_a_closed_generation_is_freed_without_the_cycle_collector() -> Non
         assert freed() is None
     finally:
         gc.enable()
+
+
+class Jobs:
+    """A hub, registry and client as a generation uses them: each job is accepted as soon as it is queued."""
+
+    def __init__(self) -> None:
+        self.inboxes: dict[str, Any] = {}
+        self.cancelled: list[str] = []
+        self.hub = SimpleNamespace(register=self.inboxes.__setitem__, unregister=self.inboxes.pop)
+        self.registry = SimpleNamespace(enqueue=self.enqueue)
+
+    async def enqueue(self, servable: Any, job: Any) -> str:
+        self.inboxes[job.id].push({"type": ACCEPTED, "job": job.id, "seq": 0, "worker": "w", "prompt_tokens": 1,
+                                   "queue_ms": 0.0})
+        return "CPU"
+
+    async def cancel(self, job_ids: list[str]) -> None:
+        self.cancelled += job_ids
+
+
+def generation(jobs: Jobs) -> Generation:
+    return Generation(jobs, [SimpleNamespace(id="job-1")], None, None)  # type: ignore[arg-type,list-item]
+
+
+async def test_leaving_the_generation_cancels_its_unfinished_jobs() -> None:
+    jobs = Jobs()
+    async with generation(jobs) as running:
+        assert running.accepted.keys() == {"job-1"}
+    assert jobs.cancelled == ["job-1"] and not jobs.inboxes
+
+
+async def test_a_generation_handed_to_a_stream_is_closed_by_the_stream() -> None:
+    jobs = Jobs()
+    async with generation(jobs) as running:
+        running.hand_over()
+    assert jobs.cancelled == [] and "job-1" in jobs.inboxes
+    await running.close()  # the stream's end
+    assert jobs.cancelled == ["job-1"]
+
+
+def test_the_express_lane_is_there_only_inside_and_only_with_a_direct_write() -> None:
+    running = generation(Jobs())
+    with running.express(lambda write: lambda event: write(b"x")):
+        assert running.inbox.express is None  # this server offers no direct write: every event takes the loop
+    written: list[bytes] = []
+    running.writes_to(lambda data: written.append(data) is None)
+    delta = {"type": "delta", "job": "job-1", "seq": 1, "text": "a", "tokens": 1}
+    with pytest.raises(RuntimeError), running.express(lambda write: lambda event: write(b"x")):
+        running.inbox.push(delta)  # type: ignore[arg-type]
+        raise RuntimeError("the stream failed")
+    assert written == [b"x"] and running.inbox.express is None
+    running.inbox.push(delta)  # type: ignore[arg-type]
+    assert running.inbox.events == [delta]

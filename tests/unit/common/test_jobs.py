@@ -1,0 +1,69 @@
+"""The job hash as each tier writes it (the API's enqueue, a worker's publisher, a retry) and `ovq jobs show` reads
+it, by the names `common/jobs.py` gives its fields and statuses; the job in its stream entry."""
+from __future__ import annotations
+
+import time
+
+import redis.asyncio as aioredis
+
+from api.queue.registry import Registry, Servable
+from common.events import Done, Timings, Usage
+from common.jobs import ENTRY_JOB, Job, JobHash, JobStatus, SamplingParams
+from common.keys import GROUP, Keys
+from common.modelcard import ModelCard
+from common.ops import control
+from common.servable import ServableType
+from common.settings import Settings
+from workers.queue.publisher import Outbox, Publisher
+
+
+def names(namespace: type) -> list[str]:
+    return [value for name, value in vars(namespace).items() if name.isupper()]
+
+
+def test_every_field_and_status_has_a_name_of_its_own() -> None:
+    """Two constants with one value would write two facts into one field."""
+    for namespace in (JobHash, JobStatus):
+        assert len(set(names(namespace))) == len(names(namespace))
+
+
+def test_a_job_travels_in_its_stream_entry_under_one_field() -> None:
+    job = Job(model="m", device="CPU", kind="completion", prompt="x", reply_to="api")
+    fields = {k.encode(): v for k, v in job.to_fields().items()}
+    assert list(fields) == [ENTRY_JOB.encode()]
+    assert Job.from_fields(fields) == job
+
+
+async def test_the_hash_the_api_and_a_worker_write_is_the_one_jobs_show_reads(redis_url: str) -> None:
+    keys, settings = Keys(f"unit{time.time_ns()}"), Settings()
+    redis = aioredis.Redis.from_url(redis_url)
+    card = ModelCard(name="m", device="CPU", servable_type=ServableType.LM_CB, context_length=64, chat_template="x",
+                     created=0)
+    await redis.zadd(keys.workers("m", "CPU"), {"w1": time.time()})
+    await redis.xgroup_create(keys.jobs("m", "CPU"), GROUP, id="0", mkstream=True)
+    job = Job(model="m", device="", kind="completion", prompt="x", params=SamplingParams(), reply_to="api-1")
+    await Registry(redis, keys, settings, expected=[]).enqueue(Servable("m", {"CPU": card}), job)
+
+    queued = await control.job_info(redis, keys, settings, job.id)
+    assert (queued.status, queued.model, queued.device, queued.api) == (JobStatus.QUEUED, "m", "CPU", "api-1")
+    assert queued.created == job.created and queued.kind == "completion"
+
+    publisher = Publisher(redis, keys, keys.jobs("m", "CPU"), job_ttl=60)
+    outbox = Outbox()  # as a worker's I/O half writes it: accepted, then done
+    outbox.set_status(job.id, status=JobStatus.RUNNING, worker="w1", prompt_tokens=3, streamed=0)
+    await publisher._send(outbox, [])
+    running = await control.job_info(redis, keys, settings, job.id)
+    assert (running.status, running.worker, running.prompt_tokens) == (JobStatus.RUNNING, "w1", 3)
+    assert running.updated is not None
+
+    done = Done(job=job.id, seq=3, finish_reasons=["length"], usage=Usage(prompt_tokens=3, completion_tokens=2,
+                total_tokens=5), timings=Timings(queue_ms=1.0, ttft_ms=2.0, total_ms=4.0))
+    outbox = Outbox()
+    outbox.set_status(job.id, status=JobStatus.DONE, result=done.model_dump(mode="json"), completion_tokens=2,
+                      total_ms=4.0)
+    await publisher._send(outbox, [])
+    ended = await control.job_info(redis, keys, settings, job.id)
+    assert (ended.status, ended.completion_tokens, ended.finish_reasons) == (JobStatus.DONE, 2, ["length"])
+    assert (ended.total_ms, ended.ttft_ms) == (4.0, 2.0)  # the hash's own field first, else the result's
+    await publisher.lane.close()
+    await redis.aclose()
