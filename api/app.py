@@ -17,13 +17,14 @@ from api.batch import batches, files
 from api.http.auth import ApiKeyMiddleware, load_keys
 from api.http.body import BodyGuard
 from api.http.front import Endpoint, Front
+from api.http.status import CLIENT_CLOSED
 from api.openai.docs import install_docs
 from api.openai.images import ImageServing
 from api.openai.protocol import ModelList, ModelObject
 from api.openai.serving import Serving
 from api.ops import router as ops_router
 from api.ops.metrics import Metrics, Record
-from api.queue.client import CLIENT_CLOSED, ClientGone, JobClient
+from api.queue.client import ClientGone, JobClient
 from api.queue.heartbeat import ApiHeartbeat
 from api.queue.hub import EventHub
 from api.queue.registry import Registry

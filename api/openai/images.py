@@ -16,12 +16,13 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 
 from api.http.sse import frame
+from api.http.status import CLIENT_CLOSED
 from api.openai.limits import check_image_prompts, require_media_type
 from api.openai.media import check_image
 from api.openai.protocol import ImageData, ImageEditRequest, ImageRequest, ImagesResponse, ImageStreamEvent, StreamError
 from api.openai.serving import parse_body, stream_response, validation_error
 from api.ops.metrics import Record
-from api.queue.client import CLIENT_CLOSED, ClientGone, Generation, JobClient, deadline, error_of, request_id
+from api.queue.client import ClientGone, Generation, JobClient, deadline, error_of, request_id
 from api.queue.registry import Registry, Servable
 from common.errors import OvqError, exc_text, internal
 from common.events import CANCELLED, DONE, ERROR, PROGRESS

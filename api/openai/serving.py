@@ -12,6 +12,7 @@ from starlette.responses import Response
 
 from api.http.sse import DONE as END
 from api.http.sse import PING, Last, SSEResponse, Write
+from api.http.status import CLIENT_CLOSED
 from api.openai.checks import check_for_model
 from api.openai.choices import ChoiceState
 from api.openai.formats import ChatFormat, CompletionFormat, Format
@@ -21,7 +22,7 @@ from api.openai.media import load_image
 from api.openai.protocol import ChatCompletionRequest, CompletionRequest, SamplingRequest
 from api.openai.templates import render, template_message
 from api.ops.metrics import Metrics, Record
-from api.queue.client import CLIENT_CLOSED, ClientGone, Generation, JobClient, deadline, error_of, request_id
+from api.queue.client import ClientGone, Generation, JobClient, deadline, error_of, request_id
 from api.queue.hub import Express
 from api.queue.registry import Registry, Servable
 from common.errors import OvqError

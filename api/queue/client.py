@@ -31,7 +31,6 @@ from common.redis.client import UNAVAILABLE
 from common.settings import Settings
 
 log = logging.getLogger("ovq.api.jobs")
-CLIENT_CLOSED = 499  # nginx's "client closed request": nobody reads it, but logs and metrics do
 QUEUED = JobStatus.QUEUED.encode()
 
 
