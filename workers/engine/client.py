@@ -72,7 +72,7 @@ class EngineClient:
             self._kill()
             raise EngineError(f"the engine did not start within {self.start_timeout_s:.0f}s") from None
         if not ready.get(protocol.READY):
-            raise EngineError(ready.get("error") or "the engine could not start")
+            raise EngineError(ready.get(protocol.WHY) or "the engine could not start")
         self._ready = True
         self._last_heard = time.monotonic()
         if self._watchdog is None:
@@ -113,7 +113,7 @@ class EngineClient:
 
     def _on_close(self) -> None:
         if self._handshake is not None and not self._handshake.done():
-            self._handshake.set_result({"ready": False, "error": "the engine process exited while starting"})
+            self._handshake.set_result(protocol.ready("the engine process exited while starting"))
         self._detach()
         if self._stopping:
             return

@@ -157,7 +157,8 @@ def full(update: list[Any]) -> list[Any]:
 
 
 def is_running(update: list[Any]) -> bool:
-    """The short running form, `running(job, ids)`; the worker's fast path inlines this test."""
+    """The short running form, `running(job, ids)`. The worker's fast path inlines this test: calling it there
+    made `_on_message` about 4 % slower on the replay."""
     return len(update) == SHORT and update[STATE] is None
 
 
@@ -191,7 +192,7 @@ def error(job: str, extra: dict[str, Any], ids: list[int] | None = None) -> list
 
 
 # ---- messages (engine -> I/O half) -------------------------------------------------------------------------
-UPDATES, STATS, BROKEN, SUSPECTS, READY = "u", "s", "broken", "suspects", "ready"
+UPDATES, STATS, BROKEN, SUSPECTS, READY, WHY = "u", "s", "broken", "suspects", "ready", "error"
 
 
 def report(updates: Updates, stats: list[Any] | None = None) -> dict[str, Any]:
@@ -204,4 +205,4 @@ def broken(message: str, suspects: list[str]) -> dict[str, Any]:
 
 def ready(error: str | None = None) -> dict[str, Any]:
     """The handshake: ready, or why not."""
-    return {READY: True} if error is None else {READY: False, "error": error}
+    return {READY: True} if error is None else {READY: False, WHY: error}
