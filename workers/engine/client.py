@@ -16,12 +16,12 @@ from typing import Any
 
 import orjson
 
-from workers.engine.continuous import EngineSpec
+from workers.engine import protocol
 from workers.engine.pipe import EnginePipes
+from workers.engine.protocol import EngineSpec, Updates
 
 log = logging.getLogger("ovq.engine_client")
 
-Updates = list[list[Any]]
 Target = Callable[[Any, Any, EngineSpec], None]
 
 
@@ -71,8 +71,8 @@ class EngineClient:
         except asyncio.TimeoutError:
             self._kill()
             raise EngineError(f"the engine did not start within {self.start_timeout_s:.0f}s") from None
-        if not ready.get("ready"):
-            raise EngineError(ready.get("error") or "the engine could not start")
+        if not ready.get(protocol.READY):
+            raise EngineError(ready.get(protocol.WHY) or "the engine could not start")
         self._ready = True
         self._last_heard = time.monotonic()
         if self._watchdog is None:
@@ -80,7 +80,8 @@ class EngineClient:
         self._flush()
 
     def send(self, command: list[Any]) -> None:
-        """Queue a command; all commands of one event-loop turn go to the engine as one message."""
+        """Queue a command (`protocol.add_command`, `cancel_command`); all commands of one event-loop turn go to
+        the engine as one message."""
         if not self._pending and time.monotonic() - self._last_heard > self.watchdog_s:
             self._last_heard = time.monotonic()  # idle until now: the watchdog counts from this command
         self._pending.append(command)
@@ -105,14 +106,14 @@ class EngineClient:
         message = orjson.loads(payload)
         if self._handshake is not None and not self._handshake.done():
             self._handshake.set_result(message)
-        elif "broken" in message:
+        elif protocol.BROKEN in message:
             self._report = message
         else:
-            self._on_message(message["u"], message["s"])
+            self._on_message(message[protocol.UPDATES], message[protocol.STATS])
 
     def _on_close(self) -> None:
         if self._handshake is not None and not self._handshake.done():
-            self._handshake.set_result({"ready": False, "error": "the engine process exited while starting"})
+            self._handshake.set_result(protocol.ready("the engine process exited while starting"))
         self._detach()
         if self._stopping:
             return
@@ -150,7 +151,7 @@ class EngineClient:
         if self._watchdog is not None:
             self._watchdog.cancel()
         if self._pipes is not None:
-            self._pipes.send(orjson.dumps([["stop"]]))
+            self._pipes.send(orjson.dumps([protocol.stop_command()]))
         if self._process is not None:
             await asyncio.get_running_loop().run_in_executor(None, self._process.join, timeout)
             if self._process.is_alive():

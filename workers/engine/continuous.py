@@ -1,28 +1,7 @@
 """The engine process: owns the ContinuousBatchingPipeline; tokenizes, adds, steps, reads and cancels.
 
 `step()` holds the GIL for the whole step, so the engine runs in its own process and talks to the worker's
-I/O process over two one-way pipes (blocking `multiprocessing.Connection`s here; `workers.engine.pipe` on the I/O
-side), one frame of JSON per message:
-
-  in  (a list of commands):
-      ["add", job, prompt, add_special_tokens, sampling params, images, resume, kind]
-          images: base64 image files for vision-language models, in prompt order
-          kind: the job's ("chat" or "completion"), which names the field a refusal of the prompt points at
-          resume: null, or {"generated": {index: [ids]}, "done": [index, ...]}: the job ran on an engine that
-          failed; each unfinished choice goes on from its generated ids (prompt + ids, budget less them)
-      ["cancel", job] | ["cancel", job, index] (the I/O half ended choice `index` itself: drop it, no answer)
-      ["stop"]
-  out (an object):
-      {"u": [update, ...], "s": stats or null}
-          update: [job, new_token_ids, state, extra, index, logprobs] with state None while running, else
-          "accepted" (extra: prompt tokens) | "stop" | "length" | "cancelled" | "error" (extra: {status,
-          message, param, code}) | "prompt" (echo: the prompt's ids); `index` (choice, default 0) and
-          `logprobs` (one per id, or None) may be left off.
-          stats, after each step: [requests, scheduled requests, KV cache usage %, prompt tokens not yet
-          prefilled]: what the I/O half admits new jobs by.
-      {"broken": message, "suspects": [job, ...]}: a step failed; the pipeline refuses every later call, so
-          the process exits after this. Suspects are the jobs added since the last step that succeeded.
-      the first frame: {"ready": true} | {"ready": false, "error": message}
+I/O process over two one-way pipes: `workers.engine.protocol` says what travels on them.
 
 End-of-sequence ids are never text: one that ends a choice is neither sent nor counted, and a choice GenAI
 ended with STOP is "stop" even when that id was the last one the budget allowed.
@@ -46,9 +25,11 @@ import orjson
 from common import heap
 from common.errors import OvqError
 from common.jobs import SamplingParams
+from workers.engine import protocol
 from workers.engine.arrivals import ArrivalWindow
 from workers.engine.generation import choice_configs, prompt_param, token_budget
 from workers.engine.prompt_length import prompt_length
+from workers.engine.protocol import EngineSpec, Updates
 from workers.engine.structured import structured_config
 
 log = logging.getLogger("ovq.engine")
@@ -66,21 +47,6 @@ def error_message(exc: BaseException) -> str:
         if not _LOCATION.match(line):
             return _XGRAMMAR.sub("", line)
     return lines[0] if lines else repr(exc)
-
-
-@dataclass
-class EngineSpec:
-    path: str
-    device: str
-    scheduler: dict[str, Any]
-    plugin_config: dict[str, Any]
-    context_length: int
-    cache_eviction: dict[str, Any] | None = None
-    defaults: dict[str, Any] = field(default_factory=dict)
-    vocab_size: int | None = None
-    vision: bool = False  # a vision-language model directory: prompts come with images
-    end_ids: list[int] = field(default_factory=list)  # end-of-sequence ids: never text, never counted
-    arrival_window_ms: float = 0.0  # see workers/engine/arrivals.py
 
 
 def _scheduler_config(spec: EngineSpec) -> Any:
@@ -103,8 +69,8 @@ def _scheduler_config(spec: EngineSpec) -> Any:
 def refusal(job: str, exc: Exception) -> list[Any]:
     """The `error` update for a job refused before it ran: ours carry their status, GenAI's are 400s."""
     if isinstance(exc, OvqError):
-        return [job, [], "error", {"status": exc.status, **exc.body.model_dump()}]
-    return [job, [], "error", {"status": 400, "message": error_message(exc)}]
+        return protocol.error(job, {"status": exc.status, **exc.body.model_dump()})
+    return protocol.error(job, {"status": 400, "message": error_message(exc)})
 
 
 def tokenize(tokenizer: Any, prompt: str | list[int], add_special_tokens: bool, vocab_size: int | None) -> list[int]:
@@ -186,7 +152,7 @@ class Engine:
         return tokenize(self.tokenizer, prompt, add_special_tokens, self.spec.vocab_size)
 
     def add(self, job: str, prompt: str | list[int], add_special: bool, params: dict[str, Any],
-            images: list[str], resume: dict[str, Any] | None, out: list[list[Any]], kind: str = "chat") -> None:
+            images: list[str], resume: dict[str, Any] | None, out: Updates, kind: str = "chat") -> None:
         try:
             ids = self.tokenize(prompt, add_special)
             sampling = SamplingParams.model_validate(params)
@@ -210,7 +176,7 @@ class Engine:
         elif sampling.structured is not None and resume is None:
             self.unstepped[job] = len(ids)
         elif resume is None:
-            out.append([job, [], "accepted", len(ids)])
+            out.append(protocol.accepted(job, len(ids)))
 
     def _add_choices(self, prompt: str | list[int], ids: list[int], images: list[Any], configs: list[Any],
                      resume: dict[str, Any] | None) -> tuple[dict[int, Any], dict[int, int]]:
@@ -219,12 +185,12 @@ class Engine:
             return {i: self._add_request(prompt, ids, images, config) for i, config in enumerate(configs)}, {}
         if self.spec.vision or images:
             raise OvqError("the engine restarted and a vision job cannot be continued", 500, "server_error")
-        done = set(resume.get("done", []))
+        previous_ids, done = protocol.resumed(resume)
         handles, generated = {}, {}
         for index, config in enumerate(configs):
             if index in done:
                 continue
-            previous = list(resume.get("generated", {}).get(str(index), []))
+            previous = previous_ids.get(index, [])
             config.max_new_tokens = max(config.max_new_tokens - len(previous), 1)
             handles[index] = self._add_request(prompt, ids + previous, images, config)
             generated[index] = len(previous)
@@ -251,7 +217,7 @@ class Engine:
             return self.pipe.add_request(self.next_id, str(prompt), images, config)
         return self.pipe.add_request(self.next_id, ov.Tensor(np.asarray([ids], dtype=np.int64)), config)
 
-    def cancel(self, job: str, out: list[list[Any]], index: int | None = None) -> None:
+    def cancel(self, job: str, out: Updates, index: int | None = None) -> None:
         """Cancel a job (answered `cancelled`), or silently one choice the I/O half has finished already."""
         request = self.requests.get(job)
         if index is not None:
@@ -269,19 +235,25 @@ class Engine:
                         tokens.extend(output.generated_ids)
                 handle.cancel()
             self._forget(job)
-        out.append([job, [i for i in tokens if i not in request.ends] if request else [], "cancelled", None])
+        out.append(protocol.cancelled(job, [i for i in tokens if i not in request.ends] if request else []))
 
-    def step(self, out: list[list[Any]]) -> None:
+    def stop(self, out: Updates) -> None:
+        """Cancel every job (each answered), then let the scheduler free what they hold."""
+        for job in list(self.requests):
+            self.cancel(job, out)
+        self.release()
+
+    def step(self, out: Updates) -> None:
         self.pipe.step()  # raises on a broken step: `run` reports the suspects and exits
         self.added.clear()
-        out.extend([job, [], "accepted", prompt_len] for job, prompt_len in self.unstepped.items())
+        out.extend(protocol.accepted(job, prompt_len) for job, prompt_len in self.unstepped.items())
         self.unstepped.clear()
         for job, request in list(self.requests.items()):
             if request.beam:
                 self._read_beams(job, request, out)
                 continue
             for index, handle in list(request.handles.items()):
-                if self._read_choice(job, request, index, handle, out) == "error":
+                if self._read_choice(job, request, index, handle, out) == protocol.ERROR:
                     for other in request.handles.values():  # the job has failed: its other choices too
                         other.cancel()
                     request.handles.clear()
@@ -303,7 +275,7 @@ class Engine:
         waiting = sum(r.prompt_len for r in self.requests.values() if not r.prefilled)
         return [metrics.requests, metrics.scheduled_requests, round(metrics.cache_usage, 1), waiting]
 
-    def _read_choice(self, job: str, request: Request, index: int, handle: Any, out: list[list[Any]]) -> str | None:
+    def _read_choice(self, job: str, request: Request, index: int, handle: Any, out: Updates) -> str | None:
         g = self._g
         tokens: list[int] = []
         logprobs: list[float] = []
@@ -316,7 +288,8 @@ class Engine:
         if request.echo and index not in request.generated and tokens:
             # GenAI's echo puts the prompt (with its log-probabilities) before the first generated token.
             cut = request.prompt_len
-            out.append([job, tokens[:cut], "prompt", None, index, logprobs[:cut] if request.logprobs else None])
+            out.append(protocol.update(job, tokens[:cut], protocol.PROMPT, None, index,
+                                       logprobs[:cut] if request.logprobs else None))
             tokens, logprobs = tokens[cut:], logprobs[cut:]
         if tokens:
             request.prefilled = True
@@ -327,12 +300,12 @@ class Engine:
         if status != g.GenerationStatus.RUNNING and not handle.can_read():
             del request.handles[index]
             finish = self._finish(request, index, status, reason)
-            if finish == "error":
+            if finish == protocol.ERROR:
                 extra = {"status": 500, "message": "the request did not fit in the KV cache; raise cache_size"}
         if tokens and finish is None and not index and not request.logprobs:
-            out.append([job, tokens, None, None])  # the usual update, short: the I/O half's fast path takes it
+            out.append(protocol.running(job, tokens))  # the usual update, short: the I/O half's fast path takes it
         elif tokens or finish:
-            out.append([job, tokens, finish, extra, index, logprobs if request.logprobs else None])
+            out.append(protocol.update(job, tokens, finish, extra, index, logprobs if request.logprobs else None))
         return finish
 
     @staticmethod
@@ -350,7 +323,7 @@ class Engine:
             tokens, logprobs = tokens[:-1], logprobs[:-1]
         return tokens, logprobs
 
-    def _read_beams(self, job: str, request: Request, out: list[list[Any]]) -> None:
+    def _read_beams(self, job: str, request: Request, out: Updates) -> None:
         """Beam search hands out its beams when it ends: the `n` best, by score, are the choices."""
         g = self._g
         handle = request.handles[0]
@@ -360,7 +333,7 @@ class Engine:
         outputs = list(handle.read().values()) if handle.can_read() else []
         self._forget(job)
         if status != g.GenerationStatus.FINISHED or not outputs:
-            out.append([job, [], "error", {"status": 500, "message": "beam search did not finish"}])
+            out.append(protocol.error(job, {"status": 500, "message": "beam search did not finish"}))
             return
         best = sorted(outputs, key=lambda o: o.score, reverse=True)[: request.n]
         for index, output in enumerate(best):
@@ -371,19 +344,19 @@ class Engine:
                 ids, logprobs = ids[:-1], (logprobs[:-1] if logprobs else logprobs)
             reached = not ended and (output.finish_reason == g.GenerationFinishReason.LENGTH
                                      or len(ids) >= request.budget)
-            out.append([job, ids, "length" if reached else "stop", None, index, logprobs])
+            out.append(protocol.update(job, ids, protocol.LENGTH if reached else protocol.STOP, None, index, logprobs))
 
     def _finish(self, request: Request, index: int, status: Any, reason: Any) -> str:
         g = self._g
         if status == g.GenerationStatus.IGNORED:
-            return "error"
+            return protocol.ERROR
         if status in (g.GenerationStatus.CANCEL, g.GenerationStatus.STOP):
-            return "cancelled"
+            return protocol.CANCELLED
         if reason == g.GenerationFinishReason.STOP:
-            return "stop"  # an end id or stop string ended it, also when it was the last token allowed
+            return protocol.STOP  # an end id or stop string ended it, also when it was the last token allowed
         if reason == g.GenerationFinishReason.LENGTH or request.generated.get(index, 0) >= request.budget:
-            return "length"
-        return "stop"
+            return protocol.LENGTH
+        return protocol.STOP
 
     def _forget(self, job: str) -> None:
         self.requests.pop(job, None)
@@ -402,10 +375,10 @@ def handshake(outputs: Connection, factory: Callable[[], E]) -> E | None:
     try:
         engine = factory()
     except Exception as exc:
-        answer: dict[str, Any] = {"ready": False, "error": error_message(exc)}
+        answer = protocol.ready(error_message(exc))
         engine = None
     else:
-        answer = {"ready": True}
+        answer = protocol.ready()
         heap.settle()
     try:
         outputs.send_bytes(orjson.dumps(answer))
@@ -414,26 +387,11 @@ def handshake(outputs: Connection, factory: Callable[[], E]) -> E | None:
     return engine
 
 
-def send(outputs: Connection, updates: list[list[Any]], stats: list[Any] | None = None) -> None:
-    outputs.send_bytes(orjson.dumps({"u": updates, "s": stats}))
+def send(outputs: Connection, updates: Updates, stats: list[Any] | None = None) -> None:
+    outputs.send_bytes(orjson.dumps(protocol.report(updates, stats)))
 
 
-def _apply(engine: Engine, commands: list[list[Any]], out: list[list[Any]]) -> bool:
-    """One message's commands; False on "stop"."""
-    for command in commands:
-        if command[0] == "add":
-            engine.add(*command[1:6], command[6] if len(command) > 6 else None, out, *command[7:8])
-        elif command[0] == "cancel":
-            engine.cancel(command[1], out, command[2] if len(command) > 2 else None)
-        elif command[0] == "stop":
-            for job in list(engine.requests):
-                engine.cancel(job, out)
-            engine.release()
-            return False
-    return True
-
-
-def _take(commands: Connection, outputs: Connection, engine: Engine, out: list[list[Any]], window: ArrivalWindow,
+def _take(commands: Connection, outputs: Connection, engine: Engine, out: Updates, window: ArrivalWindow,
           ended: int) -> bool:
     """Apply every command waiting: block for one while no job runs; after a step that ended jobs, wait (as the
     window allows) until as many have been added. False when the engine stops (EOF or "stop")."""
@@ -446,10 +404,10 @@ def _take(commands: Connection, outputs: Connection, engine: Engine, out: list[l
             message = orjson.loads(commands.recv_bytes())
         except EOFError:  # the I/O half is gone: nobody to generate for
             return False
-        if not _apply(engine, message, out):
+        if not protocol.apply(engine, message, out):
             send(outputs, out)
             return False
-        added += sum(1 for command in message if command[0] == "add")
+        added += protocol.added(message)
         timeout = max(0.0, start + wait - time.monotonic()) if added < ended else 0
     if wait:
         window.spend(time.monotonic() - start)
@@ -463,7 +421,7 @@ def run(commands: Connection, outputs: Connection, spec: EngineSpec) -> None:
         return
     window, ended = ArrivalWindow(spec.arrival_window_ms / 1000), 0
     while True:
-        out: list[list[Any]] = []
+        out: Updates = []
         if not _take(commands, outputs, engine, out, window, ended):
             return
         if out:  # accepted / refused / cancelled now, not after a step that may take a second
@@ -477,7 +435,7 @@ def run(commands: Connection, outputs: Connection, spec: EngineSpec) -> None:
         except Exception as exc:
             message = error_message(exc)
             log.error("engine step failed: %s", message)
-            outputs.send_bytes(orjson.dumps({"broken": message, "suspects": sorted(engine.added)}))
+            outputs.send_bytes(orjson.dumps(protocol.broken(message, sorted(engine.added))))
             return
         window.earn(time.monotonic() - started)
         ended = running - len(engine.requests)

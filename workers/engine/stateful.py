@@ -1,7 +1,8 @@
 """The stateful engine process: one `LLMPipeline` (OVMS's "stateful" servable, what NPU runs), one job at a time.
 
-It speaks the same pipe protocol as `workers.engine.continuous` (see its docstring) and has the same `run(conn, spec)`
-entry point, so the I/O half can drive either engine; with this one it should keep one job in flight (capacity 1).
+It speaks the same pipe protocol as `workers.engine.continuous` (`workers.engine.protocol`) and has the same
+`run(conn, spec)` entry point, so the I/O half can drive either engine; with this one it should keep one job in
+flight (capacity 1).
 
 Design:
 - `LLMPipeline.generate()` releases the GIL but blocks until the whole answer is made, so it runs in a thread of
@@ -34,8 +35,8 @@ import orjson
 
 from common.errors import OvqError
 from common.jobs import SamplingParams
+from workers.engine import protocol
 from workers.engine.continuous import (
-    EngineSpec,
     _generation_config,
     end_ids,
     error_message,
@@ -47,6 +48,7 @@ from workers.engine.continuous import (
 )
 from workers.engine.generation import engine_config, prompt_param, token_budget
 from workers.engine.prompt_length import prompt_length
+from workers.engine.protocol import EngineSpec, Updates
 from workers.engine.structured import structured_config
 
 log = logging.getLogger("ovq.stateful_engine")
@@ -180,7 +182,7 @@ class StatefulEngine:
 
     # ---- commands ------------------------------------------------------------------------------------
     def add(self, job: str, prompt: str | list[int], add_special: bool, params: dict[str, Any],
-            images: list[str], resume: Any, out: list[list[Any]], kind: str = "chat") -> None:
+            images: list[str], resume: Any, out: Updates, kind: str = "chat") -> None:
         try:
             pending = self._prepare(job, prompt, add_special, params, prompt_param(kind))
             if self.spec.vision:
@@ -188,7 +190,7 @@ class StatefulEngine:
         except Exception as exc:  # a prompt or a config refused is the request's fault
             out.append(refusal(job, exc))
             return
-        out.append([job, [], "accepted", len(pending.ids)])
+        out.append(protocol.accepted(job, len(pending.ids)))
         self.queue.append(pending)
         self._start_next()
 
@@ -215,20 +217,22 @@ class StatefulEngine:
         config.apply_chat_template = False  # input ids bypass it anyway; say so in case a string ever gets here
         return Pending(job, ids, config, config.max_new_tokens, end_ids(self.ends, sampling))
 
-    def cancel(self, job: str, out: list[list[Any]]) -> None:
+    def cancel(self, job: str, out: Updates, index: int | None = None) -> None:
+        """Cancel a job, answered `cancelled`. A job here has one choice: a cancel of choice 0 (the I/O half ended
+        it at a stop string) cancels the job, and the I/O half ignores the answer for a job it has ended."""
         running = self.running
         if running is not None and running.job == job and not running.answered:
             running.streamer.cancelled = True
             running.answered = True
-            out.append([job, running.streamer.take(), "cancelled", None])
+            out.append(protocol.cancelled(job, running.streamer.take()))
             return
         queued = [p for p in self.queue if p.job == job]
         for pending in queued:
             self.queue.remove(pending)
         # Unknown jobs get an answer too: the I/O half ignores it for jobs it has finished already.
-        out.append([job, [], "cancelled", None])
+        out.append(protocol.cancelled(job, []))
 
-    def stop(self, out: list[list[Any]]) -> None:
+    def stop(self, out: Updates) -> None:
         """Cancel everything and wait for the generation thread, so the pipeline is not destroyed under it."""
         if self.running is not None:
             self.cancel(self.running.job, out)
@@ -267,7 +271,7 @@ class StatefulEngine:
             running.done = True
             self._wake()
 
-    def collect(self, out: list[list[Any]]) -> None:
+    def collect(self, out: Updates) -> None:
         """Forward new ids of the running job; finish it once its thread is done, then start the next.
 
         A trailing end-of-sequence id is held back: if generation ends there it is neither text nor counted.
@@ -283,7 +287,7 @@ class StatefulEngine:
         if not done:
             ids = self._hold_end(running, ids)
             if ids and not running.answered:
-                out.append([running.job, ids, None, None])
+                out.append(protocol.running(running.job, ids))
             return
         running.thread.join()
         self.running = None
@@ -300,18 +304,19 @@ class StatefulEngine:
         job = running.job
         if running.error is not None:
             log.error("generation of %s failed: %s", job, running.error)
-            return [job, ids, "error", {"status": 500, "message": f"generation failed: {error_message(running.error)}"}]
+            message = f"generation failed: {error_message(running.error)}"
+            return protocol.error(job, {"status": 500, "message": message}, ids)
         tail = self._unstreamed(running)
         running.sent.extend(tail)
         ids = ids + tail
         ends = running.pending.ends
         if ids and ids[-1] in ends:  # it ended on an end-of-sequence id: a "stop", that id not counted
-            return [job, ids[:-1], "stop", None]
+            return protocol.ended(job, ids[:-1], protocol.STOP)
         reasons = list(running.result.finish_reasons)
         reached = reasons and reasons[0] == self._g.GenerationFinishReason.LENGTH
         generated = len([i for i in running.sent if i not in ends])
-        finish = "length" if reached or generated >= running.pending.budget else "stop"
-        return [job, ids, finish, None]
+        finish = protocol.LENGTH if reached or generated >= running.pending.budget else protocol.STOP
+        return protocol.ended(job, ids, finish)
 
     def _unstreamed(self, running: Running) -> list[int]:
         """Ids in the result the streamer never saw, so that usage counts what was generated."""
@@ -335,7 +340,7 @@ def _one_sequence(name: str) -> OvqError:
                     "(n, best_of and beam search are not supported)", param=name)
 
 
-def _send(outputs: Connection, out: list[list[Any]]) -> bool:
+def _send(outputs: Connection, out: Updates) -> bool:
     try:
         send(outputs, out)
     except OSError:  # the I/O half has gone: nothing left to tell
@@ -343,24 +348,11 @@ def _send(outputs: Connection, out: list[list[Any]]) -> bool:
     return True
 
 
-def _handle(engine: StatefulEngine, commands: list[list[Any]], out: list[list[Any]]) -> bool:
-    """Apply one message's commands; False on "stop"."""
-    for command in commands:
-        if command[0] == "add":
-            engine.add(*command[1:6], command[6] if len(command) > 6 else None, out, *command[7:8])
-        elif command[0] == "cancel":
-            engine.cancel(command[1], out)
-        elif command[0] == "stop":
-            engine.stop(out)
-            return False
-    return True
-
-
 def serve(commands: Connection, outputs: Connection, engine: StatefulEngine) -> None:
     """The main loop: wait for commands or new ids, answer with one message per wake-up."""
     while True:
         ready = wait([commands, engine.wake_fd])
-        out: list[list[Any]] = []
+        out: Updates = []
         if commands in ready:
             while commands.poll(0):
                 try:
@@ -368,7 +360,7 @@ def serve(commands: Connection, outputs: Connection, engine: StatefulEngine) -> 
                 except (EOFError, OSError):  # the I/O half died: stop generating for nobody
                     engine.stop(out)
                     return
-                if not _handle(engine, message, out):
+                if not protocol.apply(engine, message, out):
                     _send(outputs, out)
                     return
         engine.collect(out)

@@ -13,6 +13,7 @@ from typing import Any
 
 from common.events import Done, Timings, Usage, delta
 from common.jobs import Job
+from workers.engine import protocol
 from workers.text.detokenizer import StopFilter, Stream
 from workers.text.logprobs import LogprobAligner
 
@@ -65,10 +66,10 @@ class RunningJob:
         self.seq += 1
         return self.seq
 
-    def resume(self) -> dict[str, object]:
+    def resume(self) -> dict[str, Any]:
         """What a restarted engine needs to continue this job: each choice's ids, the finished choices."""
-        return {"generated": {str(c.index): c.ids for c in self.choices if c.finish is None},
-                "done": [c.index for c in self.choices if c.finish is not None]}
+        return protocol.resume({c.index: c.ids for c in self.choices if c.finish is None},
+                               [c.index for c in self.choices if c.finish is not None])
 
     @property
     def finished(self) -> bool:

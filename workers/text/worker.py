@@ -16,8 +16,9 @@ from common.models.config import ModelConfig
 from common.servable import ServableType
 from common.settings import Settings
 from workers.base import BaseWorker
+from workers.engine import protocol
 from workers.engine.client import EngineClient, Target
-from workers.engine.continuous import EngineSpec
+from workers.engine.protocol import IDS, JOB, SHORT, STATE, EngineSpec, Updates
 from workers.queue.admission import Admission
 from workers.queue.publisher import Outbox
 from workers.text.detokenizer import ByteTable, Detokenizer
@@ -115,7 +116,7 @@ class TextWorker(BaseWorker):
             self._end(self.running[job_id], "cancelled", outbox)
             self.publisher.put(outbox)
             return
-        self.engine.send(["cancel", job_id])
+        self.engine.send(protocol.cancel_command(job_id))
 
     def _start(self, entry_id: bytes, job: Job, outbox: Outbox) -> None:
         """Hand the job to the engine; it answers `accepted` (prompt tokens) or an error right away."""
@@ -134,8 +135,8 @@ class TextWorker(BaseWorker):
             self._pending.add(task)
             task.add_done_callback(self._pending.discard)
             return
-        self.engine.send(["add", job.id, job.prompt, job.add_special_tokens, job.params.model_dump(), [], resume,
-                          job.kind])
+        self.engine.send(protocol.add_command(job.id, job.prompt, job.add_special_tokens, job.params.model_dump(), [],
+                                              resume, job.kind))
 
     async def _add_with_images(self, job: Job, resume: dict[str, Any] | None) -> None:
         blobs = await self.redis.mget(job.images)
@@ -143,11 +144,11 @@ class TextWorker(BaseWorker):
             return
         if any(b is None for b in blobs):
             extra = {"status": 400, "message": "the request's images expired before the job started"}
-            self._on_message([[job.id, [], "error", extra]], None)
+            self._on_message([protocol.error(job.id, extra)], None)
             return
         images = [base64.b64encode(b).decode() for b in blobs]
-        self.engine.send(["add", job.id, job.prompt, job.add_special_tokens, job.params.model_dump(), images,
-                          resume, job.kind])
+        self.engine.send(protocol.add_command(job.id, job.prompt, job.add_special_tokens, job.params.model_dump(),
+                                              images, resume, job.kind))
 
     def _accepted(self, state: RunningJob, prompt_tokens: int, outbox: Outbox) -> None:
         job = state.job
@@ -161,54 +162,14 @@ class TextWorker(BaseWorker):
         outbox.observe("queue", queue_ms)
 
     # ---- engine output ---------------------------------------------------------------------------------
-    def _on_message(self, outputs: list[list[Any]], stats: list[Any] | None) -> None:
+    def _on_message(self, outputs: Updates, stats: list[Any] | None) -> None:
+        """One engine message: its updates (most through the fast half), then held text due, then its stats."""
         outbox = Outbox()
-        now, clock, tokens = time.time(), time.monotonic(), 0
-        updates, work = [], []
+        now, clock = time.time(), time.monotonic()
         itl: dict[tuple[float, int], int] = {}
-        running = self.running
-        by_table = self.detokenizer.table is not None
-        later: set[str] = set()  # jobs with an update in the batched pass: their other updates follow it there
-        for update in outputs:
-            state = running.get(update[0])
-            if state is None:  # finished here already (a stop string the engine had not seen yet)
-                continue
-            ids, finish, size = update[1], update[2], len(update)
-            if (finish is None and size == 4 and by_table and state.plain and state.streamed and state.first_token
-                    and update[0] not in later):
-                # Most updates: more tokens of a plain job already streaming. Its text is a table lookup, so it
-                # is handled here, without the batched pass that the decoder and the other kinds of update need.
-                choice = state.choices[0]
-                tokens += len(ids)
-                self._count(state, choice, ids, now, outbox, itl)
-                delta = state.more(choice, ids, choice.detok.text(ids), clock)  # type: ignore[attr-defined]
-                if delta is not None:
-                    outbox.publish(state.job.reply_to, delta)
-                continue
-            index = update[4] if size > 4 else 0
-            choice = state.choices[index] if index < len(state.choices) else None
-            generated = finish in (None, "stop", "length") and choice is not None and choice.finish is None
-            updates.append((state, choice, ids, finish, update[3], update[5] if size > 5 else None, generated))
-            later.add(update[0])
-            if generated:
-                work.append((choice.detok, ids))
-        texts = iter(self.detokenizer.step(work))
-        for state, choice, ids, finish, extra, logprobs, generated in updates:
-            text = next(texts) if generated else ""
-            if state.job.id not in running:  # an error or cancel earlier in this batch ended it
-                continue
-            if generated:  # the usual update first: the others are one per job
-                tokens += len(ids)
-                self._count(state, choice, ids, now, outbox, itl)
-                self._generated(state, choice, ids, text, finish, logprobs, outbox, clock)
-            elif finish == "accepted":
-                self._accepted(state, extra, outbox)
-                if self.admission is not None:
-                    self.admission.answered(state.job.id, state.job.prompt, extra)
-            elif finish in ("cancelled", "error"):
-                self._end(state, finish, outbox, extra)
-            elif finish == "prompt" and choice is not None:
-                self._echo(state, choice, ids, logprobs, outbox)
+        rest, tokens = self._more(outputs, now, clock, outbox, itl)
+        if rest:
+            tokens += self._batched(rest, now, clock, outbox, itl)
         if tokens:
             self.tokens_generated += tokens
             outbox.count("tokens", tokens)
@@ -222,6 +183,68 @@ class TextWorker(BaseWorker):
             self._probing = None  # a step went through with it
             self._next_probation()
             self._slot_free.set()
+
+    def _more(self, outputs: Updates, now: float, clock: float, outbox: Outbox,
+              itl: dict[tuple[float, int], int]) -> tuple[list[tuple[RunningJob, list[Any]]], int]:
+        """The fast half, for most updates: more tokens of a plain job already streaming (`protocol.running`, read
+        in place). Its text is a table lookup, so it needs neither the decoder nor the batched half. The other
+        updates come back with their jobs, for `_batched`; a job's later updates follow its first one there.
+        Returns them and the tokens taken here."""
+        running = self.running
+        fast = self.detokenizer.table is not None
+        rest: list[tuple[RunningJob, list[Any]]] = []
+        later: set[str] = set()
+        tokens = 0
+        for update in outputs:
+            job = update[JOB]
+            state = running.get(job)
+            if state is None:  # finished here already (a stop string the engine had not seen yet)
+                continue
+            if (fast and len(update) == SHORT and update[STATE] is None and state.plain and state.streamed
+                    and state.first_token and job not in later):
+                ids = update[IDS]
+                choice = state.choices[0]
+                tokens += len(ids)
+                self._count(state, choice, ids, now, outbox, itl)
+                delta = state.more(choice, ids, choice.detok.text(ids), clock)  # type: ignore[attr-defined]
+                if delta is not None:
+                    outbox.publish(state.job.reply_to, delta)
+                continue
+            rest.append((state, update))
+            later.add(job)
+        return rest, tokens
+
+    def _batched(self, rest: list[tuple[RunningJob, list[Any]]], now: float, clock: float, outbox: Outbox,
+                 itl: dict[tuple[float, int], int]) -> int:
+        """The batched half: every other update, read by name; the generated ids of all of them decoded in one pass.
+        Returns the tokens taken."""
+        updates, work = [], []
+        for state, update in rest:
+            _, ids, finish, extra, index, logprobs = protocol.full(update)
+            choice = state.choices[index] if index < len(state.choices) else None
+            generated = finish in protocol.GENERATED and choice is not None and choice.finish is None
+            updates.append((state, choice, ids, finish, extra, logprobs, generated))
+            if generated:
+                work.append((choice.detok, ids))
+        texts = iter(self.detokenizer.step(work))
+        running, tokens = self.running, 0
+        for state, choice, ids, finish, extra, logprobs, generated in updates:
+            text = next(texts) if generated else ""
+            if state.job.id not in running:  # an error or cancel earlier in this batch ended it
+                continue
+            if generated:  # the usual update first: the others are one per job
+                tokens += len(ids)
+                self._count(state, choice, ids, now, outbox, itl)
+                self._generated(state, choice, ids, text, finish, logprobs, outbox, clock)
+            elif finish == protocol.ACCEPTED:
+                self._accepted(state, extra, outbox)
+                if self.admission is not None:
+                    self.admission.answered(state.job.id, state.job.prompt, extra)
+            elif finish in (protocol.CANCELLED, protocol.ERROR):
+                self._end(state, finish, outbox, extra)
+            elif finish == protocol.PROMPT and choice is not None:
+                self._echo(state, choice, ids, logprobs, outbox)
+        return tokens
 
     def _send_due(self, outbox: Outbox, now: float) -> None:
         """Held text past its stream interval, also of jobs this step gave no token (preempted, prefilling)."""
@@ -259,8 +282,8 @@ class TextWorker(BaseWorker):
             if not was_streamed:
                 outbox.set_status(job.id, streamed=1)
         if choice.stops.stopped and finish is None:
-            self.engine.send(["cancel", job.id, choice.index])
-            finish = "stop"
+            self.engine.send(protocol.cancel_command(job.id, choice.index))
+            finish = protocol.STOP
         if finish is not None:
             outbox.publish(job.reply_to, state.finish(choice, finish))
             if state.finished:
@@ -328,12 +351,12 @@ class TextWorker(BaseWorker):
         self.engine.drop_pending()  # commands of jobs failed or re-sent just below
         running = list(self.running.values())
         if kind == "broken" and report is not None:
-            suspects = [s for s in running if s.job.id in report["suspects"]]
-            innocents = [s for s in running if s.job.id not in report["suspects"]]
+            suspects = [s for s in running if s.job.id in report[protocol.SUSPECTS]]
+            innocents = [s for s in running if s.job.id not in report[protocol.SUSPECTS]]
             if len(suspects) == 1:
-                self._fail(suspects.pop(), report["broken"])
+                self._fail(suspects.pop(), report[protocol.BROKEN])
             log.error("engine step failed (%s); restarting it: %d jobs go on, %d suspects re-run one at a time",
-                      report["broken"], len(innocents), len(suspects))
+                      report[protocol.BROKEN], len(innocents), len(suspects))
         else:
             why = ("stopped responding and was restarted" if kind == "unresponsive"
                    else "crashed while running this job")

@@ -10,7 +10,8 @@ import pytest
 
 from common.structured import json_schema
 from workers.engine.arrivals import ArrivalWindow
-from workers.engine.continuous import Engine, EngineSpec, _take
+from workers.engine.continuous import Engine, _take
+from workers.engine.protocol import EngineSpec
 
 PROMPT = "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
 

@@ -12,7 +12,8 @@ from typing import Any
 import orjson
 import pytest
 
-from workers.engine.continuous import EngineSpec, error_message
+from workers.engine.continuous import error_message
+from workers.engine.protocol import EngineSpec
 from workers.engine.stateful import pipeline_properties, run
 
 TINY = Path(__file__).resolve().parents[3] / "models" / "tiny-llama"

@@ -9,7 +9,8 @@ import pytest
 from common.jobs import Job, SamplingParams
 from common.models.config import ModelConfig
 from common.settings import Settings
-from workers.engine.continuous import Engine, EngineSpec
+from workers.engine.continuous import Engine
+from workers.engine.protocol import EngineSpec
 from workers.queue.publisher import Outbox
 from workers.text.jobstate import RunningJob
 from workers.text.worker import TextWorker
