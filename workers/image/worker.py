@@ -16,7 +16,7 @@ from typing import Any
 
 from common.errors import ErrorBody
 from common.events import Accepted, Cancelled, Done, Error, Progress, Timings
-from common.jobs import Job
+from common.jobs import Job, JobStatus
 from common.modelcard import ModelCard
 from common.models.config import ModelConfig
 from common.servable import ServableType
@@ -79,7 +79,7 @@ class ImageWorker(BaseWorker):
         queue_ms = (state.received - job.created) * 1000
         outbox.publish(job.reply_to, Accepted(job=job.id, seq=state.next_seq(), worker=self.id, prompt_tokens=0,
                                               queue_ms=queue_ms))
-        outbox.set_status(job.id, status="running", worker=self.id, streamed=0)
+        outbox.set_status(job.id, status=JobStatus.RUNNING, worker=self.id, streamed=0)
         outbox.observe("queue", queue_ms)
         task = asyncio.create_task(self._generate(state))
         self._tasks.add(task)
@@ -151,14 +151,14 @@ class ImageWorker(BaseWorker):
         if error is not None:
             body = ErrorBody(message=error)
             outbox.publish(job.reply_to, Error(job=job.id, seq=state.next_seq(), status=400, error=body))
-            outbox.set_status(job.id, status="error", error=body.model_dump(), **summary)
+            outbox.set_status(job.id, status=JobStatus.ERROR, error=body.model_dump(), **summary)
         elif images is None:
             outbox.publish(job.reply_to, Cancelled(job=job.id, seq=state.next_seq()))
-            outbox.set_status(job.id, status="cancelled", **summary)
+            outbox.set_status(job.id, status=JobStatus.CANCELLED, **summary)
         else:
             now = time.time()
             timings = Timings(queue_ms=(state.received - job.created) * 1000, total_ms=(now - job.created) * 1000)
             done = Done(job=job.id, seq=state.next_seq(), timings=timings, images=images, size=size)
             outbox.publish(job.reply_to, done)
-            outbox.set_status(job.id, status="done", result=done.model_dump(mode="json"), **summary)
+            outbox.set_status(job.id, status=JobStatus.DONE, result=done.model_dump(mode="json"), **summary)
         self.publisher.put(outbox)

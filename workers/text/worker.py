@@ -11,7 +11,7 @@ from typing import Any
 
 from common.errors import ErrorBody
 from common.events import Accepted, Cancelled, Error
-from common.jobs import Job
+from common.jobs import Job, JobStatus
 from common.models.config import ModelConfig
 from common.servable import ServableType
 from common.settings import Settings
@@ -113,7 +113,7 @@ class TextWorker(BaseWorker):
     def cancel_running(self, job_id: str) -> None:
         if self._restarting:  # the engine is being replaced: the job is nowhere to cancel, end it here
             outbox = Outbox()
-            self._end(self.running[job_id], "cancelled", outbox)
+            self._end(self.running[job_id], JobStatus.CANCELLED, outbox)
             self.publisher.put(outbox)
             return
         self.engine.send(protocol.cancel_command(job_id))
@@ -157,7 +157,7 @@ class TextWorker(BaseWorker):
         accepted = Accepted(job=job.id, seq=state.next_seq(), worker=self.id, prompt_tokens=prompt_tokens,
                             queue_ms=queue_ms)
         outbox.publish(job.reply_to, accepted)
-        outbox.set_status(job.id, status="running", worker=self.id, prompt_tokens=prompt_tokens, streamed=0)
+        outbox.set_status(job.id, status=JobStatus.RUNNING, worker=self.id, prompt_tokens=prompt_tokens, streamed=0)
         outbox.count("prompt_tokens", prompt_tokens)
         outbox.observe("queue", queue_ms)
 
@@ -287,7 +287,7 @@ class TextWorker(BaseWorker):
         if finish is not None:
             outbox.publish(job.reply_to, state.finish(choice, finish))
             if state.finished:
-                self._end(state, "done", outbox)
+                self._end(state, JobStatus.DONE, outbox)
 
     def _echo(self, state: RunningJob, choice: Choice, ids: list[int], logprobs: list[float] | None,
               outbox: Outbox) -> None:
@@ -314,20 +314,20 @@ class TextWorker(BaseWorker):
         job = state.job
         self._job_done(state, outbox)
         summary = state.summary()
-        if end == "cancelled":
+        if end == JobStatus.CANCELLED:
             outbox.publish(job.reply_to, Cancelled(job=job.id, seq=state.next_seq()))
-            outbox.set_status(job.id, status="cancelled", **summary)
-        elif end == "error":
+            outbox.set_status(job.id, status=JobStatus.CANCELLED, **summary)
+        elif end == JobStatus.ERROR:
             for event in state.due(0.0, everything=True):  # what it had generated comes before the error
                 outbox.publish(job.reply_to, event)
             status = extra.pop("status")
             error = ErrorBody.model_validate(extra)
             outbox.publish(job.reply_to, Error(job=job.id, seq=state.next_seq(), status=status, error=error))
-            outbox.set_status(job.id, status="error", error=error.model_dump(), **summary)
+            outbox.set_status(job.id, status=JobStatus.ERROR, error=error.model_dump(), **summary)
         else:
             done = state.done()
             outbox.publish(job.reply_to, done)
-            outbox.set_status(job.id, status="done", result=done.model_dump(mode="json"), **summary)
+            outbox.set_status(job.id, status=JobStatus.DONE, result=done.model_dump(mode="json"), **summary)
             if self.settings.keep_job_text:  # off by default: the client has had the text; Redis need not keep it
                 outbox.set_status(job.id, text="".join(state.choices[0].text))
 
@@ -374,7 +374,7 @@ class TextWorker(BaseWorker):
                  if structured else
                  {"status": 500, "message": "the inference engine could not run this request", "type": "server_error"})
         outbox = Outbox()
-        self._end(state, "error", outbox, extra)
+        self._end(state, JobStatus.ERROR, outbox, extra)
         self.publisher.put(outbox)
 
     async def _restart_engine(self, innocents: list[RunningJob], suspects: list[RunningJob]) -> None:
