@@ -24,11 +24,12 @@ from api.openai.protocol import ModelList, ModelObject
 from api.openai.serving import Serving
 from api.ops import router as ops_router
 from api.ops.metrics import Metrics, Record
+from api.ops.tracing import RequestTrace
 from api.queue.client import ClientGone, JobClient
 from api.queue.heartbeat import ApiHeartbeat
 from api.queue.hub import EventHub
 from api.queue.registry import Registry
-from common import heap
+from common import heap, tracing
 from common.errors import ErrorBody, OvqError, not_found, unavailable
 from common.keys import Keys
 from common.models.config import configured_models, has_models
@@ -58,6 +59,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         hub = EventHub(redis, keys, redis_url(settings), settings.redis_timeout_s)
         await hub.start()
         heartbeat = await ApiHeartbeat(redis, keys, hub.reply_to, settings).start()
+        tracing.setup("api", hub.reply_to, settings.tracing)
         registry = Registry(redis, keys, settings, expected_models(settings))
         metrics = Metrics(redis, keys, settings.worker_ttl_s, settings.access_log)
         app.state.registry, app.state.metrics = registry, metrics
@@ -219,6 +221,8 @@ async def _counted(request: Request, endpoint: str, handler: Any) -> Response:
     """Run a generation endpoint with its `Record`: finished here, or by its stream when it streams."""
     metrics = request.app.state.metrics
     record = request.state.record = Record(endpoint)
+    if tracing.active():
+        record.trace = RequestTrace(request, endpoint)
     try:
         response = await handler(request)
     except ClientGone:  # before any answer: nobody reads this one, but logs and metrics do

@@ -134,6 +134,9 @@ class Job(BaseModel):
     # Which of the model's streams the job waits in: batch jobs (Batch API lines) only run when no interactive
     # job waits. A worker acks the job on the stream this names.
     priority: Priority = "interactive"
+    # W3C trace context of the API's request span when tracing is on (common/tracing.py): the worker's spans join
+    # the request's trace, on whatever host it runs.
+    traceparent: str | None = None
 
     def to_fields(self) -> dict[str, bytes]:
         return {ENTRY_JOB: orjson.dumps(self.model_dump())}

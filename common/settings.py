@@ -40,6 +40,8 @@ class Settings(BaseSettings):
     host: str = "127.0.0.1"
     port: int = 8000
     log_level: str = "info"
+    # OpenTelemetry traces (common/tracing.py; the `tracing` extra): also on when OTEL_EXPORTER_OTLP_ENDPOINT is set.
+    tracing: bool = False
     # API processes sharing the port (0: one per four cores, at least one).
     api_processes: int = 0
     # Idle keep-alive connections are closed after this long.

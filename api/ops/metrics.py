@@ -17,6 +17,7 @@ import redis.asyncio as aioredis
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from redis.exceptions import ResponseError
 
+from api.ops.tracing import RequestTrace
 from common.events import DoneEvent
 from common.keys import GROUP, Keys
 from common.ops.stats import BOUNDS
@@ -63,6 +64,7 @@ class Record:
     ttft_ms: float | None = None
     itl_ms: float | None = None  # the request's mean inter-token latency
     streaming: bool = False  # ended by its stream, not by the handler's return
+    trace: RequestTrace | None = None  # when tracing is on (common/tracing.py)
 
     def failed(self, status: int, code: str | int | None = None) -> None:
         self.status, self.outcome = status, outcome_of(status, code)
@@ -132,6 +134,11 @@ class Metrics:
         return series
 
     def finish(self, record: Record) -> None:
+        if record.trace is not None:
+            record.trace.end(record.status, record.outcome or "stop", {
+                "ovq.request_id": record.request_id, "gen_ai.request.model": record.model, "ovq.device": record.device,
+                "gen_ai.usage.input_tokens": record.prompt_tokens,
+                "gen_ai.usage.output_tokens": record.completion_tokens, "ovq.streaming": record.streaming})
         self.requests.labels(record.endpoint, str(record.status)).inc()
         if record.model:
             self.outcomes.labels(record.model, record.device, record.outcome or "stop").inc()

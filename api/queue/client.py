@@ -128,15 +128,24 @@ class Generation:
         self._handed_over = False  # to a stream: its end closes the generation
 
     async def __aenter__(self) -> Generation:
+        trace = self.request.state.record.trace if self.request is not None else None
+        if trace is not None:  # tracing is on: the jobs carry the request's span, its phases are marked
+            trace.mark("validated")
+            for job in self.jobs:
+                job.traceparent = trace.traceparent
         await self.submit()
         if self.request is not None:
             self.request.state.record.device = self.job.device
             self.watch(self.request)
+        if trace is not None:
+            trace.mark("enqueued")
         try:
             await self.start()
         except BaseException:
             await self.close()
             raise
+        if trace is not None:
+            trace.mark("accepted")
         return self
 
     async def __aexit__(self, *exc: object) -> None:
