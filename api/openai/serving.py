@@ -24,7 +24,6 @@ from api.queue.client import CLIENT_CLOSED, ClientGone, Generation, JobClient, d
 from api.queue.registry import Registry, Servable
 from common.errors import OvqError
 from common.jobs import Job, SamplingParams
-from common.modelcard import ModelCard
 from common.redis.client import UNAVAILABLE
 from common.servable import ServableType
 
@@ -55,12 +54,12 @@ def validation_error(exc: ValidationError) -> OvqError:
     return OvqError(f"{param}: {message}" if param else message, param=param)
 
 
-def sampling_params(body: SamplingRequest, card: ModelCard, structure: dict[str, Any] | None = None,
+def sampling_params(body: SamplingRequest, structure: dict[str, Any] | None = None,
                     skip_special_tokens: bool | None = None) -> SamplingParams:
+    """The job's parameters. An unset max_tokens stays unset: the worker knows the model's default (its
+    max_tokens_default, generation_config.json's max_new_tokens, max_tokens_limit)."""
     values = body.model_dump(include=set(SamplingParams.model_fields) - {"logprobs", "structured"})
     values.update(stop=body.stop or [], logprobs=body.top_logprobs_asked, structured=structure)
-    if values["max_tokens"] is None:
-        values["max_tokens"] = card.max_tokens_limit
     if skip_special_tokens is not None:
         values["skip_special_tokens"] = skip_special_tokens
     return SamplingParams.model_validate(values)
@@ -98,11 +97,12 @@ class Serving:
         plan.opened(prompt)
         # Tool-call markers are often special tokens (<|python_tag|>, [TOOL_CALLS]): the parser must see them.
         skip = False if plan.tool_parser else None
-        params = sampling_params(body, card, plan.structure, skip)
+        params = sampling_params(body, plan.structure, skip)
         rid = request_id(request)
         job = self._job(body, servable, "chat", prompt, params, rid)
         job.images = await self._store_images(job.id, urls)
-        fmt = ChatFormat(f"chatcmpl-{rid}", body.model, body.include_usage, card.reasoning_parser is not None)
+        fmt = ChatFormat(f"chatcmpl-{rid}", body.model, body.include_usage, card.reasoning_parser is not None,
+                         body.continuous_usage)
         choices = {(job.id, i): ChoiceState(i, plan.parser(), params.logprobs) for i in range(body.n)}
         return await self._respond(request, body, servable, [job], fmt, choices)
 
@@ -126,14 +126,14 @@ class Serving:
         if servable.card.servable_type in VISION_SERVABLES:
             raise OvqError(f"The model `{body.model}` is a vision-language model: use /chat/completions",
                            param="model")
-        params = sampling_params(body, servable.card)
+        params = sampling_params(body)
         rid = request_id(request)
         prompts = body.prompts
         jobs = [self._job(body, servable, "completion", prompt, params, rid if len(prompts) == 1 else f"{rid}-{p}",
                           add_special_tokens=True) for p, prompt in enumerate(prompts)]
         choices = {(job.id, i): ChoiceState(p * body.n + i, None, params.logprobs)
                    for p, job in enumerate(jobs) for i in range(body.n)}
-        fmt = CompletionFormat(f"cmpl-{rid}", body.model, body.include_usage)
+        fmt = CompletionFormat(f"cmpl-{rid}", body.model, body.include_usage, body.continuous_usage)
         return await self._respond(request, body, servable, jobs, fmt, choices)
 
     def _job(self, body: SamplingRequest, servable: Servable, kind: str, prompt: Any, params: SamplingParams,
@@ -176,6 +176,7 @@ class Serving:
         merged into one chunk). Workers already send a choice's text at most once per `stream_interval_ms`, so
         the API's cost follows those events, not tokens."""
         usage = {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0}
+        fmt.started(sum(event["prompt_tokens"] for event in generation.accepted.values()))
         first = fmt.first(sorted(choices.values(), key=lambda c: c.index))
         if first:
             yield first
@@ -222,7 +223,7 @@ class Serving:
         of it: no task wake-up, no batching step, one write. Anything else (a finish, tool calls, log-probabilities,
         a terminal event, a slow client) declines and takes the loop above."""
         write = generation.write
-        if write is None:
+        if write is None or fmt.running is not None:  # usage on every chunk: each delta is counted below
             return None
 
         def express(event: dict[str, Any]) -> bool:
@@ -249,6 +250,7 @@ class Serving:
         for event in events:
             kind = event["type"]
             if kind == "delta":
+                fmt.count(event)
                 choice = choices[event["job"], event.get("index", 0)]
                 if choice.plain and not event.get("finish_reason"):
                     plain.setdefault(choice, []).append(event["text"])

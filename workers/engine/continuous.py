@@ -15,7 +15,8 @@ side), one frame of JSON per message:
   out (an object):
       {"u": [update, ...], "s": stats or null}
           update: [job, new_token_ids, state, extra, index, logprobs] with state None while running, else
-          "accepted" (extra: prompt tokens) | "stop" | "length" | "cancelled" | "error" (extra: {status,
+          "accepted" (extra: prompt tokens) | "stop" (extra: 1 when it ended on an end-of-sequence id, else
+          null) | "length" | "cancelled" | "error" (extra: {status,
           message, param, code}) | "prompt" (echo: the prompt's ids); `index` (choice, default 0) and
           `logprobs` (one per id, or None) may be left off.
           stats, after each step: [requests, scheduled requests, KV cache usage %, prompt tokens not yet
@@ -24,8 +25,9 @@ side), one frame of JSON per message:
           the process exits after this. Suspects are the jobs added since the last step that succeeded.
       the first frame: {"ready": true} | {"ready": false, "error": message}
 
-End-of-sequence ids are never text: one that ends a choice is neither sent nor counted, and a choice GenAI
-ended with STOP is "stop" even when that id was the last one the budget allowed.
+End-of-sequence ids are never text: one that ends a choice is not sent, only counted (the "stop" says so, as
+OpenAI and vLLM count it in completion_tokens), and a choice GenAI ended with STOP is "stop" even when that id
+was the last one the budget allowed.
 
 Prompts are tokenized here, as `add_request(prompt)` does in-process: the engine's OpenVINO threads are warm,
 where a tokenizer in the I/O process pays a cold start on every sparse call (1-5 ms measured).
@@ -329,6 +331,8 @@ class Engine:
             finish = self._finish(request, index, status, reason)
             if finish == "error":
                 extra = {"status": 500, "message": "the request did not fit in the KV cache; raise cache_size"}
+            elif finish == "stop" and index in request.held:  # ended on its end-of-sequence id: counted
+                extra = 1
         if tokens and finish is None and not index and not request.logprobs:
             out.append([job, tokens, None, None])  # the usual update, short: the I/O half's fast path takes it
         elif tokens or finish:
@@ -371,7 +375,7 @@ class Engine:
                 ids, logprobs = ids[:-1], (logprobs[:-1] if logprobs else logprobs)
             reached = not ended and (output.finish_reason == g.GenerationFinishReason.LENGTH
                                      or len(ids) >= request.budget)
-            out.append([job, ids, "length" if reached else "stop", None, index, logprobs])
+            out.append([job, ids, "length" if reached else "stop", 1 if ended else None, index, logprobs])
 
     def _finish(self, request: Request, index: int, status: Any, reason: Any) -> str:
         g = self._g

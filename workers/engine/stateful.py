@@ -270,7 +270,7 @@ class StatefulEngine:
     def collect(self, out: list[list[Any]]) -> None:
         """Forward new ids of the running job; finish it once its thread is done, then start the next.
 
-        A trailing end-of-sequence id is held back: if generation ends there it is neither text nor counted.
+        A trailing end-of-sequence id is held back: if generation ends there it is not text, only counted.
         """
         self._drain_wakes()
         running = self.running
@@ -305,8 +305,8 @@ class StatefulEngine:
         running.sent.extend(tail)
         ids = ids + tail
         ends = running.pending.ends
-        if ids and ids[-1] in ends:  # it ended on an end-of-sequence id: a "stop", that id not counted
-            return [job, ids[:-1], "stop", None]
+        if ids and ids[-1] in ends:  # it ended on an end-of-sequence id: a "stop", that id counted, not sent
+            return [job, ids[:-1], "stop", 1]
         reasons = list(running.result.finish_reasons)
         reached = reasons and reasons[0] == self._g.GenerationFinishReason.LENGTH
         generated = len([i for i in running.sent if i not in ends])

@@ -200,7 +200,7 @@ class TextWorker(BaseWorker):
             if generated:  # the usual update first: the others are one per job
                 tokens += len(ids)
                 self._count(state, choice, ids, now, outbox, itl)
-                self._generated(state, choice, ids, text, finish, logprobs, outbox, clock)
+                self._generated(state, choice, ids, text, finish, logprobs, outbox, clock, extra == 1)
             elif finish == "accepted":
                 self._accepted(state, extra, outbox)
                 if self.admission is not None:
@@ -249,7 +249,8 @@ class TextWorker(BaseWorker):
             itl[key] = itl.get(key, 0) + 1
 
     def _generated(self, state: RunningJob, choice: Choice, ids: list[int], text: str, finish: str | None,
-                   logprobs: list[float] | None, outbox: Outbox, clock: float) -> None:
+                   logprobs: list[float] | None, outbox: Outbox, clock: float, ended: bool = False) -> None:
+        """`ended`: the choice ended on an end-of-sequence id (no text, but a token of its usage)."""
         job = state.job
         was_streamed = state.streamed
         entries = self._entries(ids, logprobs) if logprobs is not None else None
@@ -262,7 +263,7 @@ class TextWorker(BaseWorker):
             self.engine.send(["cancel", job.id, choice.index])
             finish = "stop"
         if finish is not None:
-            outbox.publish(job.reply_to, state.finish(choice, finish))
+            outbox.publish(job.reply_to, state.finish(choice, finish, ended))
             if state.finished:
                 self._end(state, "done", outbox)
 
