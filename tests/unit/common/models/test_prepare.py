@@ -33,6 +33,13 @@ def test_a_directory_an_older_ovq_prepared_gets_the_files_it_lacks_without_a_sec
     assert prepare(model) == model_dir  # current: the source is not read again
 
 
+def test_a_directory_whose_source_is_gone_is_served_as_it_is(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    (tmp_path / "openvino_model.xml").write_text("")
+    model = ModelConfig(name="m", path=tmp_path, source=str(tmp_path / "deleted.gguf"))
+    assert prepare(model) == tmp_path and not is_current(tmp_path)
+    assert "serving it as it is" in capsys.readouterr().err
+
+
 def test_a_directory_without_a_source_is_the_users_and_left_as_it_is(tmp_path: Path) -> None:
     (tmp_path / "openvino_model.xml").write_text("")
     assert prepare(ModelConfig(name="m", path=tmp_path)) == tmp_path
