@@ -114,7 +114,8 @@ def stack(model_dir: Path, redis_url: str, tmp_path_factory: pytest.TempPathFact
     config = work / "models.json"
     default = default_model(Settings())
     # MODEL is the built-in default model as `ovq serve` runs it (its template and tool settings), on a directory
-    # prepared once per machine; sampling defaults stay OpenAI's so tests control sampling themselves.
+    # prepared once per machine, whose generation_config.json has the defaults (temperature 0.2, top_p 0.9,
+    # max_new_tokens 512): tests set the sampling they depend on.
     tools_options = {"chat_template": str(default.chat_template), "tool_parser": default.tool_parser,
                      "enable_tool_guided_generation": default.enable_tool_guided_generation}
     common = {"path": str(model_dir), "cache_size": 0, "max_tokens_limit": 4096, **tools_options}

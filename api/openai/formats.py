@@ -6,7 +6,7 @@ the OpenAI ones that `api/openai/protocol.py` models (`ChatCompletionChunk`, `Co
 frame against them): a delta carries only the fields it has (`{"content": "…"}`), the finishing chunk has an
 empty delta and the finish reason, `reasoning_content` appears only for models with a reasoning parser, and
 `usage` only when the client asked for it (`stream_options.include_usage`: null on every chunk, the totals on a
-last chunk of its own).
+last chunk of its own; with vLLM's `continuous_usage_stats` every chunk carries the usage so far).
 """
 from __future__ import annotations
 
@@ -31,16 +31,16 @@ def _chat_logprobs(entries: list[TokenLogprobDict], top: int) -> dict[str, Any]:
     return {"content": content}
 
 
-def _completion_logprobs(entries: list[TokenLogprobDict], top: int, choice: ChoiceState) -> dict[str, Any]:
+def _completion_logprobs(entries: list[TokenLogprobDict], choice: ChoiceState) -> dict[str, Any]:
+    """`logprobs: 0` and `1` look alike, as in vLLM: each token's alternatives hold the sampled token itself."""
     tokens, logprobs, offsets = [], [], []
-    alternatives: list[dict[str, float] | None] | None = [] if top >= 1 else None
+    alternatives: list[dict[str, float] | None] = []
     for entry in entries:
         tokens.append(entry["token"])
         logprobs.append(entry["logprob"])
         offsets.append(choice.offset)
         choice.offset += len(entry["token"])
-        if alternatives is not None:
-            alternatives.append(None if entry["logprob"] is None else {entry["token"]: entry["logprob"]})
+        alternatives.append(None if entry["logprob"] is None else {entry["token"]: entry["logprob"]})
     return {"tokens": tokens, "token_logprobs": logprobs, "top_logprobs": alternatives, "text_offset": offsets}
 
 
@@ -58,13 +58,28 @@ class _Stream:
 
     object = ""
 
-    def __init__(self, id: str, model: str, include_usage: bool = False) -> None:
+    def __init__(self, id: str, model: str, include_usage: bool = False, continuous_usage: bool = False) -> None:
         self.id, self.model, self.created, self.include_usage = id, model, int(time.time()), include_usage
         self._head = (b'data: {"id":' + orjson.dumps(id) + b',"object":"' + self.object.encode() + b'","created":'
                       + str(self.created).encode() + b',"model":' + orjson.dumps(model) + b',"choices":[')
         self._tail = b'],"usage":null}\n\n' if include_usage else b"]}\n\n"
+        # The usage so far, when every chunk carries it (`started` sets the prompt's, `count` adds each delta's).
+        self.running: dict[str, int] | None = None
+        if include_usage and continuous_usage:
+            self.running = {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0}
+
+    def started(self, prompt_tokens: int) -> None:
+        if self.running is not None:
+            self.running.update(prompt_tokens=prompt_tokens, total_tokens=prompt_tokens)
+
+    def count(self, delta: dict[str, Any]) -> None:
+        if self.running is not None and delta.get("tokens"):
+            self.running["completion_tokens"] += delta["tokens"]
+            self.running["total_tokens"] += delta["tokens"]
 
     def _frame(self, choice: bytes) -> bytes:
+        if self.running is not None:
+            return self._head + choice + b'],"usage":' + _usage(self.running) + b"}\n\n"
         return self._head + choice + self._tail
 
     def usage(self, usage: dict[str, int]) -> bytes:
@@ -74,8 +89,9 @@ class _Stream:
 class ChatFormat(_Stream):
     object = "chat.completion.chunk"
 
-    def __init__(self, id: str, model: str, include_usage: bool = False, reasoning: bool = False) -> None:
-        super().__init__(id, model, include_usage)
+    def __init__(self, id: str, model: str, include_usage: bool = False, reasoning: bool = False,
+                 continuous_usage: bool = False) -> None:
+        super().__init__(id, model, include_usage, continuous_usage)
         self.reasoning = reasoning
 
     def first(self, choices: list[ChoiceState]) -> bytes:
@@ -165,7 +181,7 @@ class CompletionFormat(_Stream):
             choice.finish = finish
         logprobs = None
         if choice.top is not None and delta.get("logprobs"):
-            logprobs = _completion_logprobs(delta["logprobs"], choice.top, choice)
+            logprobs = _completion_logprobs(delta["logprobs"], choice)
         if not delta["text"] and logprobs is None and not finish:
             return b""
         body = {"index": choice.index, "text": delta["text"], "logprobs": logprobs, "finish_reason": finish}
@@ -174,7 +190,7 @@ class CompletionFormat(_Stream):
     def whole(self, choices: list[ChoiceState], usage: dict[str, int]) -> bytes:
         out = []
         for choice in choices:
-            logprobs = _completion_logprobs(choice.logprobs, choice.top, choice) if choice.top is not None else None
+            logprobs = _completion_logprobs(choice.logprobs, choice) if choice.top is not None else None
             out.append({"index": choice.index, "text": "".join(choice.text), "logprobs": logprobs,
                         "finish_reason": choice.finish})
         return orjson.dumps({"id": self.id, "object": Completion.model_fields["object"].default,

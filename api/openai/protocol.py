@@ -12,6 +12,7 @@ UINT32_MAX = 4_294_967_295
 
 class StreamOptions(BaseModel):
     include_usage: bool = False
+    continuous_usage_stats: bool = False  # vLLM's: with include_usage, the usage so far on every chunk
 
 
 class ImageURL(BaseModel):
@@ -163,6 +164,10 @@ class SamplingRequest(BaseModel):
     @property
     def include_usage(self) -> bool:
         return bool(self.stream_options and self.stream_options.include_usage)
+
+    @property
+    def continuous_usage(self) -> bool:
+        return self.include_usage and bool(self.stream_options and self.stream_options.continuous_usage_stats)
 
     @property
     def top_logprobs_asked(self) -> int | None:

@@ -28,7 +28,6 @@ from api.queue.registry import Registry, Servable
 from common.errors import OvqError
 from common.events import CANCELLED, DELTA, DONE, ERROR, DoneEvent, EventDict
 from common.jobs import Job, SamplingParams
-from common.modelcard import ModelCard
 from common.redis.client import UNAVAILABLE
 from common.servable import ServableType
 
@@ -59,12 +58,12 @@ def validation_error(exc: ValidationError) -> OvqError:
     return OvqError(f"{param}: {message}" if param else message, param=param)
 
 
-def sampling_params(body: SamplingRequest, card: ModelCard, structure: dict[str, Any] | None = None,
+def sampling_params(body: SamplingRequest, structure: dict[str, Any] | None = None,
                     skip_special_tokens: bool | None = None) -> SamplingParams:
+    """The job's parameters. An unset max_tokens stays unset: the worker knows the model's default (its
+    max_tokens_default, generation_config.json's max_new_tokens, max_tokens_limit)."""
     values = body.model_dump(include=set(SamplingParams.model_fields) - {"logprobs", "structured"})
     values.update(stop=body.stop or [], logprobs=body.top_logprobs_asked, structured=structure)
-    if values["max_tokens"] is None:
-        values["max_tokens"] = card.max_tokens_limit
     if skip_special_tokens is not None:
         values["skip_special_tokens"] = skip_special_tokens
     return SamplingParams.model_validate(values)
@@ -102,11 +101,12 @@ class Serving:
         plan.opened(prompt)
         # Tool-call markers are often special tokens (<|python_tag|>, [TOOL_CALLS]): the parser must see them.
         skip = False if plan.tool_parser else None
-        params = sampling_params(body, card, plan.structure, skip)
+        params = sampling_params(body, plan.structure, skip)
         rid = request_id(request)
         job = self._job(body, servable, "chat", prompt, params, rid)
         job.images = await self._store_images(job.id, urls)
-        fmt = ChatFormat(f"chatcmpl-{rid}", body.model, body.include_usage, card.reasoning_parser is not None)
+        fmt = ChatFormat(f"chatcmpl-{rid}", body.model, body.include_usage, card.reasoning_parser is not None,
+                         body.continuous_usage)
         choices = {(job.id, i): ChoiceState(i, plan.parser(), params.logprobs) for i in range(body.n)}
         return await self._respond(request, body, servable, [job], fmt, choices)
 
@@ -130,14 +130,14 @@ class Serving:
         if servable.card.servable_type in VISION_SERVABLES:
             raise OvqError(f"The model `{body.model}` is a vision-language model: use /chat/completions",
                            param="model")
-        params = sampling_params(body, servable.card)
+        params = sampling_params(body)
         rid = request_id(request)
         prompts = body.prompts
         jobs = [self._job(body, servable, "completion", prompt, params, rid if len(prompts) == 1 else f"{rid}-{p}",
                           add_special_tokens=True) for p, prompt in enumerate(prompts)]
         choices = {(job.id, i): ChoiceState(p * body.n + i, None, params.logprobs)
                    for p, job in enumerate(jobs) for i in range(body.n)}
-        fmt = CompletionFormat(f"cmpl-{rid}", body.model, body.include_usage)
+        fmt = CompletionFormat(f"cmpl-{rid}", body.model, body.include_usage, body.continuous_usage)
         return await self._respond(request, body, servable, jobs, fmt, choices)
 
     def _job(self, body: SamplingRequest, servable: Servable, kind: str, prompt: Any, params: SamplingParams,
@@ -183,6 +183,7 @@ class Serving:
         merged into one chunk). Workers already send a choice's text at most once per `stream_interval_ms`, so
         the API's cost follows those events, not tokens."""
         usage = {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0}
+        fmt.started(sum(event["prompt_tokens"] for event in generation.accepted.values()))
         first = fmt.first(sorted(choices.values(), key=lambda c: c.index))
         if first:
             yield first
@@ -221,10 +222,13 @@ class Serving:
 
     @staticmethod
     def _express(write: Write, generation: Generation, fmt: Format,
-                 choices: dict[tuple[str, int], ChoiceState]) -> Express:
+                 choices: dict[tuple[str, int], ChoiceState]) -> Express | None:
         """The hub writes a plain choice's text delta itself, in the order it came, when nothing is queued ahead
         of it: no task wake-up, no batching step, one write. Anything else (a finish, tool calls, log-probabilities,
         a terminal event, a slow client) declines and takes the loop above."""
+        if fmt.running is not None:  # usage on every chunk: each delta is counted in `_frames`
+            return None
+
         def express(event: EventDict) -> bool:
             if event["type"] != DELTA or event.get("finish_reason") or not generation.quiet:
                 return False
@@ -249,6 +253,7 @@ class Serving:
         for event in events:
             kind = event["type"]
             if kind == DELTA:
+                fmt.count(event)
                 choice = choices[event["job"], event.get("index", 0)]
                 if choice.plain and not event.get("finish_reason"):
                     plain.setdefault(choice, []).append(event["text"])

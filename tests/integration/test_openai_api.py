@@ -132,14 +132,62 @@ def _answer(client: OpenAI, max_tokens: int, stream: bool) -> tuple[str, str | N
 
 
 @pytest.mark.parametrize("stream", [False, True])
-def test_end_of_sequence_is_not_a_token_and_as_the_last_allowed_one_it_is_a_stop(client: OpenAI,
+def test_end_of_sequence_is_no_text_but_a_token_and_as_the_last_allowed_one_it_is_a_stop(client: OpenAI,
+                                                                                         stream: bool) -> None:
+    content, finish, usage, tokens = _answer(client, 200, stream)
+    # The end of sequence is the last token: no text, no log-probability, but counted (as OpenAI and vLLM do).
+    assert finish == "stop" and "".join(tokens) == content and usage == len(tokens) + 1
+    assert _answer(client, usage, stream) == (content, "stop", usage, tokens)  # allowed exactly: whole, a stop
+    cut = _answer(client, usage - 1, stream)
+    assert cut[1:3] == ("length", usage - 1) and cut[0] == content
+
+
+FRANCE = "<|im_start|>user\nWhat is the capital of France?<|im_end|>\n<|im_start|>assistant\n"
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_completion_that_is_only_its_end_of_sequence_has_one_completion_token(client: OpenAI,
                                                                                   stream: bool) -> None:
-    content, finish, length, tokens = _answer(client, 200, stream)
-    assert finish == "stop" and "".join(tokens) == content and len(tokens) == length
-    # The end of sequence is the (length + 1)-th token: allowed exactly, the answer is whole and a stop.
-    assert _answer(client, length + 1, stream) == (content, "stop", length, tokens)
-    cut = _answer(client, length, stream)
-    assert cut[1:3] == ("length", length) and cut[0] == content
+    answer = client.completions.create(model=MODEL, prompt=FRANCE, max_tokens=64, temperature=0)
+    assert answer.choices[0].finish_reason == "stop" and answer.choices[0].text
+    args = {"model": MODEL, "prompt": FRANCE + answer.choices[0].text, "max_tokens": 8, "temperature": 0}
+    if stream:
+        chunks = list(client.completions.create(**args, stream=True, stream_options={"include_usage": True}))
+        text = "".join(c.choices[0].text for c in chunks if c.choices)
+        finish, usage = chunks[-2].choices[0].finish_reason, chunks[-1].usage
+    else:
+        reply = client.completions.create(**args)
+        text, finish, usage = reply.choices[0].text, reply.choices[0].finish_reason, reply.usage
+    assert (text, finish, usage.completion_tokens) == ("", "stop", 1)
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_completion_logprobs_zero_lists_each_sampled_token_as_vllm_does(client: OpenAI, stream: bool) -> None:
+    args = {"model": MODEL, "prompt": "The sea is", "max_tokens": 6, "logprobs": 0, "extra_body": {"ignore_eos": True}}
+    if stream:
+        tokens, logprobs, tops = [], [], []
+        for chunk in client.completions.create(**args, stream=True):
+            for choice in chunk.choices:
+                if choice.logprobs:
+                    tokens += choice.logprobs.tokens
+                    logprobs += choice.logprobs.token_logprobs
+                    tops += choice.logprobs.top_logprobs
+    else:
+        found = client.completions.create(**args).choices[0].logprobs
+        tokens, logprobs, tops = found.tokens, found.token_logprobs, found.top_logprobs
+    assert len(tokens) == 6 and tops == [{t: lp} for t, lp in zip(tokens, logprobs, strict=True)]
+
+
+def test_continuous_usage_stats_put_the_usage_so_far_on_every_chunk(client: OpenAI) -> None:
+    stream = client.chat.completions.create(
+        model=MODEL, messages=QUESTION, max_tokens=12, stream=True, extra_body={"ignore_eos": True},
+        stream_options={"include_usage": True, "continuous_usage_stats": True})  # vLLM's option
+    chunks = list(stream)
+    assert all(c.usage is not None for c in chunks)
+    counts = [c.usage.completion_tokens for c in chunks]
+    assert counts == sorted(counts) and counts[0] == 0 and counts[-2] == counts[-1] == 12
+    assert len({c.usage.prompt_tokens for c in chunks}) == 1 and chunks[-1].choices == []
+    assert all(c.usage.total_tokens == c.usage.prompt_tokens + c.usage.completion_tokens for c in chunks)
 
 
 def test_a_streams_last_chunk_has_an_empty_delta_and_no_reasoning_field(stack: Stack) -> None:

@@ -4,14 +4,16 @@ from __future__ import annotations
 
 import json
 from collections import defaultdict
+from collections.abc import Callable
 from pathlib import Path
 
 import httpx
 import jsonschema
+import openai
 import pytest
 from openai import OpenAI
 
-from tests.conftest import MODEL, SINGLE, STATEFUL, TOOLS, TOOLS_SPEC, WEATHER, Stack, raw_greedy
+from tests.conftest import MODEL, MODELS, SINGLE, STATEFUL, TOOLS, TOOLS_SPEC, WEATHER, Stack, Tiers, raw_greedy
 
 SEA = [{"role": "user", "content": "Write two sentences about the sea."}]
 
@@ -240,3 +242,27 @@ def test_a_prompt_array_is_one_job_per_prompt_in_one_answer(client: OpenAI) -> N
 def test_token_id_prompt_arrays_too(client: OpenAI) -> None:
     reply = client.completions.create(model=MODEL, prompt=[[504, 3575], [504]], max_tokens=3, temperature=0)
     assert [c.index for c in reply.choices] == [0, 1] and reply.usage.prompt_tokens == 3
+
+
+def test_a_request_without_max_tokens_gets_the_models_default_length(tiers: Callable[..., Tiers]) -> None:
+    """tiny-llama's generation_config.json says max_new_tokens 32: a request that sets no max_tokens gets at most
+    that many (not max_tokens_limit's 4096); the models file's max_tokens_default sets another; the limit still
+    refuses more, asked for explicitly."""
+    tiny = {"path": str(MODELS / "tiny-llama"), "cache_size": 0, "max_tokens_limit": 4096}
+    t = tiers({"tiny-llama": tiny, "tiny-short": {**tiny, "max_tokens_default": 8}})
+    t.api()
+    t.worker("tiny-llama")
+    t.worker("tiny-short", name="short")
+    t.wait_served("tiny-llama", "tiny-short")
+    client = OpenAI(base_url=t.base_url, api_key="unused", max_retries=0)
+    for model, default in (("tiny-llama", 32), ("tiny-short", 8)):
+        unary = client.completions.create(model=model, prompt="the quick brown fox", temperature=0,
+                                          extra_body={"ignore_eos": True})  # random weights: run to the budget
+        assert (unary.usage.completion_tokens, unary.choices[0].finish_reason) == (default, "length")
+        chunks = list(client.chat.completions.create(model=model, messages=[{"role": "user", "content": "Hi"}],
+                                                      stream=True, stream_options={"include_usage": True}))
+        assert chunks[-1].usage.completion_tokens <= default
+    assert client.completions.create(model="tiny-short", prompt="a", max_tokens=40, temperature=0,
+                                     extra_body={"ignore_eos": True}).usage.completion_tokens == 40
+    with pytest.raises(openai.BadRequestError, match="max_tokens_limit"):
+        client.completions.create(model="tiny-llama", prompt="a", max_tokens=4097)

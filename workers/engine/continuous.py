@@ -3,8 +3,9 @@
 `step()` holds the GIL for the whole step, so the engine runs in its own process and talks to the worker's
 I/O process over two one-way pipes: `workers.engine.protocol` says what travels on them.
 
-End-of-sequence ids are never text: one that ends a choice is neither sent nor counted, and a choice GenAI
-ended with STOP is "stop" even when that id was the last one the budget allowed.
+End-of-sequence ids are never text: one that ends a choice is not sent, only counted (the "stop" says so, as
+OpenAI and vLLM count it in completion_tokens), and a choice GenAI ended with STOP is "stop" even when that id
+was the last one the budget allowed.
 
 Prompts are tokenized here, as `add_request(prompt)` does in-process: the engine's OpenVINO threads are warm,
 where a tokenizer in the I/O process pays a cold start on every sparse call (1-5 ms measured).
@@ -302,6 +303,8 @@ class Engine:
             finish = self._finish(request, index, status, reason)
             if finish == protocol.ERROR:
                 extra = {"status": 500, "message": "the request did not fit in the KV cache; raise cache_size"}
+            elif finish == protocol.STOP and index in request.held:  # ended on its end-of-sequence id: counted
+                extra = protocol.ENDED_ON_EOS
         if tokens and finish is None and not index and not request.logprobs:
             out.append(protocol.running(job, tokens))  # the usual update, short: the I/O half's fast path takes it
         elif tokens or finish:
@@ -344,7 +347,8 @@ class Engine:
                 ids, logprobs = ids[:-1], (logprobs[:-1] if logprobs else logprobs)
             reached = not ended and (output.finish_reason == g.GenerationFinishReason.LENGTH
                                      or len(ids) >= request.budget)
-            out.append(protocol.update(job, ids, protocol.LENGTH if reached else protocol.STOP, None, index, logprobs))
+            state, extra = protocol.LENGTH if reached else protocol.STOP, protocol.ENDED_ON_EOS if ended else None
+            out.append(protocol.update(job, ids, state, extra, index, logprobs))
 
     def _finish(self, request: Request, index: int, status: Any, reason: Any) -> str:
         g = self._g

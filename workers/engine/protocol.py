@@ -16,7 +16,8 @@ Two one-way pipes, one frame of JSON per message (`workers.engine.pipe` frames i
   out (an object):
       {"u": [update, ...], "s": stats or null} (`report`)
           update, short: [job, ids, state, extra]; full: [job, ids, state, extra, index, logprobs].
-          state: None while running, else "accepted" (extra: prompt tokens) | "stop" | "length" | "cancelled"
+          state: None while running, else "accepted" (extra: prompt tokens) | "stop" (extra: 1 when the choice
+          ended on an end-of-sequence id, which is counted but never sent, else null) | "length" | "cancelled"
           | "error" (extra: {status, message, param, code}) | "prompt" (echo: the prompt's ids). `index`
           (choice, default 0) and `logprobs` (one per id, or None) are left off in the short form.
           The usual update, more tokens of choice 0 without log-probabilities, is `[job, ids, None, None]`
@@ -146,6 +147,7 @@ SHORT, FULL = 4, 6
 _SHORT_TAIL = [0, None]  # what the short form leaves off: index, logprobs
 # States (None: running).
 ACCEPTED, STOP, LENGTH, CANCELLED, ERROR, PROMPT = "accepted", "stop", "length", "cancelled", "error", "prompt"
+ENDED_ON_EOS = 1  # a "stop"'s extra: the choice ended on an end-of-sequence id (counted in usage, not sent)
 GENERATED = (None, STOP, LENGTH)  # states whose ids are generated text
 
 

@@ -274,7 +274,7 @@ class StatefulEngine:
     def collect(self, out: Updates) -> None:
         """Forward new ids of the running job; finish it once its thread is done, then start the next.
 
-        A trailing end-of-sequence id is held back: if generation ends there it is neither text nor counted.
+        A trailing end-of-sequence id is held back: if generation ends there it is not text, only counted.
         """
         self._drain_wakes()
         running = self.running
@@ -310,8 +310,8 @@ class StatefulEngine:
         running.sent.extend(tail)
         ids = ids + tail
         ends = running.pending.ends
-        if ids and ids[-1] in ends:  # it ended on an end-of-sequence id: a "stop", that id not counted
-            return protocol.ended(job, ids[:-1], protocol.STOP)
+        if ids and ids[-1] in ends:  # it ended on an end-of-sequence id: a "stop", that id counted, not sent
+            return protocol.ended(job, ids[:-1], protocol.STOP, protocol.ENDED_ON_EOS)
         reasons = list(running.result.finish_reasons)
         reached = reasons and reasons[0] == self._g.GenerationFinishReason.LENGTH
         generated = len([i for i in running.sent if i not in ends])

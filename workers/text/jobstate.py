@@ -101,12 +101,15 @@ class RunningJob:
         self.streamed = True
         return delta(self.job.id, self.next_seq(), choice.index, text, 0, entries, echo=True)
 
-    def finish(self, choice: Choice, reason: str) -> dict[str, Any]:
-        """The choice's last delta: text held back for a stop string that never came, and its finish reason."""
+    def finish(self, choice: Choice, reason: str, ended: bool = False) -> dict[str, Any]:
+        """The choice's last delta: text held back for a stop string that never came, and its finish reason.
+        `ended`: it ended on an end-of-sequence id, which has no text but counts as a token (OpenAI, vLLM)."""
         choice.finish = "length" if reason == "length" else "stop"
-        last = self._emit(choice, choice.stops.flush(), 0, final=True)
-        if last is None:
-            last = delta(self.job.id, self.next_seq(), choice.index, "", 0)
+        choice.tokens += int(ended)
+        last = self._emit(choice, choice.stops.flush(), int(ended), final=True)
+        if last is None:  # tokens without text of their own (the end of sequence) still count
+            last = delta(self.job.id, self.next_seq(), choice.index, "", choice.held_tokens)
+            choice.held_tokens = 0
         last["finish_reason"] = choice.finish
         return last
 

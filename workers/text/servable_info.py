@@ -19,6 +19,19 @@ from common.servable import (
 )
 
 
+def model_defaults(model: ModelConfig, path: Path) -> dict[str, Any]:
+    """Request values for requests that set none: the models file's sampling_defaults, under the directory's
+    generation_config.json, under the models file's max_tokens_default; max_tokens_limit caps max_tokens and is
+    also its default when nothing else sets one (as in OVMS)."""
+    defaults = {**model.sampling_defaults, **generation_defaults(path)}
+    if model.max_tokens_default is not None:
+        defaults["max_tokens"] = model.max_tokens_default
+    limit = model.max_tokens_limit
+    if limit is not None:
+        defaults["max_tokens"] = min(defaults.get("max_tokens") or limit, limit)
+    return defaults
+
+
 @dataclass
 class ServableInfo:
     tokenizer: Any
@@ -53,8 +66,7 @@ class ServableInfo:
             enable_tool_guided_generation=model.enable_tool_guided_generation,
             prompt_lookup=bool(model.plugin_config.get("prompt_lookup")),
         )
-        defaults = {**model.sampling_defaults, **generation_defaults(path)}
-        return cls(tokenizer, card, defaults, vocab, path)
+        return cls(tokenizer, card, model_defaults(model, path), vocab, path)
 
     def decode(self, sequences: list[list[int]], skip_special_tokens: bool = True) -> list[str]:
         return self.tokenizer.decode(sequences, skip_special_tokens=skip_special_tokens)

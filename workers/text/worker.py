@@ -235,7 +235,8 @@ class TextWorker(BaseWorker):
             if generated:  # the usual update first: the others are one per job
                 tokens += len(ids)
                 self._count(state, choice, ids, now, outbox, itl)
-                self._generated(state, choice, ids, text, finish, logprobs, outbox, clock)
+                self._generated(state, choice, ids, text, finish, logprobs, outbox, clock,
+                                extra == protocol.ENDED_ON_EOS)
             elif finish == protocol.ACCEPTED:
                 self._accepted(state, extra, outbox)
                 if self.admission is not None:
@@ -272,7 +273,8 @@ class TextWorker(BaseWorker):
             itl[key] = itl.get(key, 0) + 1
 
     def _generated(self, state: RunningJob, choice: Choice, ids: list[int], text: str, finish: str | None,
-                   logprobs: list[float] | None, outbox: Outbox, clock: float) -> None:
+                   logprobs: list[float] | None, outbox: Outbox, clock: float, ended: bool = False) -> None:
+        """`ended`: the choice ended on an end-of-sequence id (no text, but a token of its usage)."""
         job = state.job
         was_streamed = state.streamed
         entries = self._entries(ids, logprobs) if logprobs is not None else None
@@ -285,7 +287,7 @@ class TextWorker(BaseWorker):
             self.engine.send(protocol.cancel_command(job.id, choice.index))
             finish = protocol.STOP
         if finish is not None:
-            outbox.publish(job.reply_to, state.finish(choice, finish))
+            outbox.publish(job.reply_to, state.finish(choice, finish, ended))
             if state.finished:
                 self._end(state, JobStatus.DONE, outbox)
 

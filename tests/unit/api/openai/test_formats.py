@@ -67,3 +67,36 @@ def test_the_hot_path_delta_is_the_contracts_delta() -> None:
     assert Delta.model_validate(event).model_dump(exclude_defaults=True) == {
         "job": "j", "seq": 4, "index": 1, "text": "x", "tokens": 2, "finish_reason": "length",
         "logprobs": [{"token": "x", "logprob": -0.1, "bytes": [120]}]}
+
+
+def test_continuous_usage_puts_the_usage_so_far_on_every_chunk() -> None:
+    """vLLM's `stream_options.continuous_usage_stats`: each chunk's usage counts the tokens sent up to it."""
+    fmt, choice = ChatFormat("c", "m", include_usage=True, continuous_usage=True), ChoiceState(0)
+    fmt.started(7)
+    (role,) = frames(fmt.first([choice]))
+    assert role["usage"] == {"prompt_tokens": 7, "completion_tokens": 0, "total_tokens": 7}
+    seen = []
+    for event in (delta("j", 2, 0, "Hel", 2), delta("j", 3, 0, "lo", 1), delta("j", 4, 0, "", 1, finish_reason="stop")):
+        fmt.count(event)
+        seen += [f["usage"]["completion_tokens"] for f in frames(fmt.chunk(choice, event))]
+    assert seen == [2, 3, 4]  # the last (the end of sequence: no text, one token) comes with the finish
+    for chunk in frames(fmt.first([choice])):
+        ChatCompletionChunk.model_validate(chunk)
+    plain = CompletionFormat("c", "m", include_usage=True)  # without it: null, as before
+    plain.count(delta("j", 2, 0, "a", 1))
+    assert frames(plain.chunk(ChoiceState(0), delta("j", 2, 0, "a", 1)))[0]["usage"] is None
+
+
+def test_completion_logprobs_zero_lists_the_sampled_token_as_its_alternative() -> None:
+    """vLLM's shape for `logprobs: 0` (and 1): top_logprobs holds each token's own entry, never null."""
+    entries = [{"token": "Hi", "logprob": -0.5, "bytes": [72, 105]}, {"token": "!", "logprob": -1.0, "bytes": [33]}]
+    for top in (0, 1):
+        fmt, choice = CompletionFormat("c", "m"), ChoiceState(0, None, top)
+        (chunk,) = frames(fmt.chunk(choice, delta("j", 2, 0, "Hi!", 2, entries, "stop")))
+        logprobs = chunk["choices"][0]["logprobs"]
+        assert logprobs["top_logprobs"] == [{"Hi": -0.5}, {"!": -1.0}] and logprobs["text_offset"] == [0, 2]
+        Completion.model_validate(chunk)
+        whole = ChoiceState(0, None, top)
+        whole.add(delta("j", 2, 0, "Hi!", 2, entries, "stop"))
+        body = orjson.loads(fmt.whole([whole], {"prompt_tokens": 1, "completion_tokens": 2, "total_tokens": 3}))
+        assert body["choices"][0]["logprobs"]["top_logprobs"] == [{"Hi": -0.5}, {"!": -1.0}]

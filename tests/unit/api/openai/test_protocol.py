@@ -95,6 +95,15 @@ def test_stream_options_need_stream() -> None:
         ChatCompletionRequest(model="m", messages=MSG, stream_options={"include_usage": True})
 
 
+def test_continuous_usage_stats_come_with_include_usage_as_in_vllm() -> None:
+    def body(**options: bool) -> ChatCompletionRequest:
+        return ChatCompletionRequest(model="m", messages=MSG, stream=True, stream_options=options)
+
+    assert body(include_usage=True, continuous_usage_stats=True).continuous_usage
+    assert not body(continuous_usage_stats=True).continuous_usage
+    assert not body(include_usage=True).continuous_usage
+
+
 def test_unknown_fields_are_ignored() -> None:
     assert ChatCompletionRequest(model="m", messages=MSG, user="u", metadata={"a": 1}).model == "m"
 

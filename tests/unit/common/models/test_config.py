@@ -36,6 +36,14 @@ def test_json_models_file_and_unknown_option(tmp_path: Path) -> None:
         load_models(tmp_path / "bad.json")
 
 
+def test_max_tokens_default_is_a_positive_count(tmp_path: Path) -> None:
+    (tmp_path / "m.json").write_text('{"models": {"m": {"path": "/x", "max_tokens_default": 256}}}')
+    assert load_models(tmp_path / "m.json")[0].max_tokens_default == 256
+    (tmp_path / "bad.json").write_text('{"models": {"m": {"path": "/x", "max_tokens_default": 0}}}')
+    with pytest.raises(ValidationError):
+        load_models(tmp_path / "bad.json")
+
+
 def test_default_model_without_a_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("OVQ_CACHE_DIR", str(tmp_path))
     monkeypatch.setenv("REDIS_URL", "redis://example:1/0")

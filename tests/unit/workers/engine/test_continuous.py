@@ -44,7 +44,7 @@ def test_a_step_that_fails_names_the_jobs_added_since_the_last_good_one(model_di
         broken.step(out)
 
 
-def test_end_of_sequence_is_neither_text_nor_counted_and_ends_with_stop(engine: Engine) -> None:
+def test_end_of_sequence_is_not_sent_but_its_stop_says_to_count_it(engine: Engine) -> None:
     """SmolLM2 answers this in 11 tokens then EOS: with exactly 12 allowed, EOS is the last one allowed."""
     prompt = "<|im_start|>user\nWhat is the capital of France?<|im_end|>\n<|im_start|>assistant\n"
     finishes = {}
@@ -58,8 +58,8 @@ def test_end_of_sequence_is_neither_text_nor_counted_and_ends_with_stop(engine: 
         ids = [i for u in updates for i in u[1]]
         logprobs = [p for u in updates for p in (u[5] or [])]
         assert engine.eos not in ids and len(logprobs) == len(ids)
-        finishes[budget] = (updates[-1][2], len(ids))
-    assert finishes == {11: ("length", 11), 12: ("stop", 11), 13: ("stop", 11)}
+        finishes[budget] = (updates[-1][2], len(ids), updates[-1][3])
+    assert finishes == {11: ("length", 11, None), 12: ("stop", 11, 1), 13: ("stop", 11, 1)}
 
 
 def test_a_resumed_job_goes_on_from_its_generated_ids(engine: Engine) -> None:

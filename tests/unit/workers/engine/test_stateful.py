@@ -153,7 +153,7 @@ def test_a_stop_string_ends_with_stop_and_every_id_counted(engine: EngineProcess
     expected = next(full[:k] for k in range(1, 31) if stop in decode(TINY, full[:k]))
     engine.add("stopped", "the quick brown fox", {"max_tokens": 30, "stop": [stop]})
     result = engine.finish("stopped")["stopped"]
-    assert result.finish == "stop" and result.ids == expected
+    assert result.finish == "stop" and result.ids == expected and result.extra is None
 
 
 def test_token_id_prompts_are_checked_against_the_vocabulary(engine: EngineProcess) -> None:
@@ -265,6 +265,6 @@ def test_smollm2_answers_paris_like_llmpipeline(model_dir: Path) -> None:
         result = engine.finish("paris")["paris"]
         text = decode(model_dir, result.ids)
         assert result.finish == "stop" and "Paris" in text and text == expected
-        assert len(result.ids) < 64
+        assert len(result.ids) < 64 and result.extra == 1  # ended on its end of sequence: not sent, counted
     finally:
         engine.close()

@@ -107,6 +107,23 @@ def test_more_takes_a_plain_jobs_tokens_as_delta_does(clock: Clock) -> None:
     assert [s for s in sent["more"] if s] == [("He", 1, 1), ("llo w", 3, 2), ("orld", 2, 3)]
 
 
+def test_an_end_of_sequence_is_no_text_but_a_token_of_the_last_delta_and_the_usage(clock: Clock) -> None:
+    """As OpenAI and vLLM count it: an answer that is only its end of sequence has one completion token."""
+    state, _ = job_state(60.0)
+    last = state.finish(state.choices[0], "stop", ended=True)
+    assert (last["text"], last["tokens"], last["finish_reason"]) == ("", 1, "stop")
+    assert state.done().usage.completion_tokens == 1 and state.summary()["completion_tokens"] == 1
+    state, stream = job_state(60.0)
+    feed(state, stream, "a")
+    assert feed(state, stream, "b") is None  # held: within the interval
+    last = state.finish(state.choices[0], "stop", ended=True)
+    assert (last["text"], last["tokens"]) == ("b", 2)
+    assert state.done().usage.completion_tokens == 3
+    state, stream = job_state(0.0)
+    feed(state, stream, "a")
+    assert state.finish(state.choices[0], "length")["tokens"] == 0 and state.done().usage.completion_tokens == 1
+
+
 @pytest.mark.parametrize("params", [{"stop": ["x"]}, {"logprobs": 1}, {"n": 2}, {"skip_special_tokens": False}])
 def test_a_job_needing_more_than_text_is_not_plain(params: dict[str, Any]) -> None:
     job = Job(model="m", device="CPU", kind="completion", prompt="p", reply_to="r", params=SamplingParams(**params))
