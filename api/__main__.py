@@ -10,7 +10,8 @@ import sys
 import uvicorn
 
 from api.http.auth import KeyFileError, load_keys
-from common.models.config import ConfigError, configured_models
+from common.models.config import ConfigError
+from common.models.sources import configured_models
 from common.redis.client import RedisURLError, connect, redis_url, wait_until_up
 from common.settings import Settings, get_settings
 
