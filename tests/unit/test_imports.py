@@ -35,7 +35,7 @@ def cycle(graph: dict[str, set[str]]) -> list[str]:
     return []
 
 
-@pytest.mark.parametrize("package", ["common"])
+@pytest.mark.parametrize("package", ["common", "workers"])
 def test_no_import_cycle(package: str) -> None:
     assert cycle(imports(ROOT, package)) == []
 
