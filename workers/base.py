@@ -25,7 +25,7 @@ from common.jobs import Job
 from common.keys import GROUP, Keys
 from common.modelcard import ModelCard
 from common.models.config import ModelConfig
-from common.redis.client import UNAVAILABLE, Backoff, connect
+from common.redis.client import UNAVAILABLE, Backoff, connect, is_busygroup, is_nogroup
 from common.redis.lane import Command, Lane
 from common.settings import Settings
 from workers.ops.health import HealthServer
@@ -173,7 +173,7 @@ class BaseWorker:
                     await self.redis.xgroup_create(stream, GROUP, id="0", mkstream=True)
                     break
                 except ResponseError as exc:
-                    if "BUSYGROUP" in str(exc):
+                    if is_busygroup(exc):
                         break
                     raise
                 except UNAVAILABLE as exc:
@@ -221,17 +221,16 @@ class BaseWorker:
                 reply = await self.intake.read(free, block_ms=1000)
                 taken = time.time()
             except ResponseError as exc:
-                if "NOGROUP" not in str(exc):
+                if not is_nogroup(exc):
                     raise
                 log.warning("the stream %s lost its consumer group (Redis restarted empty?); creating it again",
                             self.stream)
                 await self.ensure_group()
                 continue
             except UNAVAILABLE:
-                await asyncio.sleep(backoff.delay)  # the heartbeat loop logs the outage
-                backoff.delay = min(backoff.delay * 2, backoff.cap)
+                await backoff.wait()  # the heartbeat loop logs the outage
                 continue
-            backoff.delay = backoff.first
+            backoff.reset()
             for stream, entries in reply:
                 await self.admit(entries, stream, taken, self.intake.lane)
 

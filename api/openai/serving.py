@@ -25,7 +25,7 @@ from api.queue.registry import Registry, Servable
 from common.errors import OvqError
 from common.jobs import Job, SamplingParams
 from common.modelcard import ModelCard
-from common.redis.client import UNAVAILABLE
+from common.redis.client import UNAVAILABLE, redis_away
 from common.servable import ServableType
 
 M = TypeVar("M", bound=BaseModel)
@@ -67,8 +67,7 @@ def sampling_params(body: SamplingRequest, card: ModelCard, structure: dict[str,
 
 
 PING_S = 15.0
-REDIS_AWAY = OvqError("The job queue (Redis) became unreachable while this request ran; retry shortly", 503,
-                      "service_unavailable", code="service_unavailable")
+REDIS_AWAY = redis_away()
 
 
 class Serving:

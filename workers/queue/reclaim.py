@@ -17,7 +17,7 @@ from common.errors import OvqError
 from common.events import Error
 from common.jobs import Job
 from common.keys import GROUP, Keys
-from common.redis.client import UNAVAILABLE
+from common.redis.client import UNAVAILABLE, is_nogroup
 from common.settings import Settings
 from workers.queue.publisher import Outbox
 from workers.vitals import Member
@@ -70,7 +70,7 @@ class Reclaimer:
             except UNAVAILABLE:
                 continue  # Redis is away; the heartbeat loop says so
             except ResponseError as exc:
-                if "NOGROUP" not in str(exc):  # the group is being recreated by the read loop
+                if not is_nogroup(exc):  # the group is being recreated by the read loop
                     log.exception("reclaim pass failed")
                 continue
             except Exception:
