@@ -24,7 +24,8 @@ import httpx
 import orjson
 
 from common.batch.files import CHUNK, FileStore
-from common.batch.store import TERMINAL, Batches, BatchQueue, BatchState, LineError, result_file_id
+from common.batch.models import LineError
+from common.batch.store import TERMINAL, Batches, BatchQueue, BatchState, result_file_id
 from common.jobs import PRIORITY_HEADER
 from common.keys import Keys
 from common.redis.client import UNAVAILABLE, Backoff, connect, connect_sync
