@@ -32,7 +32,7 @@ from api.queue.registry import Registry
 from common import heap, tracing
 from common.errors import ErrorBody, OvqError, not_found, unavailable
 from common.keys import Keys
-from common.models.config import configured_models, has_models
+from common.models.sources import configured_models, has_models
 from common.redis.client import UNAVAILABLE, connect, redis_url
 from common.settings import Settings, get_settings
 

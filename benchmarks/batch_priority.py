@@ -33,8 +33,8 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 from prompts import QUESTIONS  # noqa: E402
 from serving import MODEL, free_port  # noqa: E402
 
-from common.models.config import default_model  # noqa: E402
 from common.models.prepare import prepare  # noqa: E402
+from common.models.sources import default_model  # noqa: E402
 from common.redis.server import EmbeddedRedis  # noqa: E402
 from common.settings import Settings  # noqa: E402
 

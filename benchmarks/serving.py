@@ -44,8 +44,8 @@ from prompts import QUESTIONS  # noqa: E402
 from sse_client import Connection  # noqa: E402
 
 from common.keys import Keys  # noqa: E402
-from common.models.config import default_model  # noqa: E402
 from common.models.prepare import prepare  # noqa: E402
+from common.models.sources import default_model  # noqa: E402
 from common.redis.server import EmbeddedRedis  # noqa: E402
 from common.settings import Settings  # noqa: E402
 

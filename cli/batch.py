@@ -13,24 +13,23 @@ import sys
 import time
 
 from common.keys import Keys
-from common.redis.client import RedisURLError, connect_sync, describe, reason, redis_url
+from common.redis.client import Backoff, RedisURLError, connect_sync, describe, reason, redis_url
 from common.settings import Settings
 
 
 def _wait_for_redis(settings: Settings) -> bool:
     connection = connect_sync(settings)
-    deadline, delay = time.monotonic() + settings.redis_wait_s, 0.1
+    deadline, backoff = time.monotonic() + settings.redis_wait_s, Backoff()
     while True:
         try:
             connection.ping()
             return True
         except Exception as exc:  # redis-py's connection errors, whatever the version
-            if time.monotonic() + delay > deadline:
+            if time.monotonic() + backoff.delay > deadline:
                 print(f"ovq batch-worker: Redis at {describe(redis_url(settings))} unreachable: {reason(exc)}",
                       file=sys.stderr)
                 return False
-            time.sleep(delay)
-            delay = min(delay * 2, 5.0)
+            time.sleep(backoff.next())
 
 
 def batch_worker(args: argparse.Namespace) -> int:

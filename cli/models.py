@@ -7,8 +7,9 @@ import sys
 from pathlib import Path
 
 from cli import ovms
-from common.models.config import ConfigError, dump_models
+from common.models.config import ConfigError
 from common.models.ovms import load_ovms
+from common.models.sources import dump_models
 from common.settings import Settings
 
 

@@ -10,7 +10,8 @@ import argparse
 import os
 import sys
 
-from common.models.config import ConfigError, ModelConfig, configured_models
+from common.models.config import ConfigError, ModelConfig
+from common.models.sources import configured_models
 from common.settings import Settings
 
 # OVMS's levels; ovq's tiers log with Python's and uvicorn's, which have no TRACE.

@@ -26,7 +26,7 @@ from api.http.auth import KeyFileError, read_key_file
 from cli import exposure, ovms
 from cli.progress import Progress, say
 from cli.readiness import Announcements, api_answers, api_bound_s, local_url, worker_bound_s
-from cli.tiers import add_key_arguments, config_env, key_env
+from cli.tiers import add_api_arguments, api_env, key_env
 from common.models.config import ModelConfig
 from common.redis.client import RedisURLError, embedded_socket, redis_url
 from common.redis.server import EmbeddedRedis
@@ -265,14 +265,8 @@ def _stop_in_order(why: str, workers: list[Child], api: Child, batch: Child, red
 
 
 def serve(args: argparse.Namespace) -> int:
-    env = {**os.environ, **config_env(args)}
+    env = {**os.environ, **api_env(args)}
     keys = {**key_env(args), **exposure.env(args)}  # for the API only: workers never see a key
-    if args.host:
-        env["OVQ_HOST"] = args.host
-    if args.port:
-        env["OVQ_PORT"] = str(args.port)
-    if args.api_processes:
-        env["OVQ_API_PROCESSES"] = str(args.api_processes)
     os.environ.update(env)
     settings = Settings()
     try:
@@ -336,11 +330,5 @@ def serve(args: argparse.Namespace) -> int:
 
 def add_parsers(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("serve", help="embedded Redis + a worker per model and device + the API, on one machine")
-    p.add_argument("--config", help="models file (YAML or JSON)")
-    p.add_argument("--host")
-    p.add_argument("--port", type=int)
-    p.add_argument("--api-processes", type=int, help="API processes sharing the port (default: OVQ_API_PROCESSES)")
-    ovms.add_arguments(p, server=True)
-    add_key_arguments(p)
-    exposure.add_argument(p)
+    add_api_arguments(p, processes="--api-processes")
     p.set_defaults(func=serve)

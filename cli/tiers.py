@@ -42,6 +42,28 @@ def key_env(args: argparse.Namespace) -> dict[str, str]:
     return env
 
 
+def api_env(args: argparse.Namespace) -> dict[str, str]:
+    """What `add_api_arguments`' options carry to the API (and to the tiers `ovq serve` starts beside it), but
+    the keys (`key_env`: for the API only)."""
+    env = config_env(args)
+    for option, name in (("host", "OVQ_HOST"), ("port", "OVQ_PORT"), ("processes", "OVQ_API_PROCESSES")):
+        if getattr(args, option, None):
+            env[name] = str(getattr(args, option))
+    return env
+
+
+def add_api_arguments(p: argparse.ArgumentParser, processes: str = "--processes") -> None:
+    """The API's options, the same for `ovq api` and `ovq serve` (which names `processes` `--api-processes`)."""
+    p.add_argument("--config", help="models file (YAML or JSON)")
+    p.add_argument("--host")
+    p.add_argument("--port", type=int)
+    p.add_argument(processes, dest="processes", type=int,
+                   help="API processes sharing the port (default: OVQ_API_PROCESSES)")
+    ovms.add_arguments(p, server=True)
+    add_key_arguments(p)
+    exposure.add_argument(p)
+
+
 def add_key_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--api-key", action="append", metavar="KEY",
                    help="a key clients must send as `Authorization: Bearer KEY` (repeatable; OVQ_API_KEYS)")
@@ -52,14 +74,7 @@ def add_key_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def api(args: argparse.Namespace) -> int:
-    env = {**config_env(args), **key_env(args), **exposure.env(args)}
-    if args.host:
-        env["OVQ_HOST"] = args.host
-    if args.port:
-        env["OVQ_PORT"] = str(args.port)
-    if args.processes:
-        env["OVQ_API_PROCESSES"] = str(args.processes)
-    return _exec("api", [], env)
+    return _exec("api", [], {**api_env(args), **key_env(args), **exposure.env(args)})
 
 
 def worker(args: argparse.Namespace) -> int:
@@ -72,13 +87,7 @@ def worker(args: argparse.Namespace) -> int:
 def add_parsers(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     """`ovq api` and `ovq worker`; returns the worker's parser (its actions, like drain, live elsewhere)."""
     p = sub.add_parser("api", help="the HTTP API (any number, on any hosts)")
-    p.add_argument("--config", help="models file (YAML or JSON)")
-    p.add_argument("--host")
-    p.add_argument("--port", type=int)
-    p.add_argument("--processes", type=int, help="API processes sharing the port (default: OVQ_API_PROCESSES)")
-    ovms.add_arguments(p, server=True)
-    add_key_arguments(p)
-    exposure.add_argument(p)
+    add_api_arguments(p)
     p.set_defaults(func=api)
     p = sub.add_parser("worker", help="one worker: a model on a device (or: ovq worker drain ID)")
     p.add_argument("--model", help="the model to serve (required to run a worker)")

@@ -16,7 +16,7 @@ import pytest
 import redis
 
 from common.keys import Keys
-from common.models.config import default_model
+from common.models.sources import default_model
 from common.redis.server import EmbeddedRedis
 from common.settings import Settings
 

@@ -8,8 +8,9 @@ import sys
 
 import uvloop
 
-from common.models.config import ConfigError, ModelConfig, find_model
+from common.models.config import ConfigError, ModelConfig
 from common.models.prepare import prepare
+from common.models.sources import find_model
 from common.redis.client import RedisURLError, connect, redis_url, wait_until_up
 from common.servable import ServableType, infer_servable
 from common.settings import Settings

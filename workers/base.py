@@ -25,15 +25,16 @@ from common.jobs import ENTRY_JOB, ENTRY_REASON, ENTRY_WORKER, Job, JobStatus
 from common.keys import GROUP, Keys
 from common.modelcard import ModelCard
 from common.models.config import ModelConfig
-from common.redis.client import UNAVAILABLE, Backoff, connect
+from common.redis.client import UNAVAILABLE, Backoff, connect, is_busygroup, is_nogroup
 from common.redis.lane import Command, Lane
 from common.settings import Settings
 from workers.ops.health import HealthServer
 from workers.queue.accounting import Accounting
-from workers.queue.heartbeat import Heartbeat
+from workers.queue.heartbeat import Heartbeat, Steering, gone_apis
 from workers.queue.intake import Intake
 from workers.queue.publisher import Outbox, Publisher
-from workers.queue.reclaim import Reclaimer
+from workers.queue.reclaim import Reclaimer, Takeover
+from workers.vitals import Member, Vitals
 
 log = logging.getLogger("ovq.worker")
 
@@ -77,10 +78,11 @@ class BaseWorker:
         self.publisher = Publisher(self.redis, self.keys, self.stream, settings.job_ttl_s, accounting)
         self.intake = Intake(self.redis, self.id, self.stream, self.batch_stream)
         self._orphaned: set[str] = set()  # running jobs cancelled because their API process is gone
-        self.heartbeat = Heartbeat(self)
-        self.reclaimer = Reclaimer(self)
-        self.health = HealthServer(self, settings.worker_host, settings.worker_port) \
-            if settings.worker_port is not None else None
+        self.member = Member(self.id, model.name, device, self.stream, self.batch_stream, self.started)
+        self.heartbeat = Heartbeat(self.redis, self.keys, settings, self.member, self.vitals)
+        self.reclaimer = Reclaimer(self.redis, self.keys, settings, self.member, self.room)
+        self.health = HealthServer(self.member, self.vitals, settings.heartbeat_s, settings.worker_host,
+                                   settings.worker_port) if settings.worker_port is not None else None
 
     # ---- what a kind of worker provides -----------------------------------------------------------------
     async def start_backend(self) -> None:
@@ -110,6 +112,16 @@ class BaseWorker:
     def describe(self) -> str:
         return self.card.servable_type.value
 
+    def vitals(self) -> Vitals:
+        """This moment's state, for the heartbeat, the probes and the metrics."""
+        return Vitals(
+            card=self.card, capacity=self.capacity, running=len(self.running), draining=self.draining,
+            engine_alive=self.backend_alive, engine=self.engine_stats(), jobs_taken=self.jobs_taken,
+            reclaimed=self.reclaimer.reclaimed, tokens_generated=self.tokens_generated,
+            engine_restarts=self.engine_restarts,
+            listeners=frozenset(state.job.reply_to for state in self.running.values()),
+            port=self.health.port if self.health else 0, redis_silent_s=time.monotonic() - self.heartbeat.last_ok)
+
     # ---- lifecycle -------------------------------------------------------------------------------------
     async def run(self) -> None:
         await self.ensure_group()
@@ -125,8 +137,8 @@ class BaseWorker:
         tasks = [
             asyncio.create_task(self._read_loop(), name="read"),
             asyncio.create_task(self._cancel_loop(), name="cancel"),
-            asyncio.create_task(self.heartbeat.run(), name="heartbeat"),
-            asyncio.create_task(self.reclaimer.run(), name="reclaim"),
+            asyncio.create_task(self._heartbeat_loop(), name="heartbeat"),
+            asyncio.create_task(self._reclaim_loop(), name="reclaim"),
             asyncio.create_task(self._deferred_loop(), name="deferred"),
         ]
         stopper = asyncio.create_task(self._stopping.wait())
@@ -146,7 +158,7 @@ class BaseWorker:
 
     @property
     def streams(self) -> tuple[str, str]:
-        return self.stream, self.batch_stream
+        return self.member.streams
 
     def stream_of(self, job: Job) -> str:
         """The stream a job was read from (admit sets its priority from that), where it must be acked."""
@@ -161,7 +173,7 @@ class BaseWorker:
                     await self.redis.xgroup_create(stream, GROUP, id="0", mkstream=True)
                     break
                 except ResponseError as exc:
-                    if "BUSYGROUP" in str(exc):
+                    if is_busygroup(exc):
                         break
                     raise
                 except UNAVAILABLE as exc:
@@ -209,17 +221,16 @@ class BaseWorker:
                 reply = await self.intake.read(free, block_ms=1000)
                 taken = time.time()
             except ResponseError as exc:
-                if "NOGROUP" not in str(exc):
+                if not is_nogroup(exc):
                     raise
                 log.warning("the stream %s lost its consumer group (Redis restarted empty?); creating it again",
                             self.stream)
                 await self.ensure_group()
                 continue
             except UNAVAILABLE:
-                await asyncio.sleep(backoff.delay)  # the heartbeat loop logs the outage
-                backoff.delay = min(backoff.delay * 2, backoff.cap)
+                await backoff.wait()  # the heartbeat loop logs the outage
                 continue
-            backoff.delay = backoff.first
+            backoff.reset()
             for stream, entries in reply:
                 await self.admit(entries, stream, taken, self.intake.lane)
 
@@ -337,16 +348,37 @@ class BaseWorker:
         scores = [None if v is None else float(v) for v in replies[-2]]  # RESP2 answers doubles as strings
         counts = replies[-1]
         subscribers = dict(zip(counts[::2], counts[1::2], strict=True))
-        gone = self.gone_apis(listeners, scores)
+        gone = gone_apis(listeners, scores, self.settings.api_ttl_s)
         deaf = {c for c, score in zip(listeners, scores, strict=True)
                 if score is not None and c not in gone and not subscribers.get(self.keys.events(c).encode())}
         return flagged, gone, deaf
 
-    def gone_apis(self, reply_tos: list[str], scores: list[float | None]) -> set[str]:
-        """API processes whose heartbeat is older than OVQ_API_TTL_S. One never heard of (an API without
-        heartbeats, or a retried dead letter: `ops-retry`) counts as there: nobody can tell it is gone."""
-        since = time.time() - self.settings.api_ttl_s
-        return {r for r, score in zip(reply_tos, scores, strict=True) if score is not None and score < since}
+    # ---- what the heartbeat and the reclaimer learn ----------------------------------------------------
+    async def _heartbeat_loop(self) -> None:
+        async for steering in self.heartbeat.beats():
+            self.steer(steering)
+
+    def steer(self, steering: Steering) -> None:
+        self.cancel_orphans(steering.gone)
+        if steering.drain and not self.draining:
+            self.stop("an operator asked it to drain")
+
+    async def _reclaim_loop(self) -> None:
+        async for takeover in self.reclaimer.passes():
+            try:
+                await self.take_over(takeover)
+            except UNAVAILABLE:
+                pass  # Redis is away; the heartbeat loop says so
+            except Exception:
+                log.exception("taking over the jobs of dead workers failed")
+
+    async def take_over(self, takeover: Takeover) -> None:
+        """Act on what a reclaim pass claimed: dead-letter, fail and ack, run again."""
+        for fields in takeover.dead:
+            await self.dead_letter(fields, "delivered too often")
+        self.publisher.put(takeover.outbox)
+        if takeover.rerun:
+            await self.admit(takeover.rerun, takeover.stream)
 
     def cancel_orphans(self, gone: set[str]) -> None:
         """Cancel the running jobs of API processes that are gone: nobody reads what they would generate."""

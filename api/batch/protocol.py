@@ -1,28 +1,13 @@
-"""Wire models of /v1/files and /v1/batches, as OpenAI's API reference and SDK define them."""
+"""Wire models of /v1/files and /v1/batches, as OpenAI's API reference and SDK define them; those the stores keep
+too (a file, a batch's own fields, a line's error) are common/batch/models.py's."""
 from __future__ import annotations
 
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from common.batch.files import StoredFile
-from common.batch.store import BatchState, LineError
-
-
-class FileObject(BaseModel):
-    id: str
-    object: Literal["file"] = "file"
-    bytes: int
-    created_at: int
-    expires_at: int | None = None
-    filename: str
-    purpose: str
-    status: Literal["uploaded", "processed", "error"] = "processed"
-    status_details: str | None = None
-
-    @classmethod
-    def of(cls, stored: StoredFile) -> FileObject:
-        return cls.model_validate(stored.model_dump(exclude={"backend", "created"}))
+from common.batch.models import BatchFields, FileObject, LineError
+from common.batch.store import BatchState
 
 
 class FileList(BaseModel):
@@ -81,34 +66,15 @@ class BatchUsage(BaseModel):
     total_tokens: int
 
 
-class Batch(BaseModel):
-    id: str
+class Batch(BatchFields):
     object: Literal["batch"] = "batch"
-    endpoint: str
-    model: str | None = None
     errors: BatchErrors | None = None
-    input_file_id: str
-    completion_window: str
-    status: str
-    output_file_id: str | None = None
-    error_file_id: str | None = None
-    created_at: int
-    in_progress_at: int | None = None
-    expires_at: int | None = None
-    finalizing_at: int | None = None
-    completed_at: int | None = None
-    failed_at: int | None = None
-    expired_at: int | None = None
-    cancelling_at: int | None = None
-    cancelled_at: int | None = None
     request_counts: RequestCounts
     usage: BatchUsage
-    metadata: dict[str, str] | None = None
 
     @classmethod
     def of(cls, state: BatchState) -> Batch:
-        values = state.model_dump(exclude={"total", "completed", "failed", "input_tokens", "output_tokens",
-                                           "in_flight", "rq_job", "errors", "output_ttl_s"})
+        values = state.model_dump(include=set(BatchFields.model_fields))
         errors = BatchErrors(data=state.errors) if state.errors else None
         counts = RequestCounts(total=state.total, completed=state.completed, failed=state.failed)
         usage = BatchUsage(input_tokens=state.input_tokens, output_tokens=state.output_tokens,

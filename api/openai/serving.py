@@ -28,7 +28,7 @@ from api.queue.registry import Registry, Servable
 from common.errors import OvqError
 from common.events import CANCELLED, DELTA, DONE, ERROR, DoneEvent, EventDict
 from common.jobs import Job, SamplingParams
-from common.redis.client import UNAVAILABLE
+from common.redis.client import UNAVAILABLE, redis_away
 from common.servable import ServableType
 
 M = TypeVar("M", bound=BaseModel)
@@ -70,8 +70,7 @@ def sampling_params(body: SamplingRequest, structure: dict[str, Any] | None = No
 
 
 PING_S = 15.0
-REDIS_AWAY = OvqError("The job queue (Redis) became unreachable while this request ran; retry shortly", 503,
-                      "service_unavailable", code="service_unavailable")
+REDIS_AWAY = redis_away()
 
 
 class Serving:

@@ -27,7 +27,7 @@ from common.errors import OvqError, unavailable
 from common.events import ACCEPTED, CANCELLED, ERROR, TERMINAL, AcceptedEvent, ErrorEvent, EventDict
 from common.jobs import Job, JobHash, JobStatus
 from common.keys import Keys
-from common.redis.client import UNAVAILABLE
+from common.redis.client import UNAVAILABLE, redis_away
 from common.settings import Settings
 
 log = logging.getLogger("ovq.api.jobs")
@@ -257,8 +257,7 @@ class Generation:
         """A tick with no event: enforce the bounds on this response's waits."""
         settings, now = self.client.settings, time.monotonic()
         if self.inbox.lost and not await self._survived():
-            raise OvqError("The job queue (Redis) became unreachable while this request ran; retry shortly", 503,
-                           "service_unavailable", code="service_unavailable")
+            raise redis_away()
         if self.deadline is not None and now > self.deadline:
             raise OvqError("The request did not finish before its deadline (X-Request-Timeout)", 504, "timeout",
                            code="deadline_exceeded")

@@ -15,8 +15,8 @@ from pathlib import Path
 from typing import Literal, Protocol
 
 import redis.asyncio as aioredis
-from pydantic import BaseModel
 
+from common.batch.models import FileObject
 from common.errors import OvqError
 from common.keys import Keys
 from common.settings import Settings
@@ -26,18 +26,9 @@ CHUNK = 1024 * 1024
 ORPHAN_S = 3600
 
 
-class StoredFile(BaseModel):
-    """A file as OpenAI describes it (`FileObject`), plus where its bytes are."""
+class StoredFile(FileObject):
+    """A file as OpenAI describes it, plus where its bytes are."""
 
-    id: str
-    object: Literal["file"] = "file"
-    bytes: int
-    created_at: int
-    expires_at: int | None = None
-    filename: str
-    purpose: str
-    status: str = "processed"
-    status_details: str | None = None
     backend: Literal["redis", "directory"] = "redis"
     created: float = 0.0  # created_at to the microsecond: listings keep the upload order within a second
 

@@ -17,6 +17,7 @@ import redis
 import redis.asyncio as aioredis
 from pydantic import BaseModel, Field
 
+from common.batch.models import BatchFields, LineError
 from common.keys import Keys
 from common.settings import Settings
 
@@ -30,37 +31,13 @@ RQ_FAILURE_TTL_S = 7 * 24 * 3600
 JSON_FIELDS = ("metadata", "errors")
 
 
-class LineError(BaseModel):
-    """One of a batch's `errors.data` (OpenAI's BatchError)."""
+class BatchState(BatchFields):
+    """A batch's fields as kept in its Redis hash: the Batch object's own, its errors, counts and token totals
+    (the API answers them as `errors`, `request_counts` and `usage`), and the runner's."""
 
-    code: str
-    message: str
-    param: str | None = None
-    line: int | None = None
-
-
-class BatchState(BaseModel):
-    """A batch's fields as kept in its Redis hash."""
-
-    id: str
-    endpoint: str
-    input_file_id: str
-    completion_window: str
     status: Status = "validating"
-    created_at: int
     expires_at: int
-    model: str | None = None
-    metadata: dict[str, str] | None = None
     errors: list[LineError] | None = None
-    output_file_id: str | None = None
-    error_file_id: str | None = None
-    in_progress_at: int | None = None
-    finalizing_at: int | None = None
-    completed_at: int | None = None
-    failed_at: int | None = None
-    expired_at: int | None = None
-    cancelling_at: int | None = None
-    cancelled_at: int | None = None
     total: int = 0
     completed: int = 0
     failed: int = 0

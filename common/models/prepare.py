@@ -17,7 +17,8 @@ from typing import Any
 
 from tqdm import tqdm
 
-from common.models.config import DEFAULT_SOURCE, ModelConfig
+from common.models.config import ModelConfig
+from common.models.sources import DEFAULT_SOURCE
 
 READY_MARKERS = ("openvino_model.xml", "openvino_language_model.xml", "model_index.json")
 # Which files a directory prepared from a GGUF has; an older one is completed from its GGUF (fetched again), not

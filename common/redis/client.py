@@ -4,6 +4,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import logging
+import re
 import time
 from pathlib import Path
 from urllib.parse import urlparse
@@ -11,8 +12,10 @@ from urllib.parse import urlparse
 import redis
 import redis.asyncio as aioredis
 from redis.backoff import ExponentialBackoff
+from redis.exceptions import ResponseError
 from redis.retry import Retry
 
+from common.errors import OvqError
 from common.settings import Settings
 
 log = logging.getLogger("ovq.redis")
@@ -23,6 +26,27 @@ UNAVAILABLE = (redis.ConnectionError, redis.TimeoutError, redis.BusyLoadingError
 
 class RedisURLError(ValueError):
     pass
+
+
+def _refused_with(exc: BaseException, code: str) -> bool:
+    """Whether Redis answered with the error `code`, itself or from inside a script ("...: @user_script:3: CODE")."""
+    return isinstance(exc, ResponseError) and re.search(rf"(?:^|: ){code} ", str(exc)) is not None
+
+
+def is_nogroup(exc: BaseException) -> bool:
+    """Redis lost a stream's consumer group (restarted without its data): the worker creates it again."""
+    return _refused_with(exc, "NOGROUP")
+
+
+def is_busygroup(exc: BaseException) -> bool:
+    """The consumer group exists already."""
+    return _refused_with(exc, "BUSYGROUP")
+
+
+def redis_away() -> OvqError:
+    """The answer to a request whose job queue (Redis) went away while it ran: the client may retry."""
+    return OvqError("The job queue (Redis) became unreachable while this request ran; retry shortly", 503,
+                    "service_unavailable", code="service_unavailable")
 
 
 def embedded_socket(settings: Settings) -> Path:
@@ -99,36 +123,47 @@ def connect_sync(settings: Settings) -> redis.Redis:
 async def wait_until_up(client: aioredis.Redis, url: str, max_wait_s: float, who: str) -> None:
     """PING with exponential backoff and one log line per failed attempt; TimeoutError after `max_wait_s`."""
     deadline = time.monotonic() + max_wait_s
-    delay = 0.1
+    backoff = Backoff()
     while True:
         try:
             await client.ping()
             return
         except UNAVAILABLE as exc:
             why = reason(exc)
-            if time.monotonic() + delay > deadline:
+            if time.monotonic() + backoff.delay > deadline:
                 raise TimeoutError(f"Redis at {describe(url)} unreachable for {max_wait_s:.0f}s: {why}") from None
-            log.warning("%s waiting for Redis at %s: %s (retry in %.1fs)", who, describe(url), why, delay)
-            await asyncio.sleep(delay)
-            delay = min(delay * 2, 5.0)
+            log.warning("%s waiting for Redis at %s: %s (retry in %.1fs)", who, describe(url), why, backoff.delay)
+            await backoff.wait()
 
 
 class Backoff:
-    """Delays for a loop that keeps retrying Redis (doubling, capped), with at most one log line per attempt."""
+    """Doubling delays, capped, for a loop that retries until something answers: `wait()` after each failure,
+    `reset()` after a success. `failed`/`succeeded` do the same with one log line per attempt, for the loop that
+    speaks for the others."""
 
     def __init__(self, first: float = 0.1, cap: float = 5.0) -> None:
         self.first, self.cap = first, cap
-        self.delay = first
-        self.failures = 0
+        self.delay = first  # the next wait
+        self.failures = 0  # since the last reset
+
+    def next(self) -> float:
+        """The delay to wait now (counted as a failure); the one after it doubles."""
+        delay, self.delay = self.delay, min(self.delay * 2, self.cap)
+        self.failures += 1
+        return delay
+
+    async def wait(self) -> None:
+        await asyncio.sleep(self.next())
+
+    def reset(self) -> None:
+        self.delay, self.failures = self.first, 0
 
     def failed(self, logger: logging.Logger, what: str, exc: BaseException) -> float:
-        self.failures += 1
-        delay = self.delay
+        delay = self.next()
         logger.warning("%s: Redis unavailable (%s); retry %d in %.1fs", what, reason(exc), self.failures, delay)
-        self.delay = min(self.delay * 2, self.cap)
         return delay
 
     def succeeded(self, logger: logging.Logger, what: str) -> None:
         if self.failures:
             logger.warning("%s: Redis is back after %d retries", what, self.failures)
-        self.delay, self.failures = self.first, 0
+        self.reset()

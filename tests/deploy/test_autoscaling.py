@@ -11,7 +11,7 @@ import redis
 
 from common.jobs import Job
 from common.keys import GROUP, Keys
-from common.models.config import load_models
+from common.models.sources import load_models
 from tests.conftest import MODEL
 from tests.deploy.conftest import DEPLOY, KUBERNETES
 from tests.deploy.keda import StreamScaler

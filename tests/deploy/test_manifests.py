@@ -17,7 +17,7 @@ import pytest
 import yaml
 
 from common.keys import Keys
-from common.models.config import load_models
+from common.models.sources import load_models
 from tests.conftest import ROOT
 from tests.deploy.conftest import DEPLOY, KUBERNETES
 

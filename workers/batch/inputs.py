@@ -13,7 +13,7 @@ from typing import Any
 
 import orjson
 
-from common.batch.store import LineError
+from common.batch.models import LineError
 
 MAX_ERRORS = 100
 

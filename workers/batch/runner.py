@@ -24,10 +24,11 @@ import httpx
 import orjson
 
 from common.batch.files import CHUNK, FileStore
-from common.batch.store import TERMINAL, Batches, BatchQueue, BatchState, LineError, result_file_id
+from common.batch.models import LineError
+from common.batch.store import TERMINAL, Batches, BatchQueue, BatchState, result_file_id
 from common.jobs import PRIORITY_HEADER
 from common.keys import Keys
-from common.redis.client import UNAVAILABLE, connect, connect_sync
+from common.redis.client import UNAVAILABLE, Backoff, connect, connect_sync
 from common.settings import Settings, get_settings
 from workers.batch.inputs import InputLine, ParsedInput, parse_input
 
@@ -281,7 +282,7 @@ class BatchRunner:
         body = line.body
         if body.get("stream"):
             return _error_answer(line, 400, "stream is not supported in a batch", param="stream")
-        delay, tries = 0.5, 0
+        backoff, tries = Backoff(first=0.5), 0
         content = orjson.dumps(body)
         while True:
             response = None
@@ -304,9 +305,8 @@ class BatchRunner:
                         return _answer(line, response)
                 elif response.status_code not in TRANSIENT:
                     return _answer(line, response)
-            if await self._pause(delay):
+            if await self._pause(backoff.next()):
                 return None
-            delay = min(delay * 2, 5.0)
 
     async def _record(self, state: BatchState, line: InputLine, answer: dict[str, Any]) -> None:
         response = answer.get("response") or {}

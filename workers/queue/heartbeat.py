@@ -1,4 +1,5 @@
-"""Liveness and the model card: what tells the API this worker exists and what its model accepts."""
+"""Liveness and the model card: what tells the API this worker exists and what its model accepts. Each beat also
+brings back the steering the worker acts on: an operator's drain request, and which API processes are gone."""
 from __future__ import annotations
 
 import asyncio
@@ -7,12 +8,15 @@ import os
 import socket
 import time
 from collections import deque
-from typing import TYPE_CHECKING
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
 
+import redis.asyncio as aioredis
+
+from common.keys import Keys
 from common.redis.client import UNAVAILABLE, Backoff, describe, redis_url
-
-if TYPE_CHECKING:
-    from workers.base import BaseWorker
+from common.settings import Settings
+from workers.vitals import Member, Vitals
 
 log = logging.getLogger("ovq.worker")
 
@@ -33,70 +37,84 @@ class Rate:
         return (total - before) / (now - then) if now > then else 0.0
 
 
+@dataclass(frozen=True)
+class Steering:
+    """What a beat learned for the worker to act on."""
+
+    drain: bool = False  # an operator asked this worker to drain (`ovq worker drain`)
+    gone: set[str] = field(default_factory=set)  # API processes of running jobs that are gone
+
+
+def gone_apis(reply_tos: list[str], scores: list[float | None], api_ttl_s: float) -> set[str]:
+    """API processes whose heartbeat (score) is older than `api_ttl_s`. One never heard of (an API without
+    heartbeats, or a retried dead letter: `ops-retry`) counts as there: nobody can tell it is gone."""
+    since = time.time() - api_ttl_s
+    return {r for r, score in zip(reply_tos, scores, strict=True) if score is not None and score < since}
+
+
 class Heartbeat:
-    def __init__(self, worker: BaseWorker) -> None:
-        self.worker = worker
+    def __init__(self, redis: aioredis.Redis, keys: Keys, settings: Settings, member: Member,
+                 vitals: Callable[[], Vitals]) -> None:
+        self.redis, self.keys, self.settings, self.member, self.vitals = redis, keys, settings, member, vitals
         self.host = socket.gethostname()
         self.last_ok = time.monotonic()
         self.rate = Rate()
 
-    async def beat(self) -> None:
-        w, keys = self.worker, self.worker.keys
+    async def beat(self) -> Steering:
+        m, keys, settings, v = self.member, self.keys, self.settings, self.vitals()
         now = time.time()
-        ttl_ms = int(w.settings.worker_ttl_s * 1000)
-        pipe = w.redis.pipeline(transaction=False)
-        stats = w.engine_stats()
-        pipe.hset(keys.worker(w.id), mapping={
-            "model": w.model.name, "device": w.device, "servable_type": w.card.servable_type.value,
-            "capacity": w.capacity, "running": len(w.running), "stream": w.stream, "heartbeat": now,
-            "host": self.host, "pid": os.getpid(), "started": w.started, "draining": int(w.draining),
-            "kv_cache_usage": stats[2] / 100 if stats else 0.0, "jobs_taken": w.jobs_taken,
-            "tokens_generated": w.tokens_generated, "port": w.health.port if w.health else 0,
-            "tokens_per_s": round(self.rate.update(now, w.tokens_generated), 2),
+        ttl_ms = int(settings.worker_ttl_s * 1000)
+        pipe = self.redis.pipeline(transaction=False)
+        pipe.hset(keys.worker(m.id), mapping={
+            "model": m.model, "device": m.device, "servable_type": v.card.servable_type.value,
+            "capacity": v.capacity, "running": v.running, "stream": m.stream, "heartbeat": now,
+            "host": self.host, "pid": os.getpid(), "started": m.started, "draining": int(v.draining),
+            "kv_cache_usage": v.kv_cache_usage, "jobs_taken": v.jobs_taken,
+            "tokens_generated": v.tokens_generated, "port": v.port,
+            "tokens_per_s": round(self.rate.update(now, v.tokens_generated), 2),
         })
-        pipe.pexpire(keys.worker(w.id), ttl_ms)
-        pipe.zadd(keys.workers(w.model.name, w.device), {w.id: now})
-        pipe.zremrangebyscore(keys.workers(w.model.name, w.device), "-inf", now - 10 * w.settings.worker_ttl_s)
+        pipe.pexpire(keys.worker(m.id), ttl_ms)
+        pipe.zadd(keys.workers(m.model, m.device), {m.id: now})
+        pipe.zremrangebyscore(keys.workers(m.model, m.device), "-inf", now - 10 * settings.worker_ttl_s)
         # The card outlives its workers for a while, so the API can tell "model not served right now" (503)
         # from "no such model" (404).
-        card_ttl = w.settings.model_card_ttl_s
-        pipe.hset(keys.model(w.model.name), w.device, w.card.model_dump_json())
-        pipe.expire(keys.model(w.model.name), card_ttl)
-        pipe.zadd(keys.models, {w.model.name: now})
+        card_ttl = settings.model_card_ttl_s
+        pipe.hset(keys.model(m.model), m.device, v.card.model_dump_json())
+        pipe.expire(keys.model(m.model), card_ttl)
+        pipe.zadd(keys.models, {m.model: now})
         pipe.zremrangebyscore(keys.models, "-inf", now - card_ttl)
         pipe.expire(keys.models, card_ttl)
         # Steering, in the same round trip: an operator's drain request, and whether the API processes of the
         # running jobs still listen.
-        pipe.exists(keys.drain(w.id))
-        listeners = sorted({state.job.reply_to for state in w.running.values()})
+        pipe.exists(keys.drain(m.id))
+        listeners = sorted(v.listeners)
         if listeners:
             pipe.zmscore(keys.apis, listeners)
         replies = await pipe.execute()
-        if listeners:
-            w.cancel_orphans(w.gone_apis(listeners, replies.pop()))
-        if replies[-1] and not w.draining:
-            w.stop("an operator asked it to drain")
+        gone = gone_apis(listeners, replies.pop(), settings.api_ttl_s) if listeners else set()
+        return Steering(drain=bool(replies[-1]), gone=gone)
 
-    async def run(self) -> None:
-        """Beat every heartbeat_s; while Redis is away, retry with backoff, one log line per attempt (this loop
-        speaks for the worker's others, which back off quietly)."""
-        settings = self.worker.settings
+    async def beats(self) -> AsyncIterator[Steering]:
+        """Beat every heartbeat_s, each beat's steering; while Redis is away, retry with backoff, one log line per
+        attempt (this loop speaks for the worker's others, which back off quietly)."""
+        settings = self.settings
         # Retry often enough that the worker is seen alive again within its TTL once Redis is back.
         backoff = Backoff(first=settings.heartbeat_s, cap=max(settings.heartbeat_s, settings.worker_ttl_s / 2))
-        where = f"worker {self.worker.id} waiting for Redis at {describe(redis_url(self.worker.settings))}"
+        where = f"worker {self.member.id} waiting for Redis at {describe(redis_url(settings))}"
         while True:
             try:
-                await self.beat()
+                steering = await self.beat()
             except UNAVAILABLE as exc:
                 await asyncio.sleep(backoff.failed(log, where, exc))
                 continue
             self.last_ok = time.monotonic()
             backoff.succeeded(log, where)
-            await asyncio.sleep(self.worker.settings.heartbeat_s)
+            yield steering
+            await asyncio.sleep(settings.heartbeat_s)
 
     async def leave(self) -> None:
-        w, keys = self.worker, self.worker.keys
-        pipe = w.redis.pipeline(transaction=False)
-        pipe.delete(keys.worker(w.id), keys.drain(w.id))
-        pipe.zrem(keys.workers(w.model.name, w.device), w.id)
+        m, keys = self.member, self.keys
+        pipe = self.redis.pipeline(transaction=False)
+        pipe.delete(keys.worker(m.id), keys.drain(m.id))
+        pipe.zrem(keys.workers(m.model, m.device), m.id)
         await pipe.execute()

@@ -21,7 +21,7 @@ from common.events import pack
 from common.jobs import JobHash
 from common.keys import GROUP, Keys
 from common.ops.stats import observe
-from common.redis.client import UNAVAILABLE, reason
+from common.redis.client import UNAVAILABLE, Backoff, reason
 from common.redis.lane import Command, Lane
 from workers.queue.accounting import STATS_EVERY_S, Accounting
 
@@ -123,7 +123,7 @@ class Publisher:
     async def _send_until_sent(self, batch: Outbox) -> None:
         """Redis away for a moment must not lose a terminal event: retry, newest batches wait behind."""
         failures = self.accounting.settle(batch.status, batch.stats) if self.accounting is not None else []
-        delay = 0.1
+        backoff = Backoff()
         while True:
             try:
                 await self._send(batch, failures)
@@ -135,10 +135,9 @@ class Publisher:
                     self.accounting.written(False)
                 if not (batch.events or batch.status or batch.acks or failures):
                     return  # only counts (the ticker's): pending again, for the next round trip
-                if delay == 0.1:
+                if not backoff.failures:
                     log.warning("publishing to Redis failed (%s); retrying until it is back", reason(exc))
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, 5.0)
+                await backoff.wait()
 
     async def _send(self, batch: Outbox, failures: list[bytes], everything: bool = False) -> None:
         commands: list[Command] = []

@@ -1,24 +1,26 @@
 """Jobs left pending by a dead worker: run them again if nothing was streamed, else end them with an error.
 
-Both of the worker's streams are covered: interactive jobs first, then batch lines."""
+Both of the worker's streams are covered: interactive jobs first, then batch lines. Each pass claims the jobs and
+says what to do with them (`Takeover`); the worker does it."""
 from __future__ import annotations
 
 import asyncio
 import logging
 import time
-from typing import TYPE_CHECKING
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
 
+import redis.asyncio as aioredis
 from redis.exceptions import ResponseError
 
 from common.errors import OvqError
 from common.events import Error
 from common.jobs import Job, JobHash, JobStatus
-from common.keys import GROUP
-from common.redis.client import UNAVAILABLE
+from common.keys import GROUP, Keys
+from common.redis.client import UNAVAILABLE, is_nogroup
+from common.settings import Settings
 from workers.queue.publisher import Outbox
-
-if TYPE_CHECKING:
-    from workers.base import BaseWorker
+from workers.vitals import Member
 
 log = logging.getLogger("ovq.reclaim")
 
@@ -39,90 +41,106 @@ return removed
 """
 
 
-class Reclaimer:
-    def __init__(self, worker: BaseWorker) -> None:
-        self.worker = worker
-        self.reclaimed = 0
-        self._forget = worker.redis.register_script(FORGET)
+Entries = list[tuple[bytes, dict[bytes, bytes]]]
 
-    async def run(self) -> None:
+
+@dataclass
+class Takeover:
+    """What a pass claimed from dead workers on one stream, for the worker to act on, in this order."""
+
+    stream: str
+    dead: list[dict[bytes, bytes]] = field(default_factory=list)  # delivered too often: to the dead letters
+    outbox: Outbox = field(default_factory=Outbox)  # the errors of jobs that cannot run again, and their acks
+    rerun: Entries = field(default_factory=list)  # to run again, as if just read from the stream
+
+
+class Reclaimer:
+    def __init__(self, redis: aioredis.Redis, keys: Keys, settings: Settings, member: Member,
+                 room: Callable[[], int]) -> None:
+        self.redis, self.keys, self.settings, self.member, self.room = redis, keys, settings, member, room
+        self.reclaimed = 0
+        self._forget = redis.register_script(FORGET)
+
+    async def passes(self) -> AsyncIterator[Takeover]:
+        """Every reclaim_interval_s, what a pass took over (when it took anything)."""
         while True:
-            await asyncio.sleep(self.worker.settings.reclaim_interval_s)
+            await asyncio.sleep(self.settings.reclaim_interval_s)
             try:
-                await self.reclaim_once()
+                taken = await self.reclaim_once()
             except UNAVAILABLE:
-                pass  # Redis is away; the heartbeat loop says so
+                continue  # Redis is away; the heartbeat loop says so
             except ResponseError as exc:
-                if "NOGROUP" not in str(exc):  # the group is being recreated by the read loop
+                if not is_nogroup(exc):  # the group is being recreated by the read loop
                     log.exception("reclaim pass failed")
+                continue
             except Exception:
                 log.exception("reclaim pass failed")
+                continue
+            for takeover in taken:
+                yield takeover
 
     async def _live_workers(self) -> set[str]:
-        w = self.worker
-        since = time.time() - w.settings.worker_ttl_s
-        return {m.decode() for m in await w.redis.zrangebyscore(w.keys.workers(w.model.name, w.device), since, "+inf")}
+        m = self.member
+        since = time.time() - self.settings.worker_ttl_s
+        return {c.decode() for c in await self.redis.zrangebyscore(self.keys.workers(m.model, m.device), since, "+inf")}
 
-    async def reclaim_once(self) -> int:
-        """Take over what dead workers left pending on either stream (as much as there is room for), then
-        forget the dead consumers that hold nothing any more."""
+    async def reclaim_once(self) -> list[Takeover]:
+        """Claim what dead workers left pending on either stream (as much as there is room for), then forget
+        the dead consumers that hold nothing any more."""
         live = await self._live_workers()
-        taken = 0
-        for stream in self.worker.streams:
-            taken += await self._take_over(stream, live)
+        taken = []
+        for stream in self.member.streams:
+            if takeover := await self._take_over(stream, live):
+                taken.append(takeover)
             await self.forget_dead_consumers(stream, live)
         return taken
 
     async def forget_dead_consumers(self, stream: str, live: set[str]) -> int:
         """Remove from the group the consumers of dead workers that hold no pending entry (their worker hash is
         gone, idle past the worker TTL); the check and the removal are one script, so no entry is lost."""
-        w = self.worker
-        idle_ms = w.settings.worker_ttl_s * 1000
-        consumers = await w.redis.xinfo_consumers(stream, GROUP)
+        idle_ms = self.settings.worker_ttl_s * 1000
+        consumers = await self.redis.xinfo_consumers(stream, GROUP)
         dead = [c["name"].decode() if isinstance(c["name"], bytes) else c["name"] for c in consumers
                 if c["pending"] == 0 and c["idle"] > idle_ms]
-        dead = [name for name in dead if name not in live and name != w.id]
+        dead = [name for name in dead if name not in live and name != self.member.id]
         if not dead:
             return 0
-        removed = await self._forget(keys=[stream, *(w.keys.worker(name) for name in dead)], args=[GROUP, *dead])
+        removed = await self._forget(keys=[stream, *(self.keys.worker(name) for name in dead)], args=[GROUP, *dead])
         if removed:
             log.info("removed %d dead consumers from %s", removed, stream)
         return int(removed)
 
-    async def _take_over(self, stream: str, live: set[str]) -> int:
-        w = self.worker
-        free = w.room()
+    async def _take_over(self, stream: str, live: set[str]) -> Takeover | None:
+        free = self.room()
         if free <= 0:
-            return 0
-        idle_ms = int(w.settings.worker_ttl_s * 1000)
-        pending = await w.redis.xpending_range(stream, GROUP, "-", "+", count=100, idle=idle_ms)
+            return None
+        idle_ms = int(self.settings.worker_ttl_s * 1000)
+        pending = await self.redis.xpending_range(stream, GROUP, "-", "+", count=100, idle=idle_ms)
         orphans = [p for p in pending if p["consumer"].decode() not in live][:free]
         if not orphans:
-            return 0
-        claimed = await w.redis.xclaim(stream, GROUP, w.id, idle_ms, [p["message_id"] for p in orphans])
+            return None
+        claimed = await self.redis.xclaim(stream, GROUP, self.member.id, idle_ms, [p["message_id"] for p in orphans])
         self.reclaimed += len(claimed)
         deliveries = {p["message_id"]: p["times_delivered"] + 1 for p in orphans}
-        rerun = []
-        outbox = Outbox()
+        takeover = Takeover(stream)
+        outbox = takeover.outbox
         for entry_id, fields in claimed:
             if not fields:  # deleted meanwhile
                 outbox.ack(entry_id, stream)
                 continue
             job = Job.from_fields(fields)
-            job.priority = "batch" if stream == w.batch_stream else "interactive"
-            streamed = await w.redis.hget(w.keys.job(job.id), JobHash.STREAMED)
-            if deliveries.get(entry_id, 0) > w.settings.max_deliveries:
-                await w.dead_letter(fields, "delivered too often")
+            job.priority = "batch" if stream == self.member.batch_stream else "interactive"
+            streamed = await self.redis.hget(self.keys.job(job.id), JobHash.STREAMED)
+            if deliveries.get(entry_id, 0) > self.settings.max_deliveries:
+                takeover.dead.append(fields)
                 self._fail(outbox, stream, entry_id, job, "the job failed on every worker that tried it")
             elif streamed == b"1":
                 self._fail(outbox, stream, entry_id, job, "the worker running this job died mid-generation")
             else:
-                rerun.append((entry_id, fields))
-        w.publisher.put(outbox)
-        if rerun:
-            log.warning("re-running %d jobs of dead workers", len(rerun))
-            await w.admit(rerun, stream)
-        return len(claimed)
+                takeover.rerun.append((entry_id, fields))
+        if takeover.rerun:
+            log.warning("re-running %d jobs of dead workers", len(takeover.rerun))
+        return takeover
 
     @staticmethod
     def _fail(outbox: Outbox, stream: str, entry_id: bytes, job: Job, message: str) -> None:

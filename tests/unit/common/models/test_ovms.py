@@ -9,8 +9,9 @@ import pytest
 
 from cli.main import main, parser
 from cli.tiers import config_env
-from common.models.config import CacheEvictionConfig, ConfigError, ModelConfig, configured_models, load_models
+from common.models.config import CacheEvictionConfig, ConfigError, ModelConfig
 from common.models.ovms import load_ovms
+from common.models.sources import configured_models, load_models
 from common.servable import ServableType, infer_servable
 from common.settings import Settings
 from tests.ovms_repository import (

@@ -7,8 +7,9 @@ from pathlib import Path
 import pytest
 
 from common.models import prepare as preparing
-from common.models.config import DEFAULT_SOURCE, ModelConfig
+from common.models.config import ModelConfig
 from common.models.prepare import FORMAT, STAMP, is_current, prepare
+from common.models.sources import DEFAULT_SOURCE
 from tests.unit.common.models.test_hf_tokenizer import tiny_gguf
 
 

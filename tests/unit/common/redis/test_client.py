@@ -1,0 +1,55 @@
+"""What every tier shares about Redis: its errors told apart, the message for a request it left, the backoff."""
+from __future__ import annotations
+
+import logging
+import time
+
+import pytest
+import redis.asyncio as aioredis
+from redis.exceptions import ResponseError
+
+from common.redis.client import Backoff, is_busygroup, is_nogroup, redis_away
+
+
+async def test_a_lost_and_an_existing_group_are_told_apart(redis_url: str) -> None:
+    redis = aioredis.Redis.from_url(redis_url)
+    stream = f"client{time.time_ns()}"
+    try:
+        await redis.xgroup_create(stream, "g", id="0", mkstream=True)
+        with pytest.raises(ResponseError) as exists:
+            await redis.xgroup_create(stream, "g", id="0", mkstream=True)
+        await redis.delete(stream)
+        with pytest.raises(ResponseError) as lost:
+            await redis.xreadgroup("g", "c", {stream: ">"}, count=1)
+    finally:
+        await redis.aclose()
+    assert is_busygroup(exists.value) and not is_nogroup(exists.value)
+    assert is_nogroup(lost.value) and not is_busygroup(lost.value)
+    assert not is_nogroup(ConnectionError("NOGROUP No such key"))  # only Redis's own answer
+    assert not is_nogroup(ResponseError("ERR no such key 'NOGROUP x'"))
+
+
+def test_redis_away_is_a_503_to_retry() -> None:
+    error = redis_away()
+    assert (error.status, error.body.type, error.body.code) == (503, "service_unavailable", "service_unavailable")
+    assert redis_away() is not error  # raised from many requests at once: each gets its own
+
+
+def test_backoff_doubles_to_its_cap_and_starts_over_after_a_reset() -> None:
+    backoff = Backoff(first=0.1, cap=0.5)
+    assert [backoff.next() for _ in range(5)] == [0.1, 0.2, 0.4, 0.5, 0.5]
+    assert backoff.failures == 5
+    backoff.reset()
+    assert (backoff.next(), backoff.failures) == (0.1, 1)
+
+
+async def test_backoff_waits_quietly_or_says_so_once_per_attempt(caplog: pytest.LogCaptureFixture) -> None:
+    backoff = Backoff(first=0.001, cap=0.002)
+    await backoff.wait()
+    assert backoff.delay == 0.002 and not caplog.records
+    log = logging.getLogger("test.backoff")
+    assert backoff.failed(log, "reader", ConnectionError("Connection refused")) == 0.002
+    backoff.succeeded(log, "reader")
+    assert [r.getMessage() for r in caplog.records] == [
+        "reader: Redis unavailable (connection refused); retry 2 in 0.0s", "reader: Redis is back after 2 retries"]
+    assert (backoff.delay, backoff.failures) == (0.001, 0)

@@ -1,0 +1,66 @@
+"""Reclaim passes on the real redis-server, built from what they read (no worker): what a dead worker left pending
+comes back as what to do with it, and dead consumers are forgotten."""
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+import redis.asyncio as aioredis
+
+from common.jobs import Job
+from common.keys import GROUP, Keys
+from common.settings import Settings
+from workers.queue.reclaim import Reclaimer
+from workers.vitals import Member
+
+TTL_S = 0.05  # workers silent this long are dead; entries idle this long are theirs to take over
+
+
+@pytest.fixture()
+async def dead_worker(redis_url: str):
+    """A worker "dead" that read three jobs and stopped; "w1" is the one reclaiming."""
+    keys = Keys(f"rc{time.time_ns()}")
+    redis = aioredis.Redis.from_url(redis_url)
+    member = Member("w1", "m", "CPU", keys.jobs("m", "CPU"), keys.batch_jobs("m", "CPU"), started=time.time())
+    for stream in member.streams:
+        await redis.xgroup_create(stream, GROUP, id="0", mkstream=True)
+    jobs = [Job(model="m", device="CPU", kind="completion", prompt="x", reply_to="api-1") for _ in range(3)]
+    ids = [await redis.xadd(member.stream, job.to_fields()) for job in jobs]
+    await redis.xreadgroup(GROUP, "dead", {member.stream: ">"}, count=3)
+    yield redis, keys, member, jobs, ids
+    await redis.aclose()
+
+
+def reclaimer(redis: aioredis.Redis, keys: Keys, member: Member, room: int = 10) -> Reclaimer:
+    return Reclaimer(redis, keys, Settings(worker_ttl_s=TTL_S, max_deliveries=3), member, lambda: room)
+
+
+async def test_a_pass_says_what_to_rerun_fail_and_dead_letter(dead_worker) -> None:
+    redis, keys, member, (fresh, streamed, retried), ids = dead_worker
+    await redis.hset(keys.job(streamed.id), "streamed", "1")
+    await redis.xclaim(member.stream, GROUP, "dead", 0, [ids[2]], retrycount=5)
+    await asyncio.sleep(TTL_S * 3)
+    reclaim = reclaimer(redis, keys, member)
+    [takeover] = await reclaim.reclaim_once()
+    assert takeover.stream == member.stream and reclaim.reclaimed == 3
+    assert [entry_id for entry_id, _ in takeover.rerun] == [ids[0]]
+    assert [Job.from_fields(fields).id for fields in takeover.dead] == [retried.id]
+    assert {job: values["status"] for job, values in takeover.outbox.status.items()} == \
+        {streamed.id: "error", retried.id: "error"}
+    assert sorted(takeover.outbox.acks) == sorted([(member.stream, ids[1]), (member.stream, ids[2])])
+    assert [e["job"] for e in takeover.outbox.events["api-1"]] == [streamed.id, retried.id]
+    # Claimed: now w1's, so no other worker takes them over too; the dead consumer holds nothing and is forgotten.
+    pending = await redis.xpending_range(member.stream, GROUP, "-", "+", count=10)
+    assert {p["consumer"] for p in pending} == {b"w1"}
+    assert [c["name"] for c in await redis.xinfo_consumers(member.stream, GROUP)] == [b"w1"]
+
+
+async def test_a_pass_takes_only_what_there_is_room_for_and_leaves_the_living_alone(dead_worker) -> None:
+    redis, keys, member, _, ids = dead_worker
+    await asyncio.sleep(TTL_S * 3)
+    assert await reclaimer(redis, keys, member, room=0).reclaim_once() == []
+    [takeover] = await reclaimer(redis, keys, member, room=2).reclaim_once()
+    assert [entry_id for entry_id, _ in takeover.rerun] == ids[:2]
+    await redis.zadd(keys.workers("m", "CPU"), {"dead": time.time() + 60, "w1": time.time() + 60})  # both beat
+    assert await reclaimer(redis, keys, member).reclaim_once() == []

@@ -1,0 +1,48 @@
+"""Who a worker is and how it is doing: all that its heartbeat, reclaimer, probes and metrics read of it, so each
+of them can be built (and tested) without a whole worker."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from common.modelcard import ModelCard
+
+
+@dataclass(frozen=True)
+class Member:
+    """A worker as Redis knows it: its consumer name, what it serves, the streams it reads, when it started."""
+
+    id: str
+    model: str
+    device: str
+    stream: str
+    batch_stream: str
+    started: float
+
+    @property
+    def streams(self) -> tuple[str, str]:
+        return self.stream, self.batch_stream
+
+
+@dataclass(frozen=True)
+class Vitals:
+    """A worker's state at one moment."""
+
+    card: ModelCard
+    capacity: int
+    running: int
+    draining: bool
+    engine_alive: bool
+    # The engine's last [requests, scheduled, KV cache %, prompt tokens waiting], where it reports them.
+    engine: list[float] | None
+    jobs_taken: int
+    reclaimed: int
+    tokens_generated: int
+    engine_restarts: int
+    # The API processes the running jobs answer to: the heartbeat asks whether they are still there.
+    listeners: frozenset[str]
+    port: int  # the probes' port; 0 without one
+    redis_silent_s: float  # since the last heartbeat Redis took
+
+    @property
+    def kv_cache_usage(self) -> float:
+        return self.engine[2] / 100 if self.engine else 0.0
