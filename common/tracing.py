@@ -16,6 +16,7 @@ from __future__ import annotations
 import atexit
 import logging
 import os
+import time
 from collections.abc import Mapping
 from typing import Any
 
@@ -64,6 +65,10 @@ def setup(service: str, instance: str, flag: bool = False) -> bool:
 
 def active() -> bool:
     return _tracer is not None
+
+
+def now_ns() -> int:
+    return time.time_ns()
 
 
 def flush() -> None:

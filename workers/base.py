@@ -18,7 +18,7 @@ from typing import Any, Protocol
 import orjson
 from redis.exceptions import ResponseError
 
-from common import heap
+from common import heap, tracing
 from common.errors import ErrorBody, OvqError
 from common.events import Cancelled, Error
 from common.jobs import ENTRY_JOB, ENTRY_REASON, ENTRY_WORKER, Job, JobStatus
@@ -58,6 +58,7 @@ class BaseWorker:
     def __init__(self, settings: Settings, model: ModelConfig, device: str) -> None:
         self.settings, self.model, self.device = settings, model, device
         self.id = f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+        tracing.setup("worker", self.id, settings.tracing)
         self.keys = Keys(settings.key_prefix)
         self.stream = self.keys.jobs(model.name, device)
         self.batch_stream = self.keys.batch_jobs(model.name, device)

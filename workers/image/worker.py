@@ -24,6 +24,7 @@ from common.settings import Settings
 from workers.base import BaseWorker
 from workers.engine.continuous import error_message
 from workers.image.pipelines import ImagePipelines, decode_image, image_limits, latent_preview, to_png
+from workers.ops.tracing import JobTimes
 from workers.queue.publisher import Outbox
 
 log = logging.getLogger("ovq.image_worker")
@@ -37,6 +38,8 @@ class ImageJob:
     cancelled: bool = False
     streamed: bool = False  # a progress event went out: the job cannot be handed to another worker
     received: float = field(default_factory=time.time)
+    generated: float | None = None  # when the pipeline's generate() returned (unix s)
+    steps: int | None = None  # its denoising steps, as the pipeline counts them
 
     def next_seq(self) -> int:
         self.seq += 1
@@ -103,6 +106,7 @@ class ImageWorker(BaseWorker):
         streamed = bool(job.image and job.image.previews)
 
         def on_step(step: int, total: int, latent: Any) -> bool:
+            state.steps = total
             if state.cancelled:
                 return True
             if streamed:  # a unary client sees no progress: publish none
@@ -113,6 +117,7 @@ class ImageWorker(BaseWorker):
         try:
             image, mask = await self._inputs(state)
             pixels = await asyncio.to_thread(self.pipes.generate, str(job.prompt), job.image, image, mask, on_step)
+            state.generated = time.time()
             pngs = [] if state.cancelled else await asyncio.to_thread(lambda: [to_png(p) for p in pixels])
         except Exception as exc:  # GenAI refuses a size or a setting: the request's fault
             message = error_message(exc)
@@ -161,4 +166,10 @@ class ImageWorker(BaseWorker):
             done = Done(job=job.id, seq=state.next_seq(), timings=timings, images=images, size=size)
             outbox.publish(job.reply_to, done)
             outbox.set_status(job.id, status=JobStatus.DONE, result=done.model_dump(mode="json"), **summary)
+        if job.traceparent is not None:
+            times = JobTimes(state.received, state.received, generated=state.generated, steps=state.steps)
+            end = JobStatus.ERROR if error is not None else JobStatus.CANCELLED if images is None else JobStatus.DONE
+            published = times.spans(job, self.id, end, 0, 0, time.time())
+            if published is not None:
+                outbox.sent.append(published)
         self.publisher.put(outbox)

@@ -10,6 +10,7 @@ import asyncio
 import logging
 import time
 from collections import Counter, defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -36,6 +37,8 @@ class Outbox:
     acks: list[tuple[str | None, bytes]] = field(default_factory=list)
     # Counts for the model's stats window (`common/ops/stats.py` fields), added up in memory over a step.
     stats: Counter[str] = field(default_factory=Counter)
+    # Called once this outbox's round trip has gone through (a traced job's publish span ends there).
+    sent: list[Callable[[], None]] = field(default_factory=list)
 
     def publish(self, reply_to: str, event: Any) -> None:
         self.events[reply_to].append(event if type(event) is dict else event.model_dump(mode="json"))
@@ -60,6 +63,7 @@ class Outbox:
             self.set_status(job, **values)
         self.acks.extend(other.acks)
         self.stats.update(other.stats)
+        self.sent.extend(other.sent)
 
     def __bool__(self) -> bool:
         return bool(self.events or self.status or self.acks or self.stats)
@@ -129,6 +133,8 @@ class Publisher:
                 await self._send(batch, failures)
                 if self.accounting is not None:
                     self.accounting.written(True)
+                for done in batch.sent:
+                    done()
                 return
             except UNAVAILABLE as exc:
                 if self.accounting is not None:

@@ -44,6 +44,7 @@ class RunningJob:
     streams: list[Stream]  # one per choice
     prompt_tokens: int = 0
     received: float = field(default_factory=time.time)
+    accepted: float | None = None  # when the engine took it (unix s)
     first_token: float | None = None
     seq: int = 0
     interval: float = 0.0  # seconds: the stream interval

@@ -19,6 +19,7 @@ from workers.base import BaseWorker
 from workers.engine import protocol
 from workers.engine.client import EngineClient, Target
 from workers.engine.protocol import IDS, JOB, SHORT, STATE, EngineSpec, Updates
+from workers.ops.tracing import JobTimes
 from workers.queue.admission import Admission
 from workers.queue.publisher import Outbox
 from workers.text.detokenizer import ByteTable, Detokenizer
@@ -152,7 +153,7 @@ class TextWorker(BaseWorker):
 
     def _accepted(self, state: RunningJob, prompt_tokens: int, outbox: Outbox) -> None:
         job = state.job
-        state.prompt_tokens = prompt_tokens
+        state.prompt_tokens, state.accepted = prompt_tokens, time.time()
         queue_ms = (state.received - job.created) * 1000
         accepted = Accepted(job=job.id, seq=state.next_seq(), worker=self.id, prompt_tokens=prompt_tokens,
                             queue_ms=queue_ms)
@@ -332,6 +333,16 @@ class TextWorker(BaseWorker):
             outbox.set_status(job.id, status=JobStatus.DONE, result=done.model_dump(mode="json"), **summary)
             if self.settings.keep_job_text:  # off by default: the client has had the text; Redis need not keep it
                 outbox.set_status(job.id, text="".join(state.choices[0].text))
+        if job.traceparent is not None:
+            self._trace(state, end, summary, outbox)
+
+    def _trace(self, state: RunningJob, end: str, summary: dict[str, Any], outbox: Outbox) -> None:
+        last = max((c.last_token for c in state.choices if c.last_token is not None), default=None)
+        times = JobTimes(state.received, state.accepted, state.first_token, last)
+        published = times.spans(state.job, self.id, end, state.prompt_tokens, int(summary["completion_tokens"] or 0),
+                                time.time())
+        if published is not None:
+            outbox.sent.append(published)
 
     def _job_done(self, state: RunningJob, outbox: Outbox) -> None:
         super()._job_done(state, outbox)
