@@ -1,7 +1,8 @@
 """`ovq batch-worker`: runs Batch API batches from ovq's rq queue (any number, on any hosts).
 
-`rq worker --url $REDIS_URL ovq-batches` runs them too (the queue is `{OVQ_KEY_PREFIX}-batches`), and
-`rq info --url $REDIS_URL` or rq-dashboard shows the queue; `ovq batch-worker` adds the quick take-over of
+`RQ_KEY_PREFIX=ovq:rq rq worker --url $REDIS_URL ovq-batches` runs them too (the queue is
+`{OVQ_KEY_PREFIX}-batches`, rq's keys `{OVQ_KEY_PREFIX}:rq:*`), and `RQ_KEY_PREFIX=ovq:rq rq info --url $REDIS_URL`
+or rq-dashboard (with the same RQ_KEY_PREFIX) shows the queue; `ovq batch-worker` adds the quick take-over of
 batches whose worker died, and keeps rq's heartbeats while a batch runs in its own process.
 """
 from __future__ import annotations
@@ -12,6 +13,7 @@ import os
 import sys
 import time
 
+from common.batch.rq_keys import RQPrefixError, use_rq_prefix
 from common.keys import Keys
 from common.redis.client import Backoff, RedisURLError, connect_sync, describe, reason, redis_url
 from common.settings import Settings
@@ -40,6 +42,11 @@ def batch_worker(args: argparse.Namespace) -> int:
     try:
         redis_url(settings)
     except RedisURLError as exc:
+        print(f"ovq batch-worker: {exc}", file=sys.stderr)
+        return 2
+    try:
+        use_rq_prefix(Keys(settings.key_prefix))  # before rq is imported: rq reads its key prefix only then
+    except (ValueError, RQPrefixError) as exc:
         print(f"ovq batch-worker: {exc}", file=sys.stderr)
         return 2
     if not _wait_for_redis(settings):

@@ -87,9 +87,27 @@ class Keys:
     # ---- Batch API (common/batch/files.py, common/batch/store.py, workers/batch/runner.py) -------------
     @property
     def batch_queue(self) -> str:
-        """The rq queue batch jobs wait in (rq's own keys, `rq:queue:{name}` and others, are rq's: results and
-        failures expire by the TTLs given at enqueue)."""
+        """The name of the rq queue batches wait in (its list is `{rq_prefix}:queue:{prefix}-batches`)."""
         return f"{self.prefix}-batches"
+
+    @property
+    def rq_prefix(self) -> str:
+        """Every key and channel rq writes for the Batch API starts with this (rq's `RQ_KEY_PREFIX`, which
+        common/batch/rq_keys.py sets before rq is imported). Owners and lifetimes, rq 3.0's names:
+        - `:job:{id}` (hash): waiting, TTL = the longest a batch lives (`ttl` at enqueue); once it ends,
+          `result_ttl` (1 day) or `failure_ttl` (7 days), all set by common/batch/store.py's BatchQueue.
+          `:results:{id}` (stream, 10 entries at most): the same TTLs.
+        - `:queue:{name}` (list), `:queue:{name}:intermediate` (list): job ids, popped by rq's workers;
+          `:queues` (set): one member per queue. Owner: rq.
+        - `:wip:`, `:finished:`, `:failed:`, `:deferred:`, `:scheduled:`, `:canceled:{name}` (sorted sets scored by
+          expiry): trimmed by rq workers' registry cleaning, whose lock `:clean_registries:{name}` has a TTL.
+        - `:execution:{job}:{id}` (hash), `:executions:{job}` (sorted set), `:worker:{name}:executions` (set):
+          TTL = rq's heartbeat TTL, renewed while the job runs.
+        - `:worker:{name}` (hash): TTL renewed by the worker's heartbeats, deleted when it stops;
+          `:workers`, `:workers:{queue}` (sets): pruned of dead workers by rq's cleaning.
+        - `:scheduler:{queue}`, `:scheduler-lock:{queue}`, `:suspended`, `:pubsub:{worker}` (channel): rq's
+          scheduler (unused by ovq: no job is scheduled), `rq suspend`, `rq`'s commands to a worker."""
+        return f"{self.prefix}:rq"
 
     @property
     def files(self) -> str:

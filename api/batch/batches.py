@@ -33,7 +33,7 @@ def batch_queue(request: Request) -> BatchQueue:
     state = request.app.state
     if getattr(state, "batch_queue", None) is None:
         registry = state.registry
-        state.batch_queue = BatchQueue(connect_sync(registry.settings), registry.keys)
+        state.batch_queue = BatchQueue(connect_sync(registry.settings), registry.keys, registry.settings)
     return state.batch_queue
 
 

@@ -18,6 +18,7 @@ import redis.asyncio as aioredis
 from pydantic import BaseModel, Field
 
 from common.batch.models import BatchFields, LineError
+from common.batch.rq_keys import use_rq_prefix
 from common.keys import Keys
 from common.settings import Settings
 
@@ -181,6 +182,11 @@ async def per_model(redis: aioredis.Redis, keys: Keys) -> list[ModelBatches]:
     return sorted(found.values(), key=lambda m: m.model)
 
 
+def longest_life_s(settings: Settings) -> int:
+    """The longest a batch may be kept: the longest window it may run, then the file TTL once it ended."""
+    return max(window_seconds(w) for w in settings.batch_completion_windows) + settings.files_ttl_s
+
+
 class Batches:
     """Batch records for the API and the runners (async Redis)."""
 
@@ -195,8 +201,7 @@ class Batches:
 
     @property
     def longest_life_s(self) -> int:
-        """The longest a batch may be kept: the longest window it may run, then the file TTL once it ended."""
-        return max(window_seconds(w) for w in self.settings.batch_completion_windows) + self.settings.files_ttl_s
+        return longest_life_s(self.settings)
 
     # ---- the API's side ------------------------------------------------------------------------------------
     async def create(self, state: BatchState) -> None:
@@ -294,20 +299,23 @@ class Batches:
 
 
 class BatchQueue:
-    """The rq queue batch workers take batches from (rq is synchronous: callers in asyncio use a thread)."""
+    """The rq queue batch workers take batches from, its keys under `Keys.rq_prefix` (rq is synchronous: callers
+    in asyncio use a thread)."""
 
-    def __init__(self, connection: redis.Redis, keys: Keys) -> None:
+    def __init__(self, connection: redis.Redis, keys: Keys, settings: Settings) -> None:
+        use_rq_prefix(keys)
         from rq import Queue
 
         self.queue = Queue(keys.batch_queue, connection=connection)
+        self.waiting_ttl_s = longest_life_s(settings)
 
     def enqueue(self, batch_id: str) -> str:
         from rq import Retry
 
         # No rq timeout: a batch runs as long as its completion window allows and ends itself. rq's retry takes
         # the batch up again when its worker died (rq's abandoned-job handling); the lease keeps it to one runner.
+        # A job nobody takes up is gone (rq's `ttl`, lifted when a worker starts it) once its batch is.
         job = self.queue.enqueue(RUN_FUNCTION, batch_id, job_timeout=-1, retry=Retry(max=3),
-                                 result_ttl=RQ_RESULT_TTL_S, failure_ttl=RQ_FAILURE_TTL_S,
+                                 ttl=self.waiting_ttl_s, result_ttl=RQ_RESULT_TTL_S, failure_ttl=RQ_FAILURE_TTL_S,
                                  description=f"batch {batch_id}")
         return job.id
-

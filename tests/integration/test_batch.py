@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -332,7 +333,8 @@ def test_two_apis_and_two_batch_workers_share_one_redis(tiers) -> None:
     batch_worker(t, "bw-one", port=first_port)
     plain = subprocess.Popen([sys.executable, "-m", "rq.cli", "worker", "--url", t.redis_url, "--name", "rq-plain",
                               Keys(t.prefix).batch_queue], cwd=ROOT, stdout=(t.work / "rq-plain.log").open("wb"),
-                             stderr=subprocess.STDOUT, env={**t.env, "OVQ_BATCH_API_URL": f"http://127.0.0.1:{t.port}"})
+                             stderr=subprocess.STDOUT, env={**t.env, "OVQ_BATCH_API_URL": f"http://127.0.0.1:{t.port}",
+                                                            "RQ_KEY_PREFIX": Keys(t.prefix).rq_prefix})
     t.procs.append(plain)
     t.logs[plain.pid] = t.work / "rq-plain.log"
     a = start(one, [line(i, max_tokens=16) for i in range(80)])
@@ -342,10 +344,51 @@ def test_two_apis_and_two_batch_workers_share_one_redis(tiers) -> None:
     for batch, client in zip(done, (one, two), strict=True):
         outputs, errors = results(client, batch)
         assert errors == [] and [o["custom_id"] for o in outputs] == [f"req-{i}" for i in range(80)]
-    r = redis.Redis.from_url(t.redis_url)
-    from rq.job import Job
-
-    workers = {Job.fetch(r.hget(Keys(t.prefix).batch(d.id), "rq_job").decode(), connection=r).worker_name
+    r, keys = redis.Redis.from_url(t.redis_url), Keys(t.prefix)
+    workers = {r.hget(f"{keys.rq_prefix}:job:{r.hget(keys.batch(d.id), 'rq_job').decode()}", "worker_name").decode()
                for d in done}
     assert workers == {"bw-one", "rq-plain"}
     assert {b.id for b in one.batches.list()} == {b.id for b in two.batches.list()} >= {a.id, b.id}
+
+
+# rq's keys a deployment may keep without a TTL, each with an owner that trims it (common/keys.py, Keys.rq_prefix).
+RQ_KEYS_OWNED = ("queue:", "queues", "workers", "wip:", "finished:", "failed:", "deferred:", "scheduled:",
+                 "canceled:")
+
+
+def test_two_deployments_on_one_redis_keep_their_rq_keys_apart(tiers, redis_url: str) -> None:
+    """Two OVQ_KEY_PREFIXes, each with its API, worker and a batch worker named alike: each runs its batch, and
+    every key either made is under its own prefix, rq's included; none is rq's default `rq:*`."""
+    r = redis.Redis.from_url(redis_url)
+    before = set(r.scan_iter(match="*", count=1000))
+    deployments = []
+    for label in ("a", "b"):
+        t: Tiers = tiers(tiny(2), **BATCH_ENV)
+        t.worker(TINY, name=f"worker-{label}")
+        t.api()
+        deployments.append(t)
+    for t, label in zip(deployments, "ab", strict=True):
+        t.wait_served(TINY)
+        # The same rq worker name in both: rq:worker:bw was one key for both deployments before.
+        t.start("batch-worker", "--api-url", f"http://127.0.0.1:{t.port}", "--name", "bw", name=f"bw-{label}")
+    clients = [client_for(t) for t in deployments]
+    created = [start(c, [line(i) for i in range(10)]) for c in clients]
+    done = [wait(c, b.id) for c, b in zip(clients, created, strict=True)]
+    assert [d.status for d in done] == ["completed", "completed"], done
+    made = {k.decode() for k in set(r.scan_iter(match="*", count=1000)) - before}
+    assert not [k for k in made if k.startswith("rq:")], "a key under rq's default prefix"
+    # Other tests' tiers still running (the module's `stack`) write under their own `ovqt…` prefixes.
+    assert not [k for k in made if not re.match(r"ovqt\d+:", k)], "a key under no deployment's prefix"
+    for t, other, batch in zip(deployments, reversed(deployments), done, strict=True):
+        keys, rq_job = Keys(t.prefix), r.hget(Keys(t.prefix).batch(batch.id), "rq_job").decode()
+        own = {k for k in made if k.startswith(f"{keys.rq_prefix}:")}
+        assert r.smembers(f"{keys.rq_prefix}:queues") == {f"{keys.rq_prefix}:queue:{keys.batch_queue}".encode()}
+        assert f"{keys.rq_prefix}:job:{rq_job}" in own and f"{keys.rq_prefix}:worker:bw" in own
+        assert r.smembers(f"{keys.rq_prefix}:workers") == {f"{keys.rq_prefix}:worker:bw".encode()}
+        assert not [k for k in made if rq_job in k and not k.startswith(f"{keys.rq_prefix}:")]
+        assert not [k for k in made if batch.id in k and not k.startswith(f"{t.prefix}:")]
+        assert r.hget(f"{keys.rq_prefix}:job:{rq_job}", "status") == b"finished"
+        assert 0 < r.ttl(f"{keys.rq_prefix}:job:{rq_job}") <= 24 * 3600  # result_ttl: set by ovq at enqueue
+        lasting = [k for k in own if r.ttl(k) == -1]
+        assert not [k for k in lasting if not k[len(keys.rq_prefix) + 1:].startswith(RQ_KEYS_OWNED)], lasting
+        assert not [k for k in own if f"{other.prefix}:" in k or f"{other.prefix}-" in k]

@@ -25,6 +25,7 @@ import orjson
 
 from common.batch.files import CHUNK, FileStore
 from common.batch.models import LineError
+from common.batch.rq_keys import use_rq_prefix
 from common.batch.store import TERMINAL, Batches, BatchQueue, BatchState, result_file_id
 from common.jobs import PRIORITY_HEADER
 from common.keys import Keys
@@ -50,7 +51,11 @@ LINES_PER_READ = 1000
 
 def run_batch(batch_id: str) -> str:
     """rq job: run the batch until it ends, or until this worker is told to stop (then it is handed back)."""
-    return asyncio.run(BatchRunner(get_settings(), batch_id, _rq_worker_key()).run())
+    settings = get_settings()
+    # A plain `rq worker` must run with RQ_KEY_PREFIX=Keys.rq_prefix of the OVQ_KEY_PREFIX it serves: else fail
+    # the job, rather than run a batch whose rq keys belong to another deployment.
+    use_rq_prefix(Keys(settings.key_prefix))
+    return asyncio.run(BatchRunner(settings, batch_id, _rq_worker_key()).run())
 
 
 def _rq_worker_key() -> str | None:
@@ -197,7 +202,7 @@ class BatchRunner:
         if self.stop == "lost":
             return "lost"
         await self.store.release(self.batch_id, self.token)
-        queue = await asyncio.to_thread(BatchQueue, connect_sync(self.settings), self.keys)
+        queue = await asyncio.to_thread(BatchQueue, connect_sync(self.settings), self.keys, self.settings)
         rq_job = await asyncio.to_thread(queue.enqueue, self.batch_id)
         await self.store.set_rq_job(self.batch_id, rq_job)
         return "handed back"

@@ -21,6 +21,7 @@ from rq.job import Job, JobStatus
 from rq.utils import now
 from rq.worker import WorkerStatus
 
+from common.batch.rq_keys import use_rq_prefix
 from common.batch.store import TERMINAL, BatchQueue
 from common.keys import Keys
 from common.settings import Settings
@@ -75,7 +76,7 @@ class Sweeper(threading.Thread):
         super().__init__(name="batch-sweeper", daemon=True)
         self.settings, self.connection = settings, connection
         self.keys = Keys(settings.key_prefix)
-        self.queue = BatchQueue(connection, self.keys)
+        self.queue = BatchQueue(connection, self.keys, settings)
         self.stopped = threading.Event()
 
     def run(self) -> None:
@@ -93,6 +94,7 @@ class BatchWorker(SimpleWorker):
 
     def __init__(self, settings: Settings, connection: redis.Redis, **kwargs: Any) -> None:
         keys = Keys(settings.key_prefix)
+        use_rq_prefix(keys)  # rq is imported by now: this checks it names its keys under this deployment's prefix
         super().__init__([Queue(keys.batch_queue, connection=connection)], connection=connection, **kwargs)
         self.sweeper = Sweeper(settings, connection)
 

@@ -1,14 +1,21 @@
 """A batch's record in Redis (Lua on the real redis-server): the lease, exactly-once answers, cancel, the end."""
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
+import textwrap
 import time
 
 import pytest
+import redis
 import redis.asyncio as aioredis
 
 from common.batch.store import Batches, BatchState, result_file_id, window_seconds
 from common.keys import Keys
 from common.settings import Settings
+from tests.conftest import ROOT
 
 
 @pytest.fixture()
@@ -83,3 +90,26 @@ def test_windows_and_result_ids() -> None:
         window_seconds("tomorrow")
     assert result_file_id("batch_1", "output") == result_file_id("batch_1", "output") != result_file_id(
         "batch_1", "error")
+
+
+def test_the_rq_job_of_a_batch_lives_under_the_prefix_and_not_past_its_batch(redis_url: str) -> None:
+    """In its own interpreter: rq takes its key prefix when first imported."""
+    prefix = f"queue{time.time_ns()}"
+    code = f"""
+        import json, redis
+        from common.batch.store import BatchQueue, longest_life_s
+        from common.keys import Keys
+        from common.settings import Settings
+        connection, settings = redis.Redis.from_url({redis_url!r}), Settings(files_ttl_s=3600)
+        job_id = BatchQueue(connection, Keys({prefix!r}), settings).enqueue("batch_1")
+        print(json.dumps({{"job": job_id, "longest": longest_life_s(settings)}}))
+        """
+    done = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], cwd=ROOT, capture_output=True, text=True,
+                          timeout=60, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert done.returncode == 0, done.stderr
+    out = json.loads(done.stdout)
+    r, rq = redis.Redis.from_url(redis_url), Keys(prefix).rq_prefix
+    assert r.lrange(f"{rq}:queue:{prefix}-batches", 0, -1) == [out["job"].encode()]
+    assert r.hget(f"{rq}:job:{out['job']}", "description") == b"batch batch_1"
+    assert out["longest"] - 60 < r.ttl(f"{rq}:job:{out['job']}") <= out["longest"]
+    assert not [k for k in r.scan_iter(match="*") if out["job"].encode() in k and not k.startswith(rq.encode())]
