@@ -15,6 +15,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from api.batch.files import file_store
 from api.batch.protocol import Batch, BatchCreateRequest, BatchList
+from common.batch.rq_keys import RQPrefixError
 from common.batch.store import TERMINAL, Batches, BatchQueue, BatchState, new_batch_id, per_model, window_seconds
 from common.errors import OvqError
 from common.redis.client import connect_sync
@@ -33,7 +34,10 @@ def batch_queue(request: Request) -> BatchQueue:
     state = request.app.state
     if getattr(state, "batch_queue", None) is None:
         registry = state.registry
-        state.batch_queue = BatchQueue(connect_sync(registry.settings), registry.keys, registry.settings)
+        try:
+            state.batch_queue = BatchQueue(connect_sync(registry.settings), registry.keys, registry.settings)
+        except (ValueError, RQPrefixError) as exc:  # a deployment's settings, not the request: said, not a crash
+            raise OvqError(f"The Batch API cannot run here: {exc}", 500, "server_error") from exc
     return state.batch_queue
 
 
@@ -81,10 +85,10 @@ async def create_batch(request: Request, body: BatchCreateRequest) -> Batch:
                        completion_window=body.completion_window, created_at=now,
                        expires_at=now + window_seconds(body.completion_window), metadata=body.metadata,
                        output_ttl_s=body.output_expires_after.seconds if body.output_expires_after else None)
-    store = batches(request)
+    queue, store = batch_queue(request), batches(request)
     await store.create(state)
     # A batch created but not queued (Redis went away just now) is queued by a batch worker's sweep.
-    state.rq_job = await asyncio.to_thread(batch_queue(request).enqueue, state.id)
+    state.rq_job = await asyncio.to_thread(queue.enqueue, state.id)
     await store.set_rq_job(state.id, state.rq_job)
     return Batch.of(state)
 

@@ -351,6 +351,28 @@ def test_two_apis_and_two_batch_workers_share_one_redis(tiers) -> None:
     assert {b.id for b in one.batches.list()} == {b.id for b in two.batches.list()} >= {a.id, b.id}
 
 
+def test_a_key_prefix_rq_cannot_use_refuses_batches_with_the_reason(tiers) -> None:
+    """rq splices its key prefix into Lua: with OVQ_KEY_PREFIX `two words` batches are refused, saying why,
+    before any batch is stored."""
+    t: Tiers = tiers(tiny(1))
+    t.api(OVQ_KEY_PREFIX="two words")
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            if httpx.get(f"http://127.0.0.1:{t.port}/health", timeout=2).status_code < 500:
+                break
+        except httpx.HTTPError:
+            pass
+        assert time.monotonic() < deadline, t.log(t.procs[-1])
+        time.sleep(0.2)
+    client = client_for(t)
+    file_id = upload(client, [line(0)])
+    with pytest.raises(openai.InternalServerError) as caught:
+        client.batches.create(input_file_id=file_id, endpoint="/v1/chat/completions", completion_window="24h")
+    assert "OVQ_KEY_PREFIX 'two words' cannot name rq's keys" in caught.value.body["message"]  # type: ignore[index]
+    assert client.batches.list().data == []
+
+
 # rq's keys a deployment may keep without a TTL, each with an owner that trims it (common/keys.py, Keys.rq_prefix).
 RQ_KEYS_OWNED = ("queue:", "queues", "workers", "wip:", "finished:", "failed:", "deferred:", "scheduled:",
                  "canceled:")
