@@ -15,7 +15,9 @@ import pytest
 from openai import OpenAI
 from pydantic import BaseModel
 
-from tests.conftest import LOCATION, MODEL, Stack
+from tests.conftest import LOCATION, MODEL, STATEFUL, STATEFUL_VLM, VLM, Stack
+from tests.integration.conftest import Guarded
+from tests.integration.test_vision import data_url
 
 QUESTION = "What is the capital of France?"
 WEATHER = "What is the weather like in Paris today?"
@@ -53,6 +55,30 @@ def test_instructions_and_input_items_are_the_chat_conversation(client: OpenAI) 
                                              {"role": "user", "content": QUESTION}])
     assert (response.output_text, response.usage.input_tokens) == (text, prompt_tokens)
     assert response.instructions == "Answer in a few words."
+
+
+@pytest.mark.parametrize("model", [VLM, STATEFUL_VLM])
+def test_an_input_image_reaches_a_vision_servable_as_in_chat(client: OpenAI, model: str) -> None:
+    url = data_url((255, 0, 0))
+    content = [{"type": "input_image", "image_url": url}, {"type": "input_text", "text": "Describe this image."}]
+    args: dict[str, Any] = {"model": model, "temperature": 0, "max_output_tokens": 16}
+    response = client.responses.create(input=[{"role": "user", "content": content}], **args,
+                                       extra_body={"ignore_eos": True})
+    chat = client.chat.completions.create(
+        model=model, messages=[{"role": "user", "content": [{"type": "image_url", "image_url": {"url": url}},
+                                                              {"type": "text", "text": "Describe this image."}]}],
+        temperature=0, max_tokens=16, extra_body={"ignore_eos": True})
+    assert response.status == "incomplete" and response.output_text == chat.choices[0].message.content
+    assert response.usage.input_tokens == chat.usage.prompt_tokens
+
+
+def test_a_stateful_servable_answers_whole_and_streamed(client: OpenAI) -> None:
+    args = {"model": STATEFUL, "input": QUESTION, "temperature": 0, "max_output_tokens": 24}
+    whole = client.responses.create(**args)
+    with client.responses.stream(**args) as stream:
+        streamed = stream.get_final_response()
+    assert whole.status == streamed.status and whole.output_text == streamed.output_text
+    assert whole.output_text.strip()
 
 
 def test_the_token_limit_makes_an_incomplete_response(client: OpenAI) -> None:
@@ -269,3 +295,15 @@ async def test_an_agent_runs_a_function_tool_to_completion(stack: Stack) -> None
     assert isinstance(result.final_output, str) and result.final_output.strip()
     kinds = [item.type for item in result.new_items]
     assert kinds == ["tool_call_item", "tool_call_output_item", "message_output_item"], kinds
+
+
+def test_api_keys_guard_every_responses_route(guarded: Guarded) -> None:
+    routes = [("POST", "/v1/responses"), ("GET", "/v1/responses/resp_x"), ("DELETE", "/v3/responses/resp_x"),
+              ("GET", "/v3/responses/resp_x/input_items")]
+    body = {"model": MODEL, "input": QUESTION, "max_output_tokens": 16}
+    for method, path in routes:
+        reply = httpx.request(method, guarded.url(path), json=body if method == "POST" else None, timeout=60)
+        assert reply.status_code == 401, (method, path)
+    keyed = OpenAI(base_url=guarded.url("/v1"), api_key=guarded.api_key, max_retries=0, timeout=120)
+    response = keyed.responses.create(**body)
+    assert keyed.responses.retrieve(response.id).output_text == response.output_text
