@@ -256,6 +256,12 @@ def test_errors_are_openais(stack: Stack, client: OpenAI) -> None:
     assert caught.value.body["param"].startswith("input[0]") and caught.value.body["type"] == "invalid_request_error"
     with pytest.raises(openai.BadRequestError, match="max_output_tokens"):
         client.responses.create(model=MODEL, input=QUESTION, max_output_tokens=8)
+    with pytest.raises(openai.BadRequestError) as caught:  # chat's own checks, naming the Responses field
+        client.responses.create(model=MODEL, input=QUESTION, max_output_tokens=5000)  # max_tokens_limit 4096
+    assert caught.value.body["param"] == "max_output_tokens"
+    with pytest.raises(openai.BadRequestError) as caught:  # the worker's refusal
+        client.responses.create(model=MODEL, input="word " * 9000, max_output_tokens=16)
+    assert (caught.value.body["code"], caught.value.body["param"]) == ("context_length_exceeded", "input")
     with pytest.raises(openai.BadRequestError, match="background mode is not supported"):
         client.responses.create(model=MODEL, input=QUESTION, background=True)
     with pytest.raises(openai.BadRequestError, match="web_search"):

@@ -42,6 +42,20 @@ BACKGROUND = OvqError("background mode is not supported yet: leave `background` 
                       code="unsupported_parameter")
 
 
+# Chat's names for what a Responses request calls otherwise: an error names the field the client sent.
+PARAMS = {"messages": "input", "max_tokens": "max_output_tokens", "response_format": "text.format"}
+
+
+def renamed(exc: OvqError) -> OvqError:
+    """A chat-path error with its `param` as the Responses request names it (`messages[3].content` is `input`:
+    the instructions and the chain's history shift the indexes)."""
+    param = exc.body.param
+    head = param.split(".")[0].split("[")[0] if param else None
+    if head in PARAMS:
+        exc.body.param = PARAMS[head] + (param[len(head):] if head != "messages" else "")
+    return exc
+
+
 @dataclass(eq=False)
 class Turn:
     """One response being generated: its request, its state, the chat choice it reads, the chain it continues."""
@@ -87,7 +101,10 @@ class ResponsesServing:
         self.store.check_input(body)
         chain, history = await self.store.history(body.previous_response_id) if body.previous_response_id else \
             ([], [])
-        servable, job, plan = await self.serving.chat_job(request, to_chat(body, history))
+        try:
+            servable, job, plan = await self.serving.chat_job(request, to_chat(body, history))
+        except OvqError as exc:
+            raise renamed(exc) from None
         top = job.params.logprobs
         turn = Turn(body, ResponseStream(initial_response(body), logprobs=top), ChoiceState(0, plan.parser(), top),
                     chain)
@@ -103,6 +120,8 @@ class ResponsesServing:
         except ClientGone:
             await self._cancelled(turn)
             raise
+        except OvqError as exc:  # the worker refused it (a prompt over the context, ...), or it failed
+            raise renamed(exc) from None
 
     async def _whole(self, generation: Generation, turn: Turn, record: Record, headers: dict[str, str]) -> Response:
         choice = turn.choice
