@@ -245,11 +245,11 @@ async def input_items(request: Request, response_id: str) -> JSONResponse:
     if order not in ("asc", "desc"):
         raise OvqError(f"Invalid value: '{order}'. Supported values are: 'asc' and 'desc'.", param="order",
                        code="invalid_value")
-    limit = _limit(query.get("limit"))
+    limit = page_limit(query.get("limit"))
     return JSONResponse(await _store(request).input_items(response_id, limit, order, query.get("after")))
 
 
-def _limit(value: Any) -> int:
+def page_limit(value: Any) -> int:
     if value is None:
         return 20
     try:
