@@ -70,9 +70,13 @@ class Turn:
 
     def read(self, event: EventDict, record: Record) -> list[StreamEvent]:
         """One worker event of a stream: what it adds to the response (a terminal event ends the generation)."""
-        kind = event["type"]
-        if kind == DELTA:
+        if event["type"] == DELTA:
             return self.state.feed(self.choice.feed(event), event.get("logprobs"))
+        return self.end(event, record)
+
+    def end(self, event: EventDict, record: Record) -> list[StreamEvent]:
+        """A terminal event: `done` (usage, the finish reason), `error` (the response fails), `cancelled`."""
+        kind = event["type"]
         if kind == DONE:
             add_usage(self.usage, event)
             record.done(event)
@@ -128,17 +132,12 @@ class ResponsesServing:
         try:
             while not generation.finished:
                 for event in await generation.events():
-                    kind = event["type"]
-                    if kind == DELTA:
+                    if event["type"] == DELTA:
                         choice.add(event)
-                    elif kind == DONE:
-                        add_usage(turn.usage, event)
-                        record.done(event)
-                        finish_choices({(event["job"], 0): choice}, event)
-                    elif kind == ERROR:
+                    elif event["type"] == ERROR:
                         raise error_of(event, "server_error")
-                    elif kind == CANCELLED:
-                        raise ClientGone()
+                    else:
+                        turn.end(event, record)
         except OvqError as exc:  # the HTTP error, as chat's; stored as the failed response it was
             turn.state.fail(exc.body, exc.status)
             await self._save(turn, quiet=True)
