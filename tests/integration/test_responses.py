@@ -105,6 +105,17 @@ def test_a_stream_numbers_its_events_and_its_deltas_make_the_final_text(client: 
     assert client.responses.retrieve(final.id).output_text == deltas  # stored before its last event went out
 
 
+def test_log_probabilities_come_with_the_text_whole_and_streamed(client: OpenAI) -> None:
+    args = {**GREEDY, "input": QUESTION, "include": ["message.output_text.logprobs"], "top_logprobs": 1}
+    whole = client.responses.create(**args)
+    logprobs = whole.output[0].content[0].logprobs
+    assert len(logprobs) == whole.usage.output_tokens and "".join(lp.token for lp in logprobs) == whole.output_text
+    assert all(lp.logprob <= 0 and [t.token for t in lp.top_logprobs] == [lp.token] for lp in logprobs)
+    with client.responses.stream(**args) as stream:
+        deltas = [e for e in stream if e.type == "response.output_text.delta"]
+    assert [lp.token for e in deltas for lp in e.logprobs] == [lp.token for lp in logprobs]
+
+
 def test_a_raw_stream_names_each_event_and_sends_no_done(stack: Stack) -> None:
     body = {"model": MODEL, "input": QUESTION, "max_output_tokens": 16, "stream": True}
     with httpx.stream("POST", stack.url("/v1/responses"), json=body, timeout=120) as reply:
