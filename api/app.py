@@ -21,6 +21,9 @@ from api.http.status import CLIENT_CLOSED
 from api.openai.docs import install_docs
 from api.openai.images import ImageServing
 from api.openai.protocol import ModelList, ModelObject
+from api.openai.responses import serving as stored_responses
+from api.openai.responses.serving import ResponsesServing
+from api.openai.responses.store import ResponseStore
 from api.openai.serving import Serving
 from api.ops import router as ops_router
 from api.ops.metrics import Metrics, Record
@@ -66,6 +69,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         jobs = JobClient(redis, keys, hub, registry, settings, metrics)
         app.state.serving = Serving(jobs, registry, metrics)
         app.state.images = ImageServing(jobs, registry, settings)
+        app.state.responses = ResponsesServing(app.state.serving, ResponseStore(redis, keys, settings))
         _log_stop_signals(settings)
         heap.settle()
         yield
@@ -151,6 +155,9 @@ def _install_routes(app: FastAPI) -> dict[str, Endpoint]:
     async def completions(request: Request) -> Response:
         return await _counted(request, "completions", request.app.state.serving.completions)
 
+    async def responses(request: Request) -> Response:
+        return await _counted(request, "responses", request.app.state.responses.create)
+
     async def image_generations(request: Request) -> Response:
         return await _counted(request, "images", request.app.state.images.generations)
 
@@ -184,12 +191,13 @@ def _install_routes(app: FastAPI) -> dict[str, Endpoint]:
 
     hot: dict[str, Endpoint] = {}
     for prefix in ("/v3", "/v1"):
-        for path, endpoint in (("chat/completions", chat), ("completions", completions),
+        for path, endpoint in (("chat/completions", chat), ("completions", completions), ("responses", responses),
                                ("images/generations", image_generations), ("images/edits", image_edits)):
             app.add_api_route(f"{prefix}/{path}", endpoint, methods=["POST"])
             hot[f"{prefix}/{path}"] = endpoint
         app.add_api_route(f"{prefix}/models", list_models, methods=["GET"])
         app.add_api_route(f"{prefix}/models/{{model:path}}", get_model, methods=["GET"])
+        app.include_router(stored_responses.router, prefix=prefix)
         app.include_router(files.router, prefix=prefix)
         app.include_router(batches.router, prefix=prefix)
 

@@ -84,6 +84,15 @@ class Keys:
         listening; one not in the set at all (an API without heartbeats) counts as listening."""
         return f"{self.prefix}:apis"
 
+    # ---- Responses API (api/openai/responses/store.py) ------------------------------------------------------
+    def response(self, response_id: str) -> str:
+        """Hash: a stored response (`store: true`): `response` (the object, JSON), `items` (its input items, then
+        its output items, JSON), `inputs` (how many of those are input), `chain` (the ids of the responses before
+        it through previous_response_id, oldest first, JSON). Owned by the API's response store: written once when
+        the response ends, with TTL OVQ_RESPONSES_TTL_S (renewed for a whole chain when a turn chains onto it),
+        at most OVQ_RESPONSES_MAX_BYTES; removed by `DELETE /responses/{id}`."""
+        return f"{self.prefix}:response:{response_id}"
+
     # ---- Batch API (common/batch/files.py, common/batch/store.py, workers/batch/runner.py) -------------
     @property
     def batch_queue(self) -> str:

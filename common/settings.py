@@ -155,6 +155,17 @@ class Settings(BaseSettings):
     batch_lease_s: float = 30.0
     batch_sweep_s: float = 10.0
 
+    # ---- Stored responses (/v1/responses with `store`, the default) ---------------------------------------------
+    # A stored response lives this long after its last write; a turn chained onto it (previous_response_id) renews
+    # its whole chain, so a conversation in use does not lose its start. OpenAI keeps 30 days, on disk; ovq keeps
+    # them in Redis memory, next to the queues, so a week: long enough for a conversation or an agent run that
+    # pauses over days, short enough that abandoned ones do not pile up in memory.
+    responses_ttl_s: int = 7 * 24 * 3600
+    # The most one stored response may take (the object and its input and output items, as JSON). A request whose
+    # input alone is over it is a 400 (send `store: false`); a response whose output takes it over is returned,
+    # but not stored (its `store` says false).
+    responses_max_bytes: int = 8 * 1024 * 1024
+
     @model_validator(mode="after")
     def _files_dir_for_directory_backend(self) -> Settings:
         if self.files_backend == "directory" and self.files_dir is None:

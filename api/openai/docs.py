@@ -1,7 +1,8 @@
 """/docs and /openapi.json, served with no CDN: Swagger UI's files come from the `swagger-ui-bundle-v2` wheel.
 
 The routes read their bodies themselves (no FastAPI body parameters, so validation errors stay OpenAI's), so
-the schema gets each request body from `api/openai/protocol.py` here, and the Bearer scheme the API keys use.
+the schema gets each request body from `api/openai/protocol.py` (`/responses`: `api/openai/responses/protocol.py`)
+here, and the Bearer scheme the API keys use.
 Both routes are operator routes: see `api/http/auth.py` for who may open them.
 """
 from __future__ import annotations
@@ -16,11 +17,13 @@ from starlette.responses import HTMLResponse
 from starlette.staticfiles import StaticFiles
 
 from api.openai.protocol import ChatCompletionRequest, CompletionRequest, ImageEditRequest, ImageRequest
+from api.openai.responses.protocol import ResponsesRequest
 
 ASSETS = "/docs/assets"
 JSON_BODIES: dict[str, type[BaseModel]] = {
     "/chat/completions": ChatCompletionRequest,
     "/completions": CompletionRequest,
+    "/responses": ResponsesRequest,
     "/images/generations": ImageRequest,
 }
 

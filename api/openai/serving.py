@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, TypeVar
 
 import orjson
@@ -16,7 +16,7 @@ from api.http.status import CLIENT_CLOSED
 from api.openai.checks import check_for_model
 from api.openai.choices import ChoiceState
 from api.openai.formats import ChatFormat, CompletionFormat, Format
-from api.openai.guidance import chat_plan
+from api.openai.guidance import ChatPlan, chat_plan
 from api.openai.limits import check_sampling, require_media_type
 from api.openai.media import load_image
 from api.openai.protocol import ChatCompletionRequest, CompletionRequest, SamplingRequest
@@ -87,6 +87,15 @@ class Serving:
 
     async def chat(self, request: Request) -> Response:
         body = await parse_body(request, ChatCompletionRequest)
+        servable, job, plan = await self.chat_job(request, body)
+        fmt = ChatFormat(f"chatcmpl-{job.id}", body.model, body.include_usage,
+                         servable.card.reasoning_parser is not None, body.continuous_usage)
+        choices = {(job.id, i): ChoiceState(i, plan.parser(), job.params.logprobs) for i in range(body.n)}
+        return await self._respond(request, body, servable, [job], fmt, choices)
+
+    async def chat_job(self, request: Request, body: ChatCompletionRequest) -> tuple[Servable, Job, ChatPlan]:
+        """A chat request checked against its model and made into its job (images stored, prompt rendered), with
+        the plan its answer is parsed by: `/chat/completions` and `/responses` both start here."""
         servable = await self._servable(body)
         card = servable.card
         vision = card.servable_type in VISION_SERVABLES
@@ -101,13 +110,9 @@ class Serving:
         # Tool-call markers are often special tokens (<|python_tag|>, [TOOL_CALLS]): the parser must see them.
         skip = False if plan.tool_parser else None
         params = sampling_params(body, plan.structure, skip)
-        rid = request_id(request)
-        job = self._job(body, servable, "chat", prompt, params, rid)
+        job = self._job(body, servable, "chat", prompt, params, request_id(request))
         job.images = await self._store_images(job.id, urls)
-        fmt = ChatFormat(f"chatcmpl-{rid}", body.model, body.include_usage, card.reasoning_parser is not None,
-                         body.continuous_usage)
-        choices = {(job.id, i): ChoiceState(i, plan.parser(), params.logprobs) for i in range(body.n)}
-        return await self._respond(request, body, servable, [job], fmt, choices)
+        return servable, job, plan
 
     async def _store_images(self, job_id: str, urls: list[str]) -> list[str]:
         """Fetch and check every image now (a bad one is the request's 400); the worker reads them by key."""
@@ -144,12 +149,15 @@ class Serving:
         return Job(id=job_id, model=body.model, device=servable.card.device, kind=kind, prompt=prompt,
                    add_special_tokens=add_special_tokens, params=params, reply_to=self.jobs.hub.reply_to)
 
+    def open(self, request: Request, model: str, servable: Servable, jobs: list[Job]) -> Generation:
+        """The jobs' generation (see `JobClient.open`), under the request's deadline, counted as `model`'s."""
+        request.state.record.model = model
+        return self.jobs.open(request, jobs, servable, deadline(request, self.jobs.settings.request_timeout_s))
+
     async def _respond(self, request: Request, body: SamplingRequest, servable: Servable, jobs: list[Job],
                        fmt: Format, choices: dict[tuple[str, int], ChoiceState]) -> Response:
         record: Record = request.state.record
-        record.model = body.model
-        ends = deadline(request, self.jobs.settings.request_timeout_s)
-        async with self.jobs.open(request, jobs, servable, ends) as generation:
+        async with self.open(request, body.model, servable, jobs) as generation:
             headers = {"X-Request-Id": record.request_id}
             if body.stream:
                 frames = self._stream(generation, fmt, choices, record)
@@ -165,9 +173,9 @@ class Serving:
                 if kind == DELTA:
                     choices[event["job"], event.get("index", 0)].add(event)
                 elif kind == DONE:
-                    _add_usage(usage, event)
+                    add_usage(usage, event)
                     record.done(event)
-                    _finish_choices(choices, event)
+                    finish_choices(choices, event)
                 elif kind == ERROR:
                     raise error_of(event, "server_error")
                 elif kind == CANCELLED:
@@ -262,7 +270,7 @@ class Serving:
                     event = {**event, "text": "".join(texts) + event["text"]}
                 out.append(fmt.chunk(choice, event))
             elif kind == DONE:
-                _add_usage(usage, event)
+                add_usage(usage, event)
                 record.done(event)
             elif kind == ERROR:
                 flush()
@@ -276,9 +284,9 @@ class Serving:
 
 
 def stream_response(generation: Generation, frames: AsyncIterator[bytes], record: Record, metrics: Metrics,
-                    headers: dict[str, str]) -> SSEResponse:
+                    headers: dict[str, str], on_close: Callable[[], Awaitable[None]] | None = None) -> SSEResponse:
     """The generation's frames as SSE. The stream takes the generation over: its end (the last frame written, or
-    the client gone) closes it and finishes the request's record."""
+    the client gone) closes it, runs `on_close` and finishes the request's record."""
     generation.hand_over()
     record.streaming = True
 
@@ -286,17 +294,19 @@ def stream_response(generation: Generation, frames: AsyncIterator[bytes], record
         if not generation.finished and not record.outcome:
             record.failed(CLIENT_CLOSED)  # the client left mid-stream
         await generation.close()
+        if on_close is not None:
+            await on_close()
         metrics.finish(record)
 
     return SSEResponse(frames, close, headers, generation.writes_to)
 
 
-def _add_usage(usage: dict[str, int], event: DoneEvent) -> None:
+def add_usage(usage: dict[str, int], event: DoneEvent) -> None:
     for name, value in (event.get("usage") or {}).items():
         usage[name] = usage.get(name, 0) + value
 
 
-def _finish_choices(choices: dict[tuple[str, int], ChoiceState], done: DoneEvent) -> None:
+def finish_choices(choices: dict[tuple[str, int], ChoiceState], done: DoneEvent) -> None:
     reasons = done.get("finish_reasons") or [done.get("finish_reason", "stop")]
     for index, reason in enumerate(reasons):
         choice = choices.get((done["job"], index))

@@ -20,8 +20,9 @@ from tests.integration.counts import Tally
 # Examples per operation: a few hundred requests in all, bounded to well under a minute on two cores.
 BUDGET = {"/v3/chat/completions": 110, "/v3/completions": 50, "/v3/images/generations": 25,
           "/v3/images/edits": 15, "/v3/models": 3, "/v3/models/{model}": 8, "/health": 2, "/v2/health/live": 2,
-          "/v2/health/ready": 2, "/v2/models/{model}/ready": 8}
-NARROW_BUDGET = {"/v3/chat/completions": 70, "/v3/completions": 30}
+          "/v2/health/ready": 2, "/v2/models/{model}/ready": 8, "/v3/responses": 40, "/v3/responses/{response_id}": 4,
+          "/v3/responses/{response_id}/input_items": 4}
+NARROW_BUDGET = {"/v3/chat/completions": 70, "/v3/completions": 30, "/v3/responses": 40}
 
 
 def _png() -> str:
@@ -52,8 +53,11 @@ def _tighten(node: Any, stack: Stack) -> None:
     for name, replacement in replacements.items():
         if name in properties:
             properties[name] = replacement
-    if "max_tokens" in properties:  # unset, it is the model's default (512): too long for a test
-        node["required"] = sorted({*node.get("required", []), "max_tokens"})
+    if "max_output_tokens" in properties:  # /responses: at least 16
+        properties["max_output_tokens"] = {"type": "integer", "minimum": 15, "maximum": 18}
+    for name in ("max_tokens", "max_output_tokens"):  # unset, it is the model's default (512): too long for a test
+        if name in properties:
+            node["required"] = sorted({*node.get("required", []), name})
     for value in node.values():
         _tighten(value, stack)
 
@@ -94,6 +98,18 @@ def _narrow(raw: dict[str, Any]) -> dict[str, Any]:
         body = raw["paths"][path]["post"]["requestBody"]["content"]["application/json"]
         body["schema"] = {"type": "object", "additionalProperties": False, "properties": {**common, **extra},
                           "required": ["model", "max_tokens", *(k for k in extra if k in ("messages", "prompt"))]}
+    message = {"type": "object", "additionalProperties": False, "required": ["role", "content"],
+               "properties": {"role": {"enum": ["user", "assistant", "system", "developer"]},
+                              "content": {"type": "string", "maxLength": 20}}}
+    responses = {**{k: v for k, v in common.items() if k != "max_tokens"}, "store": {"type": "boolean"},
+                 "max_output_tokens": {"type": "integer", "minimum": 16, "maximum": 18},
+                 "instructions": {"type": "string", "maxLength": 20},
+                 "input": {"anyOf": [{"type": "string", "maxLength": 30},
+                                     {"type": "array", "maxItems": 3, "items": message}]},
+                 "include": {"type": "array", "items": {"enum": ["message.output_text.logprobs"]}}}
+    body = raw["paths"]["/v3/responses"]["post"]["requestBody"]["content"]["application/json"]
+    body["schema"] = {"type": "object", "additionalProperties": False, "properties": responses,
+                      "required": ["model", "max_output_tokens", "input"]}
     return raw
 
 

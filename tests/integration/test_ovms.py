@@ -86,6 +86,18 @@ def test_continuous_batching_llm_with_its_graph_limits(client: OpenAI) -> None:
         client.chat.completions.create(model=LLM, messages=[{"role": "user", "content": "Hi"}], max_tokens=65)
 
 
+def test_an_llm_graph_serves_the_responses_api_with_its_graph_limits(client: OpenAI) -> None:
+    question = "What is the capital of France?"
+    response = client.responses.create(model=LLM, input=question, temperature=0, max_output_tokens=20)
+    chat = client.chat.completions.create(model=LLM, messages=[{"role": "user", "content": question}],
+                                          temperature=0, max_tokens=20)
+    assert (response.model, response.output_text) == (LLM, chat.choices[0].message.content)
+    assert client.responses.retrieve(response.id).output_text == response.output_text
+    with pytest.raises(openai.BadRequestError) as caught:  # max_tokens_limit: 64 in graph.pbtxt
+        client.responses.create(model=LLM, input="Hi", max_output_tokens=65)
+    assert caught.value.body["param"] == "max_output_tokens"
+
+
 def test_stateful_servable_from_pipeline_type_lm(client: OpenAI) -> None:
     answer = client.completions.create(model=STATEFUL, prompt=PROMPT.format("Hello"), max_tokens=5,
                                        extra_body={"ignore_eos": True})

@@ -69,13 +69,15 @@ ID_PREFIXES = {"message": "msg", "function_call": "fc", "function_call_output": 
 
 
 def stored_items(body: ResponsesRequest, response: Response) -> list[dict[str, Any]]:
-    """What a response adds to its chain, as JSON objects to store: its input items (each given an id, as
-    OpenAI lists them), then its output items. The next turn's `to_chat` takes them back as `history`."""
+    """What a response adds to its chain, as JSON objects to store: its input items (each given an id and a
+    status, as OpenAI lists them), then its output items. The next turn's `to_chat` takes them back as `history`,
+    as they were sent (a message's text stays a string: the template renders it as it did)."""
     items = []
     for item in body.items():
+        update: dict[str, Any] = {"status": item.status or "completed"}
         if item.id is None:
-            item = item.model_copy(update={"id": f"{ID_PREFIXES[item.type]}_{uuid.uuid4().hex}"})
-        items.append(item.model_dump(by_alias=True, exclude_none=True))
+            update["id"] = f"{ID_PREFIXES[item.type]}_{uuid.uuid4().hex}"
+        items.append(item.model_copy(update=update).model_dump(by_alias=True, exclude_none=True))
     return items + [item.model_dump(by_alias=True) for item in response.output]
 
 

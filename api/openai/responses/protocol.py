@@ -299,7 +299,8 @@ UNSUPPORTED = {
 }
 # ovq's sampling extensions, as chat takes them: passed on to the chat request unchanged.
 EXTENSIONS = ("seed", "top_k", "min_p", "repetition_penalty", "presence_penalty", "frequency_penalty", "stop",
-              "chat_template_kwargs")
+              "chat_template_kwargs", "ignore_eos", "min_tokens", "stop_token_ids", "include_stop_str_in_output",
+              "logit_bias")
 
 
 class ResponsesRequest(BaseModel):

@@ -1,0 +1,261 @@
+"""`POST /responses` through the queue, whole or streamed, and the stored responses' routes.
+
+A Responses request becomes the chat request it stands for (`convert.to_chat`, with its `previous_response_id`
+chain's stored items as history) and then the chat path's own job (`Serving.chat_job`): same template, guided
+generation, parsers, limits and queue. Only the answer differs: the worker's events go through a `ResponseStream`
+(events.py), which writes the Responses stream events and the final `Response` from the same state.
+
+A response ends `completed`, `incomplete` (the token limit: `max_output_tokens`), `failed` (an error after the
+worker took it; a whole answer is then the HTTP error, as chat's is) or `cancelled` (the client left). With
+`store` (the default) it is stored in Redis as it ended (store.py): any API process can retrieve, list, delete
+and continue it.
+"""
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+from fastapi import APIRouter
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+from api.http.sse import PING, Last
+from api.http.status import CLIENT_CLOSED
+from api.openai.choices import ChoiceState
+from api.openai.responses.convert import stored_items, to_chat
+from api.openai.responses.events import TERMINAL, ResponseStream, initial_response, render
+from api.openai.responses.protocol import ResponsesRequest, StreamEvent
+from api.openai.responses.store import MAX_LIST, ResponseStore
+from api.openai.serving import PING_S, REDIS_AWAY, Serving, add_usage, finish_choices, parse_body, stream_response
+from api.ops.metrics import Record
+from api.queue.client import ClientGone, Generation, error_of
+from common.errors import OvqError
+from common.events import CANCELLED, DELTA, DONE, ERROR, EventDict
+from common.redis.client import UNAVAILABLE
+
+log = logging.getLogger("ovq.api.responses")
+BACKGROUND = OvqError("background mode is not supported yet: leave `background` out (or false)", param="background",
+                      code="unsupported_parameter")
+
+
+# Chat's names for what a Responses request calls otherwise: an error names the field the client sent.
+PARAMS = {"messages": "input", "max_tokens": "max_output_tokens", "response_format": "text.format"}
+
+
+def renamed(exc: OvqError) -> OvqError:
+    """A chat-path error with its `param` as the Responses request names it (`messages[3].content` is `input`:
+    the instructions and the chain's history shift the indexes)."""
+    param = exc.body.param
+    head = param.split(".")[0].split("[")[0] if param else None
+    if head in PARAMS:
+        exc.body.param = PARAMS[head] + (param[len(head):] if head != "messages" else "")
+    return exc
+
+
+@dataclass(eq=False)
+class Turn:
+    """One response being generated: its request, its state, the chat choice it reads, the chain it continues."""
+
+    body: ResponsesRequest
+    state: ResponseStream
+    choice: ChoiceState
+    chain: list[str]
+    usage: dict[str, int] = field(default_factory=lambda: {"prompt_tokens": 0, "completion_tokens": 0,
+                                                            "total_tokens": 0})
+    saved: bool = False
+
+    def read(self, event: EventDict, record: Record) -> list[StreamEvent]:
+        """One worker event of a stream: what it adds to the response (a terminal event ends the generation)."""
+        if event["type"] == DELTA:
+            return self.state.feed(self.choice.feed(event), event.get("logprobs"))
+        return self.end(event, record)
+
+    def end(self, event: EventDict, record: Record) -> list[StreamEvent]:
+        """A terminal event: `done` (usage, the finish reason), `error` (the response fails), `cancelled`."""
+        kind = event["type"]
+        if kind == DONE:
+            add_usage(self.usage, event)
+            record.done(event)
+            finish_choices({(event["job"], 0): self.choice}, event)
+        elif kind == ERROR:
+            record.failed(event["status"], event["error"].get("code"))
+            return self.state.fail(event["error"], event["status"])
+        elif kind == CANCELLED:
+            raise ClientGone()
+        return []
+
+    def finish(self, record: Record) -> list[StreamEvent]:
+        calls = any(item.type == "function_call" for item in self.state.response.output)
+        record.outcome = record.outcome or self.choice.finish_reason(calls) or "stop"
+        return self.state.finish(self.choice.finish, self.usage)
+
+
+class ResponsesServing:
+    def __init__(self, serving: Serving, store: ResponseStore) -> None:
+        self.serving, self.store = serving, store
+
+    async def create(self, request: Request) -> Response:
+        body = await parse_body(request, ResponsesRequest)
+        if body.background:
+            raise BACKGROUND
+        self.store.check_input(body)
+        chain, history = await self.store.history(body.previous_response_id) if body.previous_response_id else \
+            ([], [])
+        try:
+            servable, job, plan = await self.serving.chat_job(request, to_chat(body, history))
+        except OvqError as exc:
+            raise renamed(exc) from None
+        top = job.params.logprobs
+        turn = Turn(body, ResponseStream(initial_response(body), logprobs=top), ChoiceState(0, plan.parser(), top),
+                    chain)
+        record: Record = request.state.record
+        try:
+            async with self.serving.open(request, body.model, servable, [job]) as generation:
+                headers = {"X-Request-Id": record.request_id}
+                if body.stream:
+                    frames = self._stream(generation, turn, record)
+                    return stream_response(generation, frames, record, self.serving.metrics, headers,
+                                           lambda: self._cancelled(turn))
+                return await self._whole(generation, turn, record, headers)
+        except ClientGone:
+            await self._cancelled(turn)
+            raise
+        except OvqError as exc:  # the worker refused it (a prompt over the context, ...), or it failed
+            raise renamed(exc) from None
+
+    async def _whole(self, generation: Generation, turn: Turn, record: Record, headers: dict[str, str]) -> Response:
+        choice = turn.choice
+        try:
+            while not generation.finished:
+                for event in await generation.events():
+                    if event["type"] == DELTA:
+                        choice.add(event)
+                    elif event["type"] == ERROR:
+                        raise error_of(event, "server_error")
+                    else:
+                        turn.end(event, record)
+        except OvqError as exc:  # the HTTP error, as chat's; stored as the failed response it was
+            turn.state.fail(exc.body, exc.status)
+            await self._save(turn, quiet=True)
+            raise
+        parsed = choice.parsed()
+        record.outcome = choice.finish_reason(bool(parsed.tool_calls)) or "stop"
+        response = turn.state.whole(parsed, choice.finish, turn.usage, choice.logprobs)
+        await self._save(turn)
+        return Response(orjson.dumps(response.model_dump(by_alias=True)), media_type="application/json",
+                        headers=headers)
+
+    async def _stream(self, generation: Generation, turn: Turn, record: Record) -> AsyncIterator[bytes]:
+        """Stream events as SSE, one write per wake-up (everything that arrived meanwhile); no `[DONE]`, as OpenAI
+        ends a Responses stream. The response is stored before its last event goes out, so a client that reads
+        `response.completed` finds it stored."""
+        yield render(turn.state.start())
+        last = time.monotonic()
+        pending: list[StreamEvent] = []
+        try:
+            while not generation.finished:
+                events = await generation.events()
+                for event in events:
+                    pending += turn.read(event, record)
+                    if event["type"] == ERROR:
+                        generation.end()  # the response ends here
+                        break
+                if generation.finished:
+                    break
+                now = time.monotonic()
+                if pending:
+                    last = now
+                    yield render(pending)
+                    pending = []
+                elif now - max(last, generation.inbox.last) >= PING_S:  # idle: keep proxies open
+                    last = now
+                    yield PING
+            pending += turn.finish(record)
+        except OvqError as exc:
+            record.failed(exc.status, exc.body.code)
+            pending += turn.state.fail(exc.body, exc.status)
+        except UNAVAILABLE:
+            record.failed(503)
+            pending += turn.state.fail(REDIS_AWAY.body, 503)
+        except ClientGone:
+            record.failed(CLIENT_CLOSED)
+            return  # stored as cancelled when the stream closes
+        if not await self._save(turn, quiet=True):
+            pending += turn.state.error(REDIS_AWAY.body)
+        yield Last(render(pending))
+
+    async def _save(self, turn: Turn, quiet: bool = False) -> bool:
+        """Store the response as it ended (with `store`). `quiet`: Redis being away is logged, not raised."""
+        if not turn.body.store or turn.saved:
+            return True
+        turn.saved = True
+        response = turn.state.response
+        items = stored_items(turn.body, response)
+        try:
+            stored = await self.store.save(response, items, len(items) - len(response.output), turn.chain)
+        except UNAVAILABLE as exc:
+            if not quiet:
+                raise
+            log.warning("response %s not stored: Redis is unavailable (%s)", response.id, exc)
+            return False
+        if not stored:
+            response.store = False  # over responses_max_bytes: say so, where the answer has not gone out yet
+        return True
+
+    async def _cancelled(self, turn: Turn) -> None:
+        """The client left before the response ended: it is stored as `cancelled`, with what it had."""
+        if turn.state.response.status in TERMINAL:
+            return
+        turn.state.cancel()
+        await self._save(turn, quiet=True)
+
+
+# ---- stored responses ------------------------------------------------------------------------------------------
+
+router = APIRouter()
+
+
+def _store(request: Request) -> ResponseStore:
+    return request.app.state.responses.store
+
+
+@router.get("/responses/{response_id}")
+async def retrieve(request: Request, response_id: str) -> Response:
+    if request.query_params.get("stream") in ("true", "1"):
+        raise OvqError("streaming a stored response is not supported yet (background mode)", param="stream",
+                       code="unsupported_parameter")
+    return Response(await _store(request).get(response_id), media_type="application/json")
+
+
+@router.delete("/responses/{response_id}")
+async def delete(request: Request, response_id: str) -> JSONResponse:
+    await _store(request).delete(response_id)
+    return JSONResponse({"id": response_id, "object": "response", "deleted": True})
+
+
+@router.get("/responses/{response_id}/input_items")
+async def input_items(request: Request, response_id: str) -> JSONResponse:
+    query = request.query_params
+    order = query.get("order", "desc")
+    if order not in ("asc", "desc"):
+        raise OvqError(f"Invalid value: '{order}'. Supported values are: 'asc' and 'desc'.", param="order",
+                       code="invalid_value")
+    limit = page_limit(query.get("limit"))
+    return JSONResponse(await _store(request).input_items(response_id, limit, order, query.get("after")))
+
+
+def page_limit(value: Any) -> int:
+    if value is None:
+        return 20
+    try:
+        limit = int(value)
+    except ValueError:
+        limit = 0
+    if not 1 <= limit <= MAX_LIST:
+        raise OvqError(f"Invalid 'limit': expected an integer between 1 and {MAX_LIST}, got '{value}'.",
+                       param="limit", code="invalid_value")
+    return limit

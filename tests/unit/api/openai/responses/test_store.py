@@ -1,0 +1,127 @@
+"""Stored responses on the real redis-server: written whole with a TTL, chains read back in order, pages listed."""
+from __future__ import annotations
+
+import time
+
+import pytest
+import redis.asyncio as aioredis
+
+from api.openai.parsers import Parsed
+from api.openai.responses.convert import stored_items, to_chat
+from api.openai.responses.events import ResponseStream, initial_response
+from api.openai.responses.protocol import Response, ResponsesRequest
+from api.openai.responses.store import ResponseStore
+from common.errors import OvqError
+from common.keys import Keys
+from common.settings import Settings
+
+TTL = 3600
+
+
+@pytest.fixture()
+async def setup(redis_url: str):
+    keys = Keys(f"unit{time.time_ns()}")
+    redis = aioredis.Redis.from_url(redis_url)
+    yield redis, keys, ResponseStore(redis, keys, Settings(responses_ttl_s=TTL, responses_max_bytes=4096))
+    await redis.aclose()
+
+
+def turn(text: str, answer: str, previous: str | None = None, **fields) -> tuple[ResponsesRequest, Response]:
+    body = ResponsesRequest.model_validate({"model": "m", "input": text, "previous_response_id": previous, **fields})
+    return body, ResponseStream(initial_response(body)).whole(Parsed(answer, None, []), "stop")
+
+
+async def save(store: ResponseStore, body: ResponsesRequest, response: Response, chain: list[str]) -> bool:
+    items = stored_items(body, response)
+    return await store.save(response, items, len(items) - len(response.output), chain)
+
+
+async def test_a_chain_reads_back_as_the_conversation_in_order(setup) -> None:
+    redis, keys, store = setup
+    chain: list[str] = []
+    previous = None
+    for i in range(3):
+        body, response = turn(f"question {i}", f"answer {i}", previous)
+        if previous:
+            chain, _ = await store.history(previous)
+        assert await save(store, body, response, chain)
+        previous = response.id
+    ids, history = await store.history(previous)
+    assert len(ids) == 3 and ids[-1] == previous
+    messages = to_chat(ResponsesRequest(model="m", input="next"), history).messages
+    assert [(m.role, m.content) for m in messages] == [
+        ("user", "question 0"), ("assistant", "answer 0"), ("user", "question 1"), ("assistant", "answer 1"),
+        ("user", "question 2"), ("assistant", "answer 2"), ("user", "next")]
+    for response_id in ids:
+        assert 0 < await redis.ttl(keys.response(response_id)) <= TTL
+
+
+async def test_chaining_renews_the_whole_chains_ttl(setup) -> None:
+    redis, keys, store = setup
+    body, first = turn("a", "b")
+    await save(store, body, first, [])
+    await redis.expire(keys.response(first.id), 5)
+    body, second = turn("c", "d", first.id)
+    chain, _ = await store.history(first.id)
+    await save(store, body, second, chain)
+    assert await redis.ttl(keys.response(first.id)) > 5
+
+
+async def test_an_unknown_previous_response_or_a_lost_member_is_404(setup) -> None:
+    _, _, store = setup
+    with pytest.raises(OvqError, match="Previous response with id 'resp_x' not found") as caught:
+        await store.history("resp_x")
+    assert (caught.value.status, caught.value.body.param) == (404, "previous_response_id")
+    body, first = turn("a", "b")
+    await save(store, body, first, [])
+    body, second = turn("c", "d", first.id)
+    await save(store, body, second, (await store.history(first.id))[0])
+    await store.delete(first.id)
+    with pytest.raises(OvqError, match=first.id) as caught:
+        await store.history(second.id)
+    assert caught.value.status == 404
+
+
+async def test_get_and_delete(setup) -> None:
+    _, _, store = setup
+    body, response = turn("a", "b", metadata={"k": "v"})
+    await save(store, body, response, [])
+    assert Response.model_validate_json(await store.get(response.id)) == response
+    await store.delete(response.id)
+    for call in (store.get, store.delete):
+        with pytest.raises(OvqError, match=f"Response with id '{response.id}' not found") as caught:
+            await call(response.id)
+        assert caught.value.status == 404
+
+
+async def test_input_items_are_pages_of_the_input_only(setup) -> None:
+    _, _, store = setup
+    body = ResponsesRequest.model_validate({"model": "m", "input": [
+        {"role": "user", "content": "one"}, {"role": "assistant", "content": "two"},
+        {"role": "user", "content": [{"type": "input_text", "text": "three"}]}]})
+    response = ResponseStream(initial_response(body)).whole(Parsed("answer", None, []), "stop")
+    await save(store, body, response, [])
+    listed = await store.input_items(response.id)
+    assert [item["content"][0]["text"] for item in listed["data"]] == ["three", "two", "one"]
+    assert listed["data"][1]["content"][0] == {"type": "output_text", "text": "two", "annotations": []}
+    assert all(item["status"] == "completed" for item in listed["data"])
+    assert (listed["object"], listed["has_more"], listed["first_id"], listed["last_id"]) == \
+        ("list", False, listed["data"][0]["id"], listed["data"][2]["id"])
+    page = await store.input_items(response.id, limit=2, order="asc")
+    assert ([i["content"][0]["text"] for i in page["data"]], page["has_more"]) == (["one", "two"], True)
+    rest = await store.input_items(response.id, limit=2, order="asc", after=page["last_id"])
+    assert ([i["content"][0]["text"] for i in rest["data"]], rest["has_more"]) == (["three"], False)
+    with pytest.raises(OvqError, match="No input item"):
+        await store.input_items(response.id, after="msg_nope")
+
+
+async def test_the_size_cap(setup) -> None:
+    redis, keys, store = setup
+    big = ResponsesRequest.model_validate({"model": "m", "input": "x" * 5000})
+    with pytest.raises(OvqError, match="responses_max_bytes") as caught:
+        store.check_input(big)
+    assert caught.value.body.param == "store"
+    store.check_input(big.model_copy(update={"store": False}))  # not stored: no cap
+    body, response = turn("short", "y" * 5000)  # the output takes it over: not stored
+    assert not await save(store, body, response, [])
+    assert not await redis.exists(keys.response(response.id))
