@@ -1,8 +1,9 @@
 """Chat completions and completions: request in, job out, events back as one answer or an SSE stream."""
 from __future__ import annotations
 
+import asyncio
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, TypeVar
 
 import orjson
@@ -87,6 +88,8 @@ class Serving:
 
     async def chat(self, request: Request) -> Response:
         body = await parse_body(request, ChatCompletionRequest)
+        if body.stream and await self.registry.awaiting(body.model):
+            return after_card(request, body.model, self.chat, self.registry, self.metrics)
         servable = await self._servable(body)
         card = servable.card
         vision = card.servable_type in VISION_SERVABLES
@@ -125,6 +128,8 @@ class Serving:
     async def completions(self, request: Request) -> Response:
         """One job per prompt (OpenAI takes a list of prompts); choice i of prompt p is index p * n + i."""
         body = await parse_body(request, CompletionRequest)
+        if body.stream and await self.registry.awaiting(body.model):
+            return after_card(request, body.model, self.completions, self.registry, self.metrics)
         servable = await self._servable(body)
         if servable.card.servable_type in VISION_SERVABLES:
             raise OvqError(f"The model `{body.model}` is a vision-language model: use /chat/completions",
@@ -149,7 +154,7 @@ class Serving:
         record: Record = request.state.record
         record.model = body.model
         ends = deadline(request, self.jobs.settings.request_timeout_s)
-        async with self.jobs.open(request, jobs, servable, ends) as generation:
+        async with self.jobs.open(request, jobs, servable, ends, body.stream) as generation:
             headers = {"X-Request-Id": record.request_id}
             if body.stream:
                 frames = self._stream(generation, fmt, choices, record)
@@ -180,15 +185,22 @@ class Serving:
                       record: Record) -> AsyncIterator[bytes]:
         """SSE frames, one write per wake-up: whatever arrived meanwhile goes out together (a plain choice's texts
         merged into one chunk). Workers already send a choice's text at most once per `stream_interval_ms`, so
-        the API's cost follows those events, not tokens."""
+        the API's cost follows those events, not tokens. A stream whose jobs wait for a worker (none live) has its
+        headers out already: keep-alives until every job is accepted, then the frames."""
         usage = {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0}
-        fmt.started(sum(event["prompt_tokens"] for event in generation.accepted.values()))
-        first = fmt.first(sorted(choices.values(), key=lambda c: c.index))
-        if first:
-            yield first
         last = time.monotonic()
         tail = b""  # the last frames: they go out with `[DONE]` and the end of the body, in one write
         try:
+            if generation.pending:
+                yield PING  # the first byte: a client's read timeout starts over with each keep-alive
+                while not await generation.starting():
+                    if time.monotonic() - last >= PING_S:
+                        last = time.monotonic()
+                        yield PING
+            fmt.started(sum(event["prompt_tokens"] for event in generation.accepted.values()))
+            first = fmt.first(sorted(choices.values(), key=lambda c: c.index))
+            if first:
+                yield first
             with generation.express(lambda write: self._express(write, generation, fmt, choices)):
                 while not generation.finished:
                     events = await generation.events()
@@ -289,6 +301,66 @@ def stream_response(generation: Generation, frames: AsyncIterator[bytes], record
         metrics.finish(record)
 
     return SSEResponse(frames, close, headers, generation.writes_to)
+
+
+def after_card(request: Request, model: str, handler: Callable[[Request], Awaitable[Response]],
+               registry: Registry, metrics: Metrics) -> SSEResponse:
+    """A stream for an expected model no worker has announced yet (none ever, or not within the card TTL): its
+    headers and keep-alives go out now, while it waits for the card its request is validated and rendered with
+    (within `queue_timeout_s` of its start, the same bound as its wait for a worker); then `handler` runs it (the
+    body is read already) and its frames follow. A refusal on the way is the stream's error event."""
+    record: Record = request.state.record
+    record.streaming = True
+    inner: list[SSEResponse] = []
+    direct: list[Write] = []
+
+    async def frames() -> AsyncIterator[bytes]:
+        yield PING
+        gone = asyncio.ensure_future(_disconnect(request))
+        card = asyncio.ensure_future(registry.servable(model, record.started))
+        try:
+            while not card.done():
+                await asyncio.wait([card, gone], timeout=PING_S, return_when=asyncio.FIRST_COMPLETED)
+                if gone.done():
+                    raise ClientGone()
+                if not card.done():
+                    yield PING
+            card.result()
+            gone.cancel()
+            response = await handler(request)
+        except OvqError as exc:
+            record.failed(exc.status, exc.body.code)
+            yield Last(b"data: " + orjson.dumps({"error": exc.body.model_dump()}) + b"\n\n" + END)
+            return
+        except UNAVAILABLE:
+            record.failed(503)
+            yield Last(b"data: " + orjson.dumps({"error": REDIS_AWAY.body.model_dump()}) + b"\n\n" + END)
+            return
+        except ClientGone:
+            record.failed(CLIENT_CLOSED)
+            return
+        finally:
+            gone.cancel()
+            card.cancel()
+        assert isinstance(response, SSEResponse)  # a stream's handler answers with one, or raises
+        inner.append(response)
+        if direct and response.on_write is not None:
+            response.on_write(direct[0])
+        async for data in response.frames:
+            yield data
+
+    async def close() -> None:
+        if inner:
+            await inner[0].on_close()  # the inner stream finishes the record
+        else:
+            metrics.finish(record)
+
+    return SSEResponse(frames(), close, None, direct.append)
+
+
+async def _disconnect(request: Request) -> None:
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
 
 
 def _add_usage(usage: dict[str, int], event: DoneEvent) -> None:
