@@ -58,9 +58,11 @@ local id = redis.call('XADD', KEYS[3 * best + (batch and 1 or 0)], '*', '{ENTRY_
 return {{best, live, id}}
 """
 # KEYS: the stream, the job hash. ARGV: the entry's id. Takes back a job no worker has taken yet (still `queued`):
-# nobody runs it later, and a scaler reading the stream's length no longer counts it.
+# nobody runs it later, and a scaler reading the stream's length no longer counts it. Its hash says `cancelled`,
+# as a worker that skipped it would have written.
 WITHDRAW = f"""
 if redis.call('HGET', KEYS[2], '{JobHash.STATUS}') == '{JobStatus.QUEUED}' then
+  redis.call('HSET', KEYS[2], '{JobHash.STATUS}', '{JobStatus.CANCELLED}')
   return redis.call('XDEL', KEYS[1], ARGV[1])
 end
 return 0

@@ -91,6 +91,7 @@ async def test_full_backlog_is_429_and_with_no_live_worker_the_job_waits_until_w
     assert await redis.xlen(keys.jobs("m", "CPU")) == 1  # what wakes a scaler watching the stream
     assert await reg.withdraw(queued, waiting.id)  # its wait timed out: nobody runs it later
     assert await redis.xlen(keys.jobs("m", "CPU")) == 0
+    assert await redis.hget(keys.job(waiting.id), "status") == b"cancelled"
     await redis.zadd(keys.workers("m", "CPU"), {"c": time.time()})
     for _ in range(3):
         assert (await reg.enqueue(servable, job())).live
