@@ -23,7 +23,7 @@ from api.openai.media import load_image
 from api.openai.protocol import ChatCompletionRequest, CompletionRequest, SamplingRequest
 from api.openai.templates import render, template_message
 from api.ops.metrics import Metrics, Record
-from api.queue.client import ClientGone, Generation, JobClient, deadline, error_of, request_id
+from api.queue.client import REQUEST_ID, ClientGone, Generation, JobClient, deadline, error_of, request_id
 from api.queue.hub import Express
 from api.queue.registry import Registry, Servable
 from common.errors import OvqError
@@ -355,7 +355,9 @@ def after_card(request: Request, model: str, handler: Callable[[Request], Awaita
         else:
             metrics.finish(record)
 
-    return SSEResponse(frames(), close, None, direct.append)
+    given = request.headers.get("x-request-id", "")  # the job's id, when the client names it (else made later)
+    headers = {"X-Request-Id": given} if REQUEST_ID.fullmatch(given) else None
+    return SSEResponse(frames(), close, headers, direct.append)
 
 
 async def _disconnect(request: Request) -> None:
