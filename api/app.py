@@ -52,6 +52,11 @@ def expected_models(settings: Settings) -> list[str]:
     return [m.name for m in configured_models(settings)] if has_models(settings) else []
 
 
+def expected_devices(settings: Settings) -> dict[str, list[str]]:
+    """Each model of the models file (or OVMS config): its devices, in preference order."""
+    return {m.name: m.devices for m in configured_models(settings)} if has_models(settings) else {}
+
+
 def create_app(settings: Settings | None = None) -> FastAPI:
     settings = settings or get_settings()
 
@@ -63,7 +68,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         await hub.start()
         heartbeat = await ApiHeartbeat(redis, keys, hub.reply_to, settings).start()
         tracing.setup("api", hub.reply_to, settings.tracing)
-        registry = Registry(redis, keys, settings, expected_models(settings))
+        registry = Registry(redis, keys, settings, expected_models(settings), expected_devices(settings))
         metrics = Metrics(redis, keys, settings.worker_ttl_s, settings.access_log)
         app.state.registry, app.state.metrics = registry, metrics
         jobs = JobClient(redis, keys, hub, registry, settings, metrics)

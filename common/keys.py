@@ -19,6 +19,12 @@ class Keys:
         `workers`). Workers read it only when `jobs(model, device)` has nothing waiting."""
         return f"{self.prefix}:batchjobs:{model}:{device}"
 
+    def awaiting(self, model: str, device: str) -> str:
+        """Requests waiting for the first card of a model no worker has announced (a list of tokens, each removed
+        when its wait ends; the key expires after the longest wait): what wakes a scaled-to-zero model's workers
+        before any job of it can be queued (KEDA's `redis` scaler reads its length)."""
+        return f"{self.prefix}:awaiting:{model}:{device}"
+
     def events(self, reply_to: str) -> str:
         """Pub/sub channel a job's events go to (`reply_to` names the API process that waits for them)."""
         return f"{self.prefix}:ev:{reply_to}"

@@ -53,7 +53,8 @@ class Settings(BaseSettings):
     heartbeat_s: float = 1.0
     # A worker whose heartbeat is older than this is dead: its pending jobs may be reclaimed.
     worker_ttl_s: float = 5.0
-    # A model's card outlives its last worker this long: "not served right now" (503), then unknown (404).
+    # A model's card outlives its last worker this long: its requests wait for a worker (queue_timeout_s), then
+    # it is unknown (404) unless the models file or `models` names it (then requests wait for its next card).
     model_card_ttl_s: int = 600
     job_ttl_s: int = 3600
     cancel_ttl_s: int = 3600
@@ -85,7 +86,8 @@ class Settings(BaseSettings):
     log_jobs: bool = False
     # While a request runs: how often the API checks that the worker running it is alive, when no event came.
     first_event_check_s: float = 5.0
-    # A job no worker has started this long after it was queued ends with a 503 (it waits across restarts).
+    # A request no worker has started this long after it arrived ends with a 503 (with Retry-After; its job leaves
+    # the stream). It waits across restarts, and for a known model with no live worker (scaled to zero, starting).
     queue_timeout_s: float = 300.0
     # Every request's deadline unless it sends X-Request-Timeout (seconds): past it, a 504. None: no deadline.
     request_timeout_s: float | None = None

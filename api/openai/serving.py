@@ -1,6 +1,7 @@
 """Chat completions and completions: request in, job out, events back as one answer or an SSE stream."""
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, TypeVar
@@ -22,7 +23,7 @@ from api.openai.media import load_image
 from api.openai.protocol import ChatCompletionRequest, CompletionRequest, SamplingRequest
 from api.openai.templates import render, template_message
 from api.ops.metrics import Metrics, Record
-from api.queue.client import ClientGone, Generation, JobClient, deadline, error_of, request_id
+from api.queue.client import REQUEST_ID, ClientGone, Generation, JobClient, deadline, error_of, request_id
 from api.queue.hub import Express
 from api.queue.registry import Registry, Servable
 from common.errors import OvqError
@@ -87,6 +88,8 @@ class Serving:
 
     async def chat(self, request: Request) -> Response:
         body = await parse_body(request, ChatCompletionRequest)
+        if body.stream and await self.registry.awaiting(body.model):
+            return after_card(request, body.model, self.chat, self.registry, self.metrics)
         servable, job, plan = await self.chat_job(request, body)
         fmt = ChatFormat(f"chatcmpl-{job.id}", body.model, body.include_usage,
                          servable.card.reasoning_parser is not None, body.continuous_usage)
@@ -130,6 +133,8 @@ class Serving:
     async def completions(self, request: Request) -> Response:
         """One job per prompt (OpenAI takes a list of prompts); choice i of prompt p is index p * n + i."""
         body = await parse_body(request, CompletionRequest)
+        if body.stream and await self.registry.awaiting(body.model):
+            return after_card(request, body.model, self.completions, self.registry, self.metrics)
         servable = await self._servable(body)
         if servable.card.servable_type in VISION_SERVABLES:
             raise OvqError(f"The model `{body.model}` is a vision-language model: use /chat/completions",
@@ -149,15 +154,17 @@ class Serving:
         return Job(id=job_id, model=body.model, device=servable.card.device, kind=kind, prompt=prompt,
                    add_special_tokens=add_special_tokens, params=params, reply_to=self.jobs.hub.reply_to)
 
-    def open(self, request: Request, model: str, servable: Servable, jobs: list[Job]) -> Generation:
+    def open(self, request: Request, model: str, servable: Servable, jobs: list[Job],
+             stream: bool = False) -> Generation:
         """The jobs' generation (see `JobClient.open`), under the request's deadline, counted as `model`'s."""
         request.state.record.model = model
-        return self.jobs.open(request, jobs, servable, deadline(request, self.jobs.settings.request_timeout_s))
+        return self.jobs.open(request, jobs, servable, deadline(request, self.jobs.settings.request_timeout_s),
+                              stream)
 
     async def _respond(self, request: Request, body: SamplingRequest, servable: Servable, jobs: list[Job],
                        fmt: Format, choices: dict[tuple[str, int], ChoiceState]) -> Response:
         record: Record = request.state.record
-        async with self.open(request, body.model, servable, jobs) as generation:
+        async with self.open(request, body.model, servable, jobs, body.stream) as generation:
             headers = {"X-Request-Id": record.request_id}
             if body.stream:
                 frames = self._stream(generation, fmt, choices, record)
@@ -188,15 +195,22 @@ class Serving:
                       record: Record) -> AsyncIterator[bytes]:
         """SSE frames, one write per wake-up: whatever arrived meanwhile goes out together (a plain choice's texts
         merged into one chunk). Workers already send a choice's text at most once per `stream_interval_ms`, so
-        the API's cost follows those events, not tokens."""
+        the API's cost follows those events, not tokens. A stream whose jobs wait for a worker (none live) has its
+        headers out already: keep-alives until every job is accepted, then the frames."""
         usage = {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0}
-        fmt.started(sum(event["prompt_tokens"] for event in generation.accepted.values()))
-        first = fmt.first(sorted(choices.values(), key=lambda c: c.index))
-        if first:
-            yield first
         last = time.monotonic()
         tail = b""  # the last frames: they go out with `[DONE]` and the end of the body, in one write
         try:
+            if generation.pending:
+                yield PING  # the first byte: a client's read timeout starts over with each keep-alive
+                while not await generation.starting():
+                    if time.monotonic() - last >= PING_S:
+                        last = time.monotonic()
+                        yield PING
+            fmt.started(sum(event["prompt_tokens"] for event in generation.accepted.values()))
+            first = fmt.first(sorted(choices.values(), key=lambda c: c.index))
+            if first:
+                yield first
             with generation.express(lambda write: self._express(write, generation, fmt, choices)):
                 while not generation.finished:
                     events = await generation.events()
@@ -299,6 +313,68 @@ def stream_response(generation: Generation, frames: AsyncIterator[bytes], record
         metrics.finish(record)
 
     return SSEResponse(frames, close, headers, generation.writes_to)
+
+
+def after_card(request: Request, model: str, handler: Callable[[Request], Awaitable[Response]],
+               registry: Registry, metrics: Metrics) -> SSEResponse:
+    """A stream for an expected model no worker has announced yet (none ever, or not within the card TTL): its
+    headers and keep-alives go out now, while it waits for the card its request is validated and rendered with
+    (within `queue_timeout_s` of its start, the same bound as its wait for a worker); then `handler` runs it (the
+    body is read already) and its frames follow. A refusal on the way is the stream's error event."""
+    record: Record = request.state.record
+    record.streaming = True
+    inner: list[SSEResponse] = []
+    direct: list[Write] = []
+
+    async def frames() -> AsyncIterator[bytes]:
+        yield PING
+        gone = asyncio.ensure_future(_disconnect(request))
+        card = asyncio.ensure_future(registry.servable(model, record.started))
+        try:
+            while not card.done():
+                await asyncio.wait([card, gone], timeout=PING_S, return_when=asyncio.FIRST_COMPLETED)
+                if gone.done():
+                    raise ClientGone()
+                if not card.done():
+                    yield PING
+            card.result()
+            gone.cancel()
+            response = await handler(request)
+        except OvqError as exc:
+            record.failed(exc.status, exc.body.code)
+            yield Last(b"data: " + orjson.dumps({"error": exc.body.model_dump()}) + b"\n\n" + END)
+            return
+        except UNAVAILABLE:
+            record.failed(503)
+            yield Last(b"data: " + orjson.dumps({"error": REDIS_AWAY.body.model_dump()}) + b"\n\n" + END)
+            return
+        except ClientGone:
+            record.failed(CLIENT_CLOSED)
+            return
+        finally:
+            gone.cancel()
+            card.cancel()
+        assert isinstance(response, SSEResponse)  # a stream's handler answers with one, or raises
+        inner.append(response)
+        if direct and response.on_write is not None:
+            response.on_write(direct[0])
+        async for data in response.frames:
+            yield data
+
+    async def close() -> None:
+        if inner:
+            await inner[0].on_close()  # the inner stream finishes the record
+        else:
+            metrics.finish(record)
+
+    given = request.headers.get("x-request-id", "")  # the job's id, when the client names it (else made later)
+    headers = {"X-Request-Id": given} if REQUEST_ID.fullmatch(given) else None
+    return SSEResponse(frames(), close, headers, direct.append)
+
+
+async def _disconnect(request: Request) -> None:
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
 
 
 def add_usage(usage: dict[str, int], event: DoneEvent) -> None:

@@ -1,7 +1,9 @@
 """A response's jobs seen from the API: enqueue them, hold the HTTP status until every worker's verdict, follow
 their events, cancel what is left when the client goes or a bound is reached.
 
-Every wait has a bound: a job no worker starts within `queue_timeout_s` is a 503; a running job whose worker's
+Every wait has a bound: a job no worker starts within `queue_timeout_s` of the request's start is a 503 (it
+waits that long also when no worker is live: one restarting, or scaled to zero), and is taken back out of its
+stream; a running job whose worker's
 heartbeat is gone is a 500; a request past its deadline (`X-Request-Timeout`) is a 504; losing the event hub's
 subscription (Redis away) ends the response with a 503. The client leaving cancels its jobs at their workers.
 """
@@ -22,7 +24,7 @@ from api.http.sse import Write
 from api.ops.metrics import Metrics, Record
 from api.queue.hub import EventHub, Express, Inbox
 from api.queue.priority import priority_of
-from api.queue.registry import Registry, Servable
+from api.queue.registry import Queued, Registry, Servable
 from common.errors import OvqError, unavailable
 from common.events import ACCEPTED, CANCELLED, ERROR, TERMINAL, AcceptedEvent, ErrorEvent, EventDict
 from common.jobs import Job, JobHash, JobStatus
@@ -74,17 +76,24 @@ class JobClient:
         self.redis, self.keys, self.hub, self.registry, self.settings = redis, keys, hub, registry, settings
         self.metrics = metrics
 
-    def open(self, request: Request, jobs: list[Job], servable: Servable, deadline: float | None) -> Generation:
+    def open(self, request: Request, jobs: list[Job], servable: Servable, deadline: float | None,
+             stream: bool = False) -> Generation:
         """The response's jobs, to run with `async with`: entering queues them, watches the client and holds until
         every worker's verdict (its refusal raises as the HTTP error, also for streams); leaving cancels whatever
         has not ended, unless a stream took the generation over (`hand_over()`): then the stream's end closes it.
-        The client leaving at any point raises `ClientGone`."""
+        The client leaving at any point raises `ClientGone`.
+
+        A `stream` whose jobs found no live worker does not hold: it enters at once (`waiting`), so its headers
+        and keep-alives go out while it waits for a worker (`starting()`), and a refusal becomes an SSE error."""
         record: Record = request.state.record
         record.request_id = jobs[0].id.rsplit("-", 1)[0] if len(jobs) > 1 else jobs[0].id
         priority = priority_of(request)
         for job in jobs:
             job.priority = priority
-        return Generation(self, jobs, servable, deadline, request)
+        generation = Generation(self, jobs, servable, deadline, request)
+        generation.started = record.started  # one bound on the wait for a worker, card included (Registry)
+        generation.holds = not stream
+        return generation
 
     async def cancel(self, job_ids: list[str]) -> None:
         pipe = self.redis.pipeline(transaction=False)
@@ -125,6 +134,8 @@ class Generation:
         self._write: Write | None = None  # a stream's synchronous frame write to its client, when its server has one
         self._watcher: asyncio.Task[None] | None = None
         self._submitted: list[str] = []
+        self._queued: dict[str, Queued] = {}
+        self.holds = True  # entering waits for every `accepted`; a stream with no live worker waits after
         self._handed_over = False  # to a stream: its end closes the generation
 
     async def __aenter__(self) -> Generation:
@@ -139,6 +150,8 @@ class Generation:
             self.watch(self.request)
         if trace is not None:
             trace.mark("enqueued")
+        if not self.holds and self.waiting:
+            return self
         try:
             await self.start()
         except BaseException:
@@ -159,6 +172,16 @@ class Generation:
     @property
     def job(self) -> Job:
         return self.jobs[0]
+
+    @property
+    def waiting(self) -> bool:
+        """Some job went in with no live worker to take it (one restarting, or none yet): it waits for one."""
+        return any(not queued.live for queued in self._queued.values()) and self.pending
+
+    @property
+    def pending(self) -> bool:
+        """Not every job has its `accepted` yet."""
+        return len(self.accepted) < len(self.jobs)
 
     @property
     def finished(self) -> bool:
@@ -194,7 +217,7 @@ class Generation:
         try:
             for job in self.jobs:
                 hub.register(job.id, self.inbox)
-                await self.client.registry.enqueue(self.servable, job)
+                self._queued[job.id] = await self.client.registry.enqueue(self.servable, job)
                 self._submitted.append(job.id)
         except BaseException:
             await self.close()
@@ -212,8 +235,16 @@ class Generation:
 
     async def start(self) -> None:
         """Wait for every job's `accepted`; a worker's refusal becomes the HTTP error (also for streams)."""
-        while len(self.accepted) < len(self.jobs):
-            for event in await self._take():
+        while not await self.starting():
+            pass
+
+    async def starting(self) -> bool:
+        """One step of `start()` (the events that came, or a tick with none): whether every job is accepted."""
+        while self.pending:
+            events = await self._take(tick=True)
+            if not events:
+                return False
+            for event in events:
                 kind = event["type"]
                 if kind == ACCEPTED:
                     self.accepted[event["job"]] = event
@@ -225,6 +256,7 @@ class Generation:
                     raise ClientGone()
                 else:
                     self._held.append(event)
+        return True
 
     async def events(self) -> list[EventDict]:
         """The next events after `accepted` (terminal ones close their job); [] when a tick passed with none."""
@@ -276,6 +308,13 @@ class Generation:
                 raise OvqError("The worker running this request died mid-generation", 500, "server_error",
                                code="worker_died")
 
+    async def _withdraw(self, job_ids: list[str]) -> None:
+        """Jobs no worker took yet leave their stream (nobody runs them later); all are cancelled at their workers."""
+        for job_id in job_ids:
+            if job_id not in self.accepted:
+                await self.client.registry.withdraw(self._queued[job_id], job_id)
+        await self.client.cancel(job_ids)
+
     async def _survived(self) -> bool:
         """After the hub lost its subscription: jobs still queued (none started, so no event was missed) wait on,
         across a Redis restart with an append-only file; anything else may have lost events."""
@@ -303,7 +342,7 @@ class Generation:
         self.open.clear()
         if unfinished:
             try:
-                await asyncio.shield(self.client.cancel(unfinished))
+                await asyncio.shield(self._withdraw(unfinished))
             except UNAVAILABLE:
                 log.warning("could not cancel %d jobs: Redis is unavailable (their workers see the API gone)",
                             len(unfinished))

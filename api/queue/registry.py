@@ -2,7 +2,11 @@
 from __future__ import annotations
 
 import asyncio
+import math
 import time
+import uuid
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager, suppress
 from dataclasses import dataclass
 
 import redis.asyncio as aioredis
@@ -11,6 +15,7 @@ from common.errors import OvqError, not_found, unavailable
 from common.jobs import ENTRY_JOB, Job, JobHash, JobStatus
 from common.keys import Keys
 from common.modelcard import ModelCard
+from common.redis.client import UNAVAILABLE
 from common.redis.lane import Lane, Script
 from common.settings import Settings
 
@@ -21,25 +26,57 @@ CARD_CACHE_S = 1.0
 # ARGV: oldest live heartbeat, max backlog, job TTL, created, reply_to, model, priority, then per device its name
 # and the job as JSON. An interactive job goes to the device with the fewest interactive jobs (batch jobs never
 # delay it: workers read them only when no interactive job waits); a batch job to the device with the fewest jobs
-# of either kind. Returns the 1-based device chosen, 0 when none has a live worker, -1 when its backlog is full.
+# of either kind. With no live worker on any device (restarting, or scaled to zero) the job still goes in, by the
+# same rule over every device, and waits there for a worker (the API bounds that wait: `queue_timeout_s`).
+# Returns {device chosen (1-based), 1 when it has a live worker else 0, the stream entry's id}; {-1} when the
+# chosen backlog is full.
 ENQUEUE = f"""
 local batch = ARGV[7] == 'batch'
-local best, best_len = 0, 0
-for i = 1, (#KEYS - 1) / 3 do
-  if redis.call('ZCOUNT', KEYS[3 * i - 1], ARGV[1], '+inf') > 0 then
-    local len = redis.call('XLEN', KEYS[3 * i])
-    if batch then len = len + redis.call('XLEN', KEYS[3 * i + 1]) end
-    if best == 0 or len < best_len then best, best_len = i, len end
+local devices = (#KEYS - 1) / 3
+local function shortest(live_only)
+  local best, best_len = 0, 0
+  for i = 1, devices do
+    if not live_only or redis.call('ZCOUNT', KEYS[3 * i - 1], ARGV[1], '+inf') > 0 then
+      local len = redis.call('XLEN', KEYS[3 * i])
+      if batch then len = len + redis.call('XLEN', KEYS[3 * i + 1]) end
+      if best == 0 or len < best_len then best, best_len = i, len end
+    end
   end
+  return best, best_len
 end
-if best == 0 then return 0 end
-if best_len >= tonumber(ARGV[2]) then return -1 end
+local live = 1
+local best, best_len = shortest(true)
+if best == 0 then
+  live = 0
+  best, best_len = shortest(false)
+end
+if best_len >= tonumber(ARGV[2]) then return {{-1}} end
 redis.call('HSET', KEYS[1], '{JobHash.STATUS}', '{JobStatus.QUEUED}', '{JobHash.CREATED}', ARGV[4],
            '{JobHash.API}', ARGV[5], '{JobHash.MODEL}', ARGV[6], '{JobHash.DEVICE}', ARGV[6 + 2 * best])
 redis.call('EXPIRE', KEYS[1], ARGV[3])
-redis.call('XADD', KEYS[3 * best + (batch and 1 or 0)], '*', '{ENTRY_JOB}', ARGV[7 + 2 * best])
-return best
+local id = redis.call('XADD', KEYS[3 * best + (batch and 1 or 0)], '*', '{ENTRY_JOB}', ARGV[7 + 2 * best])
+return {{best, live, id}}
 """
+# KEYS: the stream, the job hash. ARGV: the entry's id. Takes back a job no worker has taken yet (still `queued`):
+# nobody runs it later, and a scaler reading the stream's length no longer counts it. Its hash says `cancelled`,
+# as a worker that skipped it would have written.
+WITHDRAW = f"""
+if redis.call('HGET', KEYS[2], '{JobHash.STATUS}') == '{JobStatus.QUEUED}' then
+  redis.call('HSET', KEYS[2], '{JobHash.STATUS}', '{JobStatus.CANCELLED}')
+  return redis.call('XDEL', KEYS[1], ARGV[1])
+end
+return 0
+"""
+CARD_POLL_S = 0.5
+
+
+@dataclass
+class Queued:
+    """Where a job went: its device, its stream entry, and whether a live worker served that device then."""
+    device: str
+    stream: str
+    entry: str
+    live: bool
 
 
 @dataclass
@@ -54,12 +91,15 @@ class Servable:
 
 
 class Registry:
-    def __init__(self, redis: aioredis.Redis, keys: Keys, settings: Settings, expected: list[str]) -> None:
+    def __init__(self, redis: aioredis.Redis, keys: Keys, settings: Settings, expected: list[str],
+                 devices: dict[str, list[str]] | None = None) -> None:
         self.redis, self.keys, self.settings = redis, keys, settings
         self.expected = expected
+        self.devices = devices or {}  # an expected model's devices in the models file, in preference order
         self._cards: dict[str, tuple[float, dict[str, ModelCard]]] = {}
         self._loading: dict[str, asyncio.Future[dict[str, ModelCard]]] = {}
         self._enqueue = Script(ENQUEUE)
+        self._withdraw = Script(WITHDRAW)
         # Every request's enqueue, on a connection of its own: those made in one event-loop turn go out in one
         # write (a burst of requests costs Redis and this process a few writes).
         self._lane = Lane(redis)
@@ -105,20 +145,57 @@ class Registry:
             pipe.zcount(self.keys.workers(model, device), since, "+inf")
         return dict(zip(devices, await pipe.execute(), strict=False))
 
-    async def servable(self, model: str) -> Servable:
-        """The model's announced cards; 404 for a model nobody announced, 503 for an expected one."""
+    async def servable(self, model: str, since: float | None = None) -> Servable:
+        """The model's announced cards; 404 at once for a model nobody announced and nobody expects.
+
+        An expected model with no card yet (its workers have never announced, or not within the card TTL) waits
+        for one, up to `queue_timeout_s` after `since` (time.monotonic(), the request's start: the same bound
+        its job's wait for a worker has), then 503: requests are validated and rendered with the card."""
         cards = await self.cards(model)
-        if not cards:
-            if model in self.expected:
-                raise unavailable(f"The model `{model}` is not being served by any worker right now")
+        if cards:
+            return Servable(model, cards)
+        if model not in self.expected:
             raise not_found(f"The model `{model}` does not exist")
+        timeout = self.settings.queue_timeout_s
+        until = (time.monotonic() if since is None else since) + timeout
+        async with self._awaiting(model):
+            while not cards:
+                if time.monotonic() >= until:
+                    raise unavailable(f"No worker of `{model}` came up within {timeout:.0f}s (queue_timeout_s)")
+                await asyncio.sleep(CARD_POLL_S)
+                cards = await self.cards(model)
         return Servable(model, cards)
 
-    async def enqueue(self, servable: Servable, job: Job) -> str:
-        """Put the job on the live device stream with the shortest backlog, in one atomic round trip: the
-        device's stream, or its batch stream for a job of `batch` priority.
+    @asynccontextmanager
+    async def _awaiting(self, model: str) -> AsyncIterator[None]:
+        """While inside: this request counts in the model's `awaiting` list on its first models-file device (what
+        wakes a scaled-to-zero worker: no job can be queued before a card). The key outlives the longest wait by a
+        minute, so an API process that dies mid-wait leaves nothing behind for long."""
+        devices = self.devices.get(model)
+        if not devices:
+            yield
+            return
+        key, token = self.keys.awaiting(model, devices[0]), uuid.uuid4().hex
+        pipe = self.redis.pipeline(transaction=False)
+        pipe.rpush(key, token)
+        pipe.expire(key, math.ceil(self.settings.queue_timeout_s) + 60)
+        await pipe.execute()
+        try:
+            yield
+        finally:
+            with suppress(*UNAVAILABLE):  # Redis away: the key's expiry cleans up
+                await asyncio.shield(self.redis.lrem(key, 1, token))
 
-        Returns the device; 503 when no device has a live worker, 429 when the chosen backlog is full.
+    async def awaiting(self, model: str) -> bool:
+        """An expected model with no card (yet): `servable` would wait for one."""
+        return model in self.expected and not await self.cards(model)
+
+    async def enqueue(self, servable: Servable, job: Job) -> Queued:
+        """Put the job on the live device stream with the shortest backlog, in one atomic round trip: the
+        device's stream, or its batch stream for a job of `batch` priority. With no live worker on any device,
+        on the device stream with the shortest backlog all the same, to wait for one.
+
+        Returns where it went; 429 when the chosen backlog is full.
         """
         devices = list(servable.cards)
         keys = [k for d in devices for k in (self.keys.workers(servable.model, d), self.keys.jobs(servable.model, d),
@@ -130,14 +207,19 @@ class Registry:
         since = time.time() - self.settings.worker_ttl_s
         args = [since, self.settings.max_queue_depth, self.settings.job_ttl_s, job.created, job.reply_to,
                 servable.model, job.priority, *(part for pair in jobs for part in pair)]
-        chosen = await self._enqueue(self._lane, keys=[self.keys.job(job.id), *keys], args=args)
-        if chosen == 0:
-            raise unavailable(f"The model `{servable.model}` is not being served by any worker right now")
-        if chosen < 0:
+        reply = await self._enqueue(self._lane, keys=[self.keys.job(job.id), *keys], args=args)
+        if reply[0] < 0:
             raise OvqError(f"The model `{servable.model}` is overloaded; retry later", 429, "rate_limit_error",
                            code="queue_full")
+        chosen, live, entry = reply
         job.device = devices[chosen - 1]
-        return job.device
+        stream = keys[3 * (chosen - 1) + (2 if job.priority == "batch" else 1)]
+        return Queued(job.device, stream, entry.decode() if isinstance(entry, bytes) else entry, bool(live))
+
+    async def withdraw(self, queued: Queued, job_id: str) -> bool:
+        """Take a job back out of its stream if no worker has taken it yet (its wait for one timed out)."""
+        return bool(await self._withdraw(self._lane, keys=[queued.stream, self.keys.job(job_id)],
+                                         args=[queued.entry]))
 
     async def close(self) -> None:
         await self._lane.close()

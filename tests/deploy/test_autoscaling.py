@@ -1,20 +1,28 @@
 """Autoscaling that fires: what KEDA would compute from deploy/kubernetes/keda.yaml, on a real Redis (the embedded
-6.2 and Debian's 7), during a real backlog of ovq jobs, and again once ovq's workers have drained it."""
+6.2 and Debian's 7), during a real backlog of ovq jobs, and again once ovq's workers have drained it; and from zero
+replicas to one and back, for a request, a batch line, and a request waiting for a never-announced model's card."""
 from __future__ import annotations
 
+import asyncio
 import math
+import time
 from collections.abc import Iterator
 from urllib.parse import urlparse
 
 import pytest
 import redis
+import redis.asyncio as aioredis
 
+from api.queue.registry import CARD_CACHE_S, Registry
 from common.jobs import Job
 from common.keys import GROUP, Keys
+from common.modelcard import ModelCard
 from common.models.sources import load_models
+from common.servable import ServableType
+from common.settings import Settings
 from tests.conftest import MODEL
 from tests.deploy.conftest import DEPLOY, KUBERNETES
-from tests.deploy.keda import StreamScaler
+from tests.deploy.keda import StreamScaler, Workload
 
 pytestmark = pytest.mark.deploy
 
@@ -62,7 +70,13 @@ def test_scaled_object_watches_the_stream_ovq_queues_into(scaler: StreamScaler) 
     assert scaler.stream == Keys().jobs(MODEL, DEVICE)
     (model,) = [m for m in load_models(DEPLOY / "models.yaml") if m.name == MODEL]
     assert scaler.target == model.max_num_seqs, "one replica per max_num_seqs jobs waiting or running"
-    assert 1 <= scaler.min_replicas < scaler.max_replicas
+    assert scaler.min_replicas == 0 < scaler.max_replicas, "scales to zero"
+    workload = Workload.from_file(KUBERNETES / "keda.yaml")
+    keys = Keys()
+    assert [(s.mode, s.stream) for s in workload.scalers] == [
+        ("length", keys.jobs(MODEL, DEVICE)), ("length", keys.batch_jobs(MODEL, DEVICE)),
+        ("list", keys.awaiting(MODEL, DEVICE))]
+    assert all(s.target == model.max_num_seqs and s.activation == 0 for s in workload.scalers)
 
 
 def test_backlog_scales_out_and_drained_stream_scales_back(client: redis.Redis, scaler: StreamScaler) -> None:
@@ -115,3 +129,52 @@ def test_group_lag_cannot_drive_scaling_with_ack_and_delete(redis7_url: str, sca
     finally:
         client.flushdb()
         client.close()
+
+
+def test_from_zero_to_one_and_back_to_zero(client: redis.Redis) -> None:
+    """Each thing that waits for a worker wakes the scaled-to-zero workload, as the API leaves it in Redis; once
+    a worker has done it (or the wait has ended), KEDA takes the workload back to zero."""
+    workload = Workload.from_file(KUBERNETES / "keda.yaml")
+    keys = Keys()
+    stream, batch = keys.jobs(MODEL, DEVICE), keys.batch_jobs(MODEL, DEVICE)
+    kwargs = client.connection_pool.connection_kwargs
+    card = ModelCard(name=MODEL, device=DEVICE, servable_type=ServableType.LM_CB, context_length=64,
+                     chat_template="x", created=int(time.time()))
+
+    async def run() -> None:
+        connection = aioredis.Redis(host=kwargs["host"], port=kwargs["port"], db=DB)
+        registry = Registry(connection, keys, Settings(queue_timeout_s=30), expected=[MODEL],
+                            devices={MODEL: [DEVICE]})
+        try:
+            assert workload.desired_replicas(client) == 0, "nothing waits: zero replicas"
+
+            # The model's worker announced itself once (its card outlives it); no worker is live now.
+            await connection.hset(keys.model(MODEL), DEVICE, card.model_dump_json())
+            servable = await registry.servable(MODEL)
+            for priority, where in (("interactive", stream), ("batch", batch)):
+                job = Job(model=MODEL, device=DEVICE, kind="completion", prompt="wake up", reply_to="scale-test",
+                          priority=priority)
+                queued = await registry.enqueue(servable, job)
+                assert not queued.live and queued.stream == where
+                assert workload.desired_replicas(client, current=0) == 1, priority
+                client.xgroup_create(where, GROUP, id="0", mkstream=True)  # the worker KEDA started
+                _finish(client, where, _take(client, where, "worker-1", 1))
+                assert workload.desired_replicas(client, current=1) == 0, priority
+
+            # Never announced (or past the card TTL): the request waits for a card, counted where KEDA looks.
+            await connection.delete(keys.model(MODEL))
+            await asyncio.sleep(CARD_CACHE_S)  # the API's second of card cache forgets it
+            waiting = asyncio.ensure_future(registry.servable(MODEL))
+            deadline = time.monotonic() + 10
+            while workload.desired_replicas(client, current=0) == 0:
+                assert time.monotonic() < deadline and not waiting.done()
+                await asyncio.sleep(0.05)
+            assert workload.desired_replicas(client, current=0) == 1
+            await connection.hset(keys.model(MODEL), DEVICE, card.model_dump_json())  # the worker is up
+            await waiting
+            assert workload.desired_replicas(client, current=1) == 0
+        finally:
+            await registry.close()
+            await connection.aclose()
+
+    asyncio.run(run())

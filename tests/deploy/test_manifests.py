@@ -233,8 +233,16 @@ def test_kubernetes_api_takes_its_keys_from_the_ovq_api_keys_secret() -> None:
     assert keys == {"name": "ovq-api-keys", "key": "api-keys"}, "not optional: no Secret, no API pod"
     admin = env["OVQ_ADMIN_KEYS"]["valueFrom"]["secretKeyRef"]
     assert admin["name"] == "ovq-api-keys" and admin["optional"] is True
+    # The batch worker calls the API as a client does: with the first of the same keys.
+    (batch,) = [w for w in _workloads() if w["metadata"]["name"] == "ovq-batch-worker"]
+    (runner,) = batch["spec"]["template"]["spec"]["containers"]
+    runner_env = {e["name"]: e for e in runner["env"]}
+    assert runner_env["OVQ_API_KEYS"]["valueFrom"]["secretKeyRef"] == keys
+    assert 'OVQ_BATCH_API_KEY="${OVQ_API_KEYS%%,*}"' in runner["command"][-1]
+    assert "exec ovq batch-worker" in runner["command"][-1]
+    assert runner_env["OVQ_BATCH_API_URL"]["value"].startswith("http://ovq-api:")
     for workload in _workloads():  # workers and Redis see no key
-        if workload["metadata"]["name"] != "ovq-api":
+        if workload["metadata"]["name"] not in ("ovq-api", "ovq-batch-worker"):
             assert "ovq-api-keys" not in json.dumps(workload), workload["metadata"]["name"]
 
 
@@ -300,6 +308,9 @@ def test_ovq_pods_drain_within_their_grace_period_and_are_scraped() -> None:
             command = main["lifecycle"]["preStop"]["exec"]["command"]
             pre_stop = int(command[-1]) if command[0] == "sleep" else 0
         assert pod["terminationGracePeriodSeconds"] > grace + pre_stop, name
+        if "ports" not in main:  # the batch worker: no port, no metrics of its own (the API counts its lines)
+            assert workload["metadata"]["name"] == "ovq-batch-worker"
+            continue
         annotations = workload["spec"]["template"]["metadata"]["annotations"]
         assert annotations["prometheus.io/scrape"] == "true", name
         assert int(annotations["prometheus.io/port"]) in [p["containerPort"] for p in main["ports"]], name
@@ -374,15 +385,22 @@ def test_scaled_object_scales_the_worker_on_its_stream() -> None:
     target = scaled["spec"]["scaleTargetRef"]["name"]
     (worker,) = [d for d in manifests if d["kind"] == "Deployment" and d["metadata"]["name"] == target]
     args = worker["spec"]["template"]["spec"]["containers"][0]["args"]
-    (trigger,) = scaled["spec"]["triggers"]
-    metadata = trigger["metadata"]
-    assert trigger["type"] == "redis-streams"
-    assert "consumerGroup" not in metadata, "with consumerGroup KEDA ignores streamLength"
-    assert metadata["stream"] == Keys().jobs(args[args.index("--model") + 1], args[args.index("--device") + 1])
+    interactive, batch, awaiting = scaled["spec"]["triggers"]
+    model, device = args[args.index("--model") + 1], args[args.index("--device") + 1]
+    keys = Keys()
+    for trigger, stream in ((interactive, keys.jobs(model, device)), (batch, keys.batch_jobs(model, device))):
+        metadata = trigger["metadata"]
+        assert trigger["type"] == "redis-streams"
+        assert "consumerGroup" not in metadata, "with consumerGroup KEDA ignores streamLength"
+        assert metadata["stream"] == stream and metadata["activationLagCount"] == "0"
+    assert awaiting["type"] == "redis" and awaiting["metadata"]["listName"] == keys.awaiting(model, device)
+    assert scaled["spec"]["minReplicaCount"] == 0
     (service,) = [d for d in manifests if d["kind"] == "Service" and d["metadata"]["name"] == "redis"]
     namespace = service["metadata"]["namespace"]
     # KEDA's operator runs in its own namespace: only the Service's full name reaches this Redis.
-    assert metadata["address"] == f"redis.{namespace}.svc.cluster.local:{service['spec']['ports'][0]['port']}"
+    for trigger in (interactive, batch, awaiting):
+        port = service["spec"]["ports"][0]["port"]
+        assert trigger["metadata"]["address"] == f"redis.{namespace}.svc.cluster.local:{port}"
     assert scaled["metadata"]["namespace"] == worker["metadata"]["namespace"] == namespace
 
 

@@ -114,8 +114,9 @@ def test_completion_with_template_refusal_and_empty_prompt(stack: Stack) -> None
     assert_envelope(post(stack, "/completions", {"model": MODEL, "prompt": ["a", ""]}), 400)
 
 
-def test_model_with_no_live_worker_is_a_503(stack: Stack) -> None:
-    """A model whose workers have all gone (its card is still in Redis, no heartbeat)."""
+def test_model_with_no_live_worker_is_not_ready_and_the_api_stays_ready(stack: Stack) -> None:
+    """A model whose workers have all gone (its card is still in Redis, no heartbeat). A request for it waits for a
+    worker, then is a 503 (tests/integration/test_scale_from_zero.py); with X-Request-Timeout, a 504 sooner."""
     keys = Keys("ovqtest")
     card = ModelCard(name="gone", device="CPU", servable_type=ServableType.LM_CB, context_length=128,
                      chat_template="{{ messages[0]['content'] }}", created=int(time.time()))
@@ -123,9 +124,10 @@ def test_model_with_no_live_worker_is_a_503(stack: Stack) -> None:
     r.hset(keys.model("gone"), "CPU", card.model_dump_json())
     r.zadd(keys.models, {"gone": time.time()})
     try:
-        response = post(stack, "/chat/completions", {"model": "gone", "messages": HELLO})
-        error = assert_envelope(response, 503)
-        assert error["type"] == "service_unavailable" and int(response.headers["retry-after"]) > 0
+        response = httpx.post(stack.url("/v3/chat/completions"), json={"model": "gone", "messages": HELLO},
+                              headers={"X-Request-Timeout": "2"}, timeout=60)
+        assert assert_envelope(response, 504)["code"] == "deadline_exceeded"
+        assert r.xlen(keys.jobs("gone", "CPU")) == 0  # it left the stream: no worker runs it later
         # The API stays ready: one model without a worker is detail, not an outage.
         health = httpx.get(stack.url("/health"))
         assert health.status_code == 200 and health.json()["models"]["gone"] is False
@@ -133,7 +135,7 @@ def test_model_with_no_live_worker_is_a_503(stack: Stack) -> None:
         assert httpx.get(stack.url(f"/v2/models/{MODEL}/ready")).status_code == 200
         assert httpx.get(stack.url("/v2/models/never-heard-of/ready")).status_code == 404
     finally:
-        r.delete(keys.model("gone"))
+        r.delete(keys.model("gone"), keys.jobs("gone", "CPU"))
         r.zrem(keys.models, "gone")
 
 

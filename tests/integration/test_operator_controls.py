@@ -124,7 +124,8 @@ def test_a_dead_api_process_s_jobs_are_cancelled(tiers: Callable[..., Tiers], mo
 
 def test_a_worker_drains_on_ovq_worker_drain(tiers: Callable[..., Tiers], model_dir: Path,
                                              redis_client: redis.Redis) -> None:
-    t = tiers({MODEL: {"path": str(model_dir), "cache_size": 0, "max_num_seqs": 4}})
+    # A request nobody takes waits this long for a worker (scale from zero), then is a 503.
+    t = tiers({MODEL: {"path": str(model_dir), "cache_size": 0, "max_num_seqs": 4}}, OVQ_QUEUE_TIMEOUT_S="5")
     t.api()
     worker = t.worker(MODEL)
     t.wait_served(MODEL)
@@ -149,6 +150,7 @@ def test_a_worker_drains_on_ovq_worker_drain(tiers: Callable[..., Tiers], model_
     refused = httpx.post(f"{t.base_url}/chat/completions", timeout=30,
                          json={"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2})
     assert refused.status_code == 503  # nobody serves it now: the worker took no new job
+    assert redis_client.xlen(keys.jobs(MODEL, "CPU")) == 0  # and the request left the stream
 
 
 def test_promtool_accepts_the_api_and_worker_metrics(tiers: Callable[..., Tiers]) -> None:

@@ -182,3 +182,32 @@ def test_ctrl_c_while_ovq_serve_prepares_a_model_stops_it_with_one_line_why(tmp_
         finally:
             if serve.poll() is None:
                 serve.kill()
+
+
+def test_a_request_sent_before_ovq_serve_says_serving_waits_for_its_worker(model_dir: Path, tmp_path: Path) -> None:
+    """The API answers before the model's worker has loaded: a request then waits for the worker (scale from zero,
+    README "Operations") instead of a 503, with a client that does not retry."""
+    env, port = _environment(tmp_path, model_dir)
+    env["PYTHONPATH"] = str(ROOT)
+    log = tmp_path / "serve.log"
+    serve = _start(_dev_serve(), env, tmp_path)
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            assert serve.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/health", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.05)
+        assert SERVING not in log.read_text(), "the worker was up first: nothing was proven"
+        reply = httpx.post(f"http://127.0.0.1:{port}/v3/chat/completions", json=README_REQUEST, timeout=300)
+        assert reply.status_code == 200, reply.text
+        assert reply.json()["choices"][0]["message"]["content"]
+        assert SERVING in log.read_text()
+        serve.send_signal(signal.SIGINT)
+        assert serve.wait(60) == 0
+    finally:
+        if serve.poll() is None:
+            serve.kill()

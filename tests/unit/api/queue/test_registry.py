@@ -1,6 +1,7 @@
 """Routing and enqueueing: one Lua script on the real redis-server (fakeredis has no Lua here)."""
 from __future__ import annotations
 
+import asyncio
 import time
 
 import pytest
@@ -29,18 +30,35 @@ def job() -> Job:
 async def setup(redis_url: str):
     keys = Keys(f"unit{time.time_ns()}")
     redis = aioredis.Redis.from_url(redis_url)
-    yield redis, keys, Registry(redis, keys, Settings(max_queue_depth=3), expected=["expected"])
+    settings = Settings(max_queue_depth=3, queue_timeout_s=1)
+    yield redis, keys, Registry(redis, keys, settings, expected=["expected"], devices={"expected": ["GPU", "CPU"]})
     await redis.aclose()
 
 
-async def test_unknown_model_is_404_and_expected_but_unserved_is_503(setup) -> None:
-    _, _, reg = setup
+async def test_unknown_model_is_404_and_expected_one_with_no_card_waits_for_it_then_503(setup) -> None:
+    redis, keys, reg = setup
     with pytest.raises(OvqError) as caught:
         await reg.servable("nope")
     assert caught.value.status == 404
     with pytest.raises(OvqError) as caught:
-        await reg.servable("expected")
-    assert caught.value.status == 503
+        await reg.servable("expected")  # nobody announces it within queue_timeout_s
+    assert caught.value.status == 503 and "`expected`" in caught.value.body.message
+    assert "queue_timeout_s" in caught.value.body.message
+
+    awaiting = keys.awaiting("expected", "GPU")  # its first device in the models file
+    assert not await redis.exists(awaiting), "the wait that timed out left nothing behind"
+
+    async def announce() -> None:
+        await asyncio.sleep(0.2)
+        # While the request waits for a card it counts where a scaler watching the model's workers sees it.
+        assert await redis.llen(awaiting) == 1 and 0 < await redis.ttl(awaiting) <= 61
+        await redis.hset(keys.model("expected"), "CPU", card("CPU"))
+
+    announcing = asyncio.ensure_future(announce())
+    servable = await reg.servable("expected")  # its worker announces while the request waits
+    await announcing
+    assert list(servable.cards) == ["CPU"]
+    assert not await redis.exists(awaiting)
 
 
 async def test_shortest_backlog_among_live_devices_wins(setup) -> None:
@@ -53,9 +71,9 @@ async def test_shortest_backlog_among_live_devices_wins(setup) -> None:
     await redis.zadd(keys.workers("m", "NPU"), {"n": now - 600})  # dead: its empty backlog does not count
     servable = await reg.servable("m")
     assert list(servable.cards) == ["GPU", "CPU", "NPU"]  # the models file's order of preference
-    assert [await reg.enqueue(servable, job()) for _ in range(3)] == ["GPU", "CPU", "GPU"]
+    assert [(await reg.enqueue(servable, job())).device for _ in range(3)] == ["GPU", "CPU", "GPU"]
     first = job()
-    assert await reg.enqueue(servable, first) == "CPU"  # GPU 2, CPU 1 waiting
+    assert (await reg.enqueue(servable, first)).device == "CPU"  # GPU 2, CPU 1 waiting
     assert first.device == "CPU"
     entries = await redis.xrange(keys.jobs("m", "CPU"))
     assert Job.from_fields(entries[-1][1]).device == "CPU"
@@ -63,16 +81,20 @@ async def test_shortest_backlog_among_live_devices_wins(setup) -> None:
     assert 0 < await redis.ttl(keys.job(first.id))
 
 
-async def test_full_backlog_is_429_and_no_live_worker_is_503(setup) -> None:
+async def test_full_backlog_is_429_and_with_no_live_worker_the_job_waits_until_withdrawn(setup) -> None:
     redis, keys, reg = setup
     await redis.hset(keys.model("m"), "CPU", card("CPU"))
     servable = await reg.servable("m")
-    with pytest.raises(OvqError) as caught:
-        await reg.enqueue(servable, job())
-    assert caught.value.status == 503
+    waiting = job()
+    queued = await reg.enqueue(servable, waiting)
+    assert (queued.device, queued.live, queued.stream) == ("CPU", False, keys.jobs("m", "CPU"))
+    assert await redis.xlen(keys.jobs("m", "CPU")) == 1  # what wakes a scaler watching the stream
+    assert await reg.withdraw(queued, waiting.id)  # its wait timed out: nobody runs it later
+    assert await redis.xlen(keys.jobs("m", "CPU")) == 0
+    assert await redis.hget(keys.job(waiting.id), "status") == b"cancelled"
     await redis.zadd(keys.workers("m", "CPU"), {"c": time.time()})
     for _ in range(3):
-        await reg.enqueue(servable, job())
+        assert (await reg.enqueue(servable, job())).live
     with pytest.raises(OvqError) as caught:
         await reg.enqueue(servable, job())
     assert caught.value.status == 429
@@ -87,16 +109,30 @@ async def test_batch_jobs_go_to_the_batch_stream_and_never_count_against_interac
     await redis.zadd(keys.workers("m", "GPU"), {"g": now})
     servable = await reg.servable("m")
     batch = [job().model_copy(update={"priority": "batch"}) for _ in range(3)]
-    assert [await reg.enqueue(servable, b) for b in batch] == ["CPU", "GPU", "CPU"]  # fewest jobs of either kind
+    # Each to the device with the fewest jobs of either kind.
+    assert [(await reg.enqueue(servable, b)).device for b in batch] == ["CPU", "GPU", "CPU"]
     assert (await redis.xlen(keys.batch_jobs("m", "CPU")), await redis.xlen(keys.jobs("m", "CPU"))) == (2, 0)
     entry = (await redis.xrange(keys.batch_jobs("m", "CPU")))[0]
     assert Job.from_fields(entry[1]).priority == "batch"
     # Interactive jobs see only interactive backlogs: CPU (2 batch lines waiting) is still the first choice.
-    assert await reg.enqueue(servable, job()) == "CPU"
+    assert (await reg.enqueue(servable, job())).device == "CPU"
     # A full batch backlog refuses batch lines, not interactive jobs.
     for _ in range(2):  # both devices then have 3 jobs of either kind, the limit
-        assert await reg.enqueue(servable, job().model_copy(update={"priority": "batch"})) == "GPU"
+        assert (await reg.enqueue(servable, job().model_copy(update={"priority": "batch"}))).device == "GPU"
     with pytest.raises(OvqError) as caught:
         await reg.enqueue(servable, job().model_copy(update={"priority": "batch"}))
     assert caught.value.status == 429
-    assert await reg.enqueue(servable, job()) == "GPU"
+    assert (await reg.enqueue(servable, job())).device == "GPU"
+
+
+async def test_with_no_live_worker_a_job_waits_on_the_device_with_the_shortest_backlog(setup) -> None:
+    redis, keys, reg = setup
+    await redis.hset(keys.model("m"), mapping={"CPU": card("CPU", 1), "GPU": card("GPU", 0)})
+    servable = await reg.servable("m")
+    placed = [await reg.enqueue(servable, job()) for _ in range(3)]
+    assert [(q.device, q.live) for q in placed] == [("GPU", False), ("CPU", False), ("GPU", False)]
+    taken = job()
+    queued = await reg.enqueue(servable, taken)
+    await redis.hset(keys.job(taken.id), "status", "running")  # a worker took it meanwhile: it stays
+    assert not await reg.withdraw(queued, taken.id)
+    assert await redis.xlen(keys.jobs("m", queued.device)) == 2
