@@ -83,10 +83,10 @@ def stream(base_url: str, body: dict, counts: Counts, started: threading.Event |
                     counts.accepted += 1
                 outcome = "hung"
                 for line in response.iter_lines():
-                    if started is not None:
-                        started.set()
                     if line.startswith("data: {"):
                         data = orjson.loads(line[6:])
+                        if started is not None and data.get("choices") and data["choices"][0]["delta"].get("content"):
+                            started.set()  # a token reached the client: the job has streamed
                         if "error" in data:
                             message = data["error"].get("message") or ""
                             counts.errors.append(message)
