@@ -9,6 +9,7 @@ import orjson
 import pytest
 
 from tests.conftest import MODEL, Stack
+from tests.integration import sse
 
 TOKENS = 6
 
@@ -26,7 +27,7 @@ def streamed_tokens(client: httpx.Client, url: str) -> tuple[str, int]:
     with client.stream("POST", url, json=guidellm_chat(TOKENS)) as response:
         assert response.status_code == 200, response.read()
         assert response.headers["content-type"].startswith("text/event-stream")
-        for line in response.iter_lines():
+        for line in sse.lines(response):
             if not line.startswith("data: ") or line == "data: [DONE]":
                 continue
             chunk = orjson.loads(line[len("data: "):])

@@ -25,6 +25,7 @@ from common.keys import GROUP, Keys
 from common.redis.server import EmbeddedRedis
 from common.structured import regex
 from tests.conftest import MODEL, MODELS, Tiers, free_port
+from tests.integration import sse
 
 TINY = "tiny-llama"
 BOUND_S = 90  # no request may take longer than this to end, one way or the other
@@ -82,7 +83,7 @@ def stream(base_url: str, body: dict, counts: Counts, started: threading.Event |
                 with lock:
                     counts.accepted += 1
                 outcome = "hung"
-                for line in response.iter_lines():
+                for line in sse.lines(response):
                     if line.startswith("data: {"):
                         data = orjson.loads(line[6:])
                         if started is not None and data.get("choices") and data["choices"][0]["delta"].get("content"):

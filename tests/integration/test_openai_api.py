@@ -11,6 +11,7 @@ from openai import OpenAI
 
 from common.keys import Keys
 from tests.conftest import MODEL, Stack
+from tests.integration import sse
 
 QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
 
@@ -193,7 +194,7 @@ def test_continuous_usage_stats_put_the_usage_so_far_on_every_chunk(client: Open
 def test_a_streams_last_chunk_has_an_empty_delta_and_no_reasoning_field(stack: Stack) -> None:
     body = {"model": MODEL, "messages": QUESTION, "max_tokens": 3, "stream": True}
     with httpx.stream("POST", stack.base_url + "/chat/completions", json=body, timeout=60) as response:
-        chunks = [json.loads(line[6:]) for line in response.iter_lines() if line.startswith("data: {")]
+        chunks = [json.loads(line[6:]) for line in sse.lines(response) if line.startswith("data: {")]
     assert chunks[-1]["choices"][0]["delta"] == {} and chunks[-1]["choices"][0]["finish_reason"] == "length"
     assert all("reasoning_content" not in c["choices"][0]["delta"] for c in chunks)
     assert all("usage" not in c for c in chunks)  # not asked for

@@ -19,6 +19,7 @@ from openai import OpenAI
 from common.jobs import Job, SamplingParams
 from common.keys import GROUP, Keys
 from tests.conftest import MODEL, MODELS, ROOT, Tiers, free_port
+from tests.integration import sse
 
 TINY = "tiny-llama"
 
@@ -75,7 +76,7 @@ def test_dead_consumers_are_removed_from_the_group(tiers: Callable[..., Tiers], 
 def sse_lines(base_url: str, body: dict, first: threading.Event, log: list[str]) -> None:
     try:
         with httpx.stream("POST", f"{base_url}/chat/completions", json=body, timeout=120) as response:
-            for line in response.iter_lines():
+            for line in sse.lines(response):
                 if line.startswith("data:"):
                     log.append(line)
                     first.set()

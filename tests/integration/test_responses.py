@@ -16,6 +16,7 @@ from openai import OpenAI
 from pydantic import BaseModel
 
 from tests.conftest import LOCATION, MODEL, STATEFUL, STATEFUL_VLM, VLM, Stack
+from tests.integration import sse
 from tests.integration.conftest import Guarded
 from tests.integration.test_vision import data_url
 
@@ -240,7 +241,7 @@ def test_a_client_that_leaves_a_stream_leaves_a_cancelled_response(stack: Stack,
             "ignore_eos": True}
     response_id = None
     with httpx.stream("POST", stack.url("/v1/responses"), json=body, timeout=120) as reply:
-        for line in reply.iter_lines():
+        for line in sse.lines(reply):
             if line.startswith("data: "):
                 event = orjson.loads(line[6:])
                 response_id = response_id or event["response"]["id"]

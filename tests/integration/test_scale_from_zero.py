@@ -17,6 +17,7 @@ from common.keys import Keys
 from common.modelcard import ModelCard
 from common.servable import ServableType
 from tests.conftest import MODEL, Tiers
+from tests.integration import sse
 
 HELLO = [{"role": "user", "content": "Say hello."}]
 # In the models file, never served by any worker: expected, with no card.
@@ -38,7 +39,7 @@ def _stream_lines(t: Tiers, model: str = MODEL) -> tuple[int, list[str]]:
     """A streamed chat's status and every line of its body, keep-alive comments included."""
     body = {"model": model, "messages": HELLO, "max_tokens": 4, "stream": True}
     with httpx.stream("POST", f"{t.base_url}/chat/completions", json=body, timeout=600) as response:
-        return response.status_code, [line for line in response.iter_lines() if line]
+        return response.status_code, [line for line in sse.lines(response) if line]
 
 
 @pytest.mark.parametrize("since", ["restart", "cold"])
