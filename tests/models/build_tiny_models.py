@@ -21,7 +21,7 @@ project's own environment does not have. Build a throw-away venv first::
 
     python3 -m venv /tmp/ovq-builder-venv
     /tmp/ovq-builder-venv/bin/pip install "torch==2.13.0" "torchvision==0.28.0" \\
-        "optimum-intel[openvino]" diffusers transformers tokenizers \\
+        "optimum-intel[openvino]" diffusers transformers tokenizers sentencepiece protobuf \\
         "openvino==2026.4.1" "openvino-tokenizers==2026.4.1.0" "openvino-genai==2026.4.1.0"
     /tmp/ovq-builder-venv/bin/pip uninstall -y torchvision
 
@@ -472,10 +472,163 @@ def build_sd(output: Path, workdir: Path) -> None:
     prune(output, keep)
 
 
+# ------------------------------------------------------------------------ speech
+
+WHISPER_LANGUAGES = ("en", "de", "fr", "es")
+WHISPER_TIMESTAMPS = 1501  # <|0.00|> .. <|30.00|> in 0.02 s steps, as every Whisper has
+
+
+def whisper_tokenizer():
+    """Byte-level BPE on CORPUS plus Whisper's special tokens in Whisper's order (end of text, start of
+    transcript, languages, tasks, start of LM / previous, no speech, no timestamps, then the timestamps)."""
+    from tokenizers import Tokenizer, pre_tokenizers, trainers
+    from tokenizers import models as tk_models
+    from transformers import WhisperTokenizerFast
+
+    bpe = Tokenizer(tk_models.BPE())
+    bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    trainer = trainers.BpeTrainer(vocab_size=LLM_VOCAB_SIZE, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+                                  show_progress=False)
+    bpe.train_from_iterator(CORPUS.splitlines(), trainer=trainer)
+    vocab = bpe.get_vocab()
+    model = json.loads(bpe.to_str())["model"]
+    merges = [tuple(m.split(" ")) if isinstance(m, str) else tuple(m) for m in model["merges"]]
+    tokenizer = WhisperTokenizerFast(vocab=dict(sorted(vocab.items(), key=lambda kv: kv[1])), merges=merges,
+                                     model_max_length=448)
+    specials = ["<|endoftext|>", "<|startoftranscript|>", *[f"<|{lang}|>" for lang in WHISPER_LANGUAGES],
+                "<|translate|>", "<|transcribe|>", "<|startoflm|>", "<|startofprev|>", "<|nospeech|>",
+                "<|notimestamps|>"]
+    tokenizer.add_special_tokens({"additional_special_tokens": specials}, replace_extra_special_tokens=False)
+    tokenizer.add_tokens([f"<|{i * 0.02:.2f}|>" for i in range(WHISPER_TIMESTAMPS)])
+    return tokenizer
+
+
+def build_whisper(output: Path, workdir: Path) -> None:
+    """Tiny Whisper (1 encoder and 1 decoder layer, d_model 32, 80 mel bins, 30 s windows) with a byte-level BPE
+    vocabulary and Whisper's special tokens -> ``automatic-speech-recognition-with-past`` IR."""
+    from transformers import (GenerationConfig, WhisperConfig, WhisperFeatureExtractor,
+                              WhisperForConditionalGeneration, WhisperProcessor)
+
+    seed_everything()
+    tokenizer = whisper_tokenizer()
+    ids = tokenizer.convert_tokens_to_ids
+    eot, sot, no_ts = ids("<|endoftext|>"), ids("<|startoftranscript|>"), ids("<|notimestamps|>")
+    config = WhisperConfig(
+        vocab_size=len(tokenizer), num_mel_bins=80, d_model=32, encoder_layers=1, decoder_layers=1,
+        encoder_attention_heads=2, decoder_attention_heads=2, encoder_ffn_dim=64, decoder_ffn_dim=64,
+        max_source_positions=1500, max_target_positions=448, decoder_start_token_id=sot, pad_token_id=eot,
+        bos_token_id=eot, eos_token_id=eot, begin_suppress_tokens=[eot], suppress_tokens=[],
+    )
+    model = WhisperForConditionalGeneration(config).eval()
+    suppress_whisper_specials(model, tokenizer)
+    model.generation_config = GenerationConfig(
+        decoder_start_token_id=sot, bos_token_id=eot, eos_token_id=eot, pad_token_id=eot,
+        no_timestamps_token_id=no_ts, prev_sot_token_id=ids("<|startofprev|>"), is_multilingual=True,
+        lang_to_id={f"<|{lang}|>": ids(f"<|{lang}|>") for lang in WHISPER_LANGUAGES},
+        task_to_id={"transcribe": ids("<|transcribe|>"), "translate": ids("<|translate|>")},
+        begin_suppress_tokens=[eot], suppress_tokens=[], max_initial_timestamp_index=50, max_length=448,
+        max_new_tokens=WHISPER_MAX_NEW_TOKENS, alignment_heads=[[0, 0]],
+    )
+    processor = WhisperProcessor(WhisperFeatureExtractor(feature_size=80), tokenizer)
+
+    checkpoint = workdir / "tiny-whisper-torch"
+    model.save_pretrained(checkpoint)
+    processor.save_pretrained(checkpoint)
+    optimum_export(checkpoint, output, "automatic-speech-recognition-with-past")
+    prune(output, lambda rel: rel.name.startswith("openvino_") or rel.name in WHISPER_KEEP)
+
+
+
+def suppress_whisper_specials(model, tokenizer) -> None:
+    """Zero the (tied) embedding rows of the special tokens and of unprintable text tokens, timestamps kept:
+    a random Whisper then writes readable text up to max_new_tokens instead of ending at once."""
+    import torch
+
+    def printable(token_id: int) -> bool:
+        text = tokenizer.decode([token_id])
+        return bool(text) and text.isascii() and text.isprintable()
+
+    timestamps = set(tokenizer.convert_tokens_to_ids([f"<|{i * 0.02:.2f}|>" for i in range(WHISPER_TIMESTAMPS)]))
+    unwanted = [i for i in range(len(tokenizer))
+                if i not in timestamps and (i in tokenizer.all_special_ids or not printable(i))]
+    with torch.no_grad():
+        model.get_output_embeddings().weight[unwanted] = 0.0
+
+
+WHISPER_MAX_NEW_TOKENS = 24  # a random model seldom ends on its own: keep each window's text short
+WHISPER_KEEP = {"config.json", "generation_config.json", "preprocessor_config.json", "tokenizer_config.json",
+                "special_tokens_map.json", "added_tokens.json"}
+
+
+def speecht5_tokenizer(workdir: Path):
+    """A character-level SentencePiece model trained on CORPUS, with SpeechT5's ids for <s>, <pad>, </s>, <unk>."""
+    import sentencepiece as spm
+    from transformers import SpeechT5Tokenizer
+
+    prefix = workdir / "spm_char"
+    spm.SentencePieceTrainer.train(
+        sentence_iterator=iter(CORPUS.splitlines()), model_prefix=str(prefix), model_type="char",
+        vocab_size=len(set(CORPUS.replace("\n", ""))) + 4, bos_id=0, pad_id=1, eos_id=2, unk_id=3,
+        character_coverage=1.0, minloglevel=2, num_threads=1, normalization_rule_name="identity",
+    )
+    return SpeechT5Tokenizer(vocab_file=f"{prefix}.model")
+
+
+def build_speecht5(output: Path, workdir: Path) -> None:
+    """Tiny SpeechT5 text-to-speech (1 encoder and 1 decoder layer, hidden 32, 80 mel bins, 512-wide speaker
+    embeddings as the pipeline's built-in default voice) with a tiny HiFi-GAN vocoder -> ``text-to-audio`` IR."""
+    import torch
+    from transformers import SpeechT5Config, SpeechT5ForTextToSpeech, SpeechT5HifiGan, SpeechT5HifiGanConfig
+
+    seed_everything()
+    tokenizer = speecht5_tokenizer(workdir)
+    config = SpeechT5Config(
+        vocab_size=len(tokenizer), hidden_size=32, encoder_layers=1, decoder_layers=1, encoder_attention_heads=2,
+        decoder_attention_heads=2, encoder_ffn_dim=64, decoder_ffn_dim=64, speech_decoder_prenet_units=32,
+        speech_decoder_postnet_units=32, speech_decoder_postnet_layers=2, max_speech_positions=600,
+        max_text_positions=450, encoder_max_relative_position=16, speaker_embedding_dim=512,
+    )
+    model = SpeechT5ForTextToSpeech(config).eval()
+    vocoder = SpeechT5HifiGan(SpeechT5HifiGanConfig(
+        upsample_initial_channel=32, resblock_kernel_sizes=[3], resblock_dilation_sizes=[[1, 3]],
+    )).eval()
+    with torch.no_grad():
+        # The stop head never fires: speech lasts maxlenratio (20) frames per input token, the same every time.
+        model.speech_decoder_postnet.prob_out.bias.fill_(-20.0)
+        # Random HiFi-GAN weights give samples near 1e-9; scaled up, the waveform survives 16-bit PCM.
+        vocoder.conv_post.weight.mul_(1e7)
+
+    checkpoint, vocoder_dir = workdir / "tiny-speecht5-torch", workdir / "tiny-hifigan-torch"
+    model.save_pretrained(checkpoint)
+    tokenizer.save_pretrained(checkpoint)
+    vocoder.save_pretrained(vocoder_dir)
+    cli = Path(sys.executable).parent / "optimum-cli"
+    command = [str(cli), "export", "openvino", "--model", str(checkpoint), "--task", "text-to-audio",
+               "--weight-format", "fp16", "--model-kwargs", json.dumps({"vocoder": str(vocoder_dir)}), str(output)]
+    log("running: " + " ".join(command))
+    subprocess.run(command, check=True, env=os.environ.copy())
+    prune(output, lambda rel: rel.name.startswith("openvino_") or rel.name in SPEECHT5_KEEP)
+    write_voice(output / SPEECHT5_VOICE)
+
+
+def write_voice(path: Path) -> None:
+    """A speaker embedding as OVMS's `voices` option reads one: 512 raw little-endian float32."""
+    import numpy as np
+
+    np.random.default_rng(SEED).standard_normal(512).astype("<f4").tofile(path)
+
+
+SPEECHT5_VOICE = "voice-a.bin"
+SPEECHT5_KEEP = {"config.json", "generation_config.json", "tokenizer_config.json", "special_tokens_map.json",
+                 "spm_char.model", "added_tokens.json"}
+
+
 BUILDERS: dict[str, Callable[[Path, Path], None]] = {
     "llama": build_llama,
     "llava": build_llava,
     "sd": build_sd,
+    "whisper": build_whisper,
+    "speecht5": build_speecht5,
 }
 
 

@@ -151,7 +151,46 @@ def check_sd() -> None:
     log(f"tiny-sd InpaintingPipeline: {list(filled.shape)}")
 
 
-CHECKS: dict[str, Callable[[], None]] = {"llama": check_llama, "llava": check_llava, "sd": check_sd}
+def check_whisper() -> None:
+    """Transcribes, translates, streams (and stops when the streamer asks) and gives timestamped chunks."""
+    path = MODELS_DIR / "tiny-whisper"
+    pipe = ov_genai.WhisperPipeline(str(path), DEVICE)
+    audio = (np.random.default_rng(0).standard_normal(16000 * 3) * 0.1).astype(np.float32).tolist()
+    result = pipe.generate(audio, language="<|en|>", task="transcribe")
+    text = result.texts[0]
+    assert text.strip(), repr(text)
+    assert pipe.generate(audio, language="<|en|>", task="transcribe").texts[0] == text
+    assert pipe.generate(audio, language="<|de|>", task="translate").texts[0].strip()
+    chunks: list[str] = []
+    streamed = pipe.generate(audio, language="<|en|>", streamer=lambda s: chunks.append(s) or False).texts[0]
+    assert "".join(chunks) == streamed == text, (chunks, streamed, text)
+    stopped: list[str] = []
+    pipe.generate(audio, language="<|en|>", streamer=lambda s: stopped.append(s) or len(stopped) >= 2)
+    assert len(stopped) < len(chunks), stopped  # a stop ends generation (the held-back text still flushes)
+    timed = pipe.generate(audio, language="<|en|>", return_timestamps=True)
+    assert timed.chunks and all(c.end_ts >= c.start_ts for c in timed.chunks), timed.chunks
+    log(f"tiny-whisper WhisperPipeline: {text!r}, {len(timed.chunks)} timestamped chunks")
+
+
+def check_speecht5() -> None:
+    """Speaks at 16 kHz, deterministically; a speaker embedding (the voice file) changes the waveform."""
+    path = MODELS_DIR / "tiny-speecht5"
+    pipe = ov_genai.Text2SpeechPipeline(str(path), DEVICE)
+    result = pipe.generate("hello world")
+    assert result.output_sample_rate == 16000, result.output_sample_rate
+    # The result's tensors are the pipeline's own buffers: copy before the next generate.
+    first = np.array(result.speeches[0].data, copy=True).ravel()
+    assert first.size > 0 and np.abs(first).max() > 1e-3, (first.size, np.abs(first).max())
+    again = np.array(pipe.generate("hello world").speeches[0].data, copy=True).ravel()
+    assert np.array_equal(first, again)
+    voice = np.fromfile(path / "voice-a.bin", dtype="<f4").reshape(1, 512)
+    voiced = np.array(pipe.generate("hello world", ov.Tensor(voice)).speeches[0].data, copy=True).ravel()
+    assert voiced.shape == first.shape and not np.array_equal(voiced, first)
+    log(f"tiny-speecht5 Text2SpeechPipeline: {first.size} samples at {result.output_sample_rate} Hz")
+
+
+CHECKS: dict[str, Callable[[], None]] = {"llama": check_llama, "llava": check_llava, "sd": check_sd,
+                                          "whisper": check_whisper, "speecht5": check_speecht5}
 
 
 def main(argv: list[str]) -> int:
