@@ -25,6 +25,7 @@ from api.openai.responses import serving as stored_responses
 from api.openai.responses.serving import ResponsesServing
 from api.openai.responses.store import ResponseStore
 from api.openai.serving import Serving
+from api.openai.speech import SpeechServing
 from api.ops import router as ops_router
 from api.ops.metrics import Metrics, Record
 from api.ops.tracing import RequestTrace
@@ -74,6 +75,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         jobs = JobClient(redis, keys, hub, registry, settings, metrics)
         app.state.serving = Serving(jobs, registry, metrics)
         app.state.images = ImageServing(jobs, registry, settings)
+        app.state.speech = SpeechServing(jobs, registry, settings)
         app.state.responses = ResponsesServing(app.state.serving, ResponseStore(redis, keys, settings))
         _log_stop_signals(settings)
         heap.settle()
@@ -169,6 +171,15 @@ def _install_routes(app: FastAPI) -> dict[str, Endpoint]:
     async def image_edits(request: Request) -> Response:
         return await _counted(request, "image_edits", request.app.state.images.edits)
 
+    async def transcriptions(request: Request) -> Response:
+        return await _counted(request, "transcriptions", request.app.state.speech.transcriptions)
+
+    async def translations(request: Request) -> Response:
+        return await _counted(request, "translations", request.app.state.speech.translations)
+
+    async def speech(request: Request) -> Response:
+        return await _counted(request, "speech", request.app.state.speech.speech)
+
     async def list_models(request: Request) -> ModelList:
         listed = await request.app.state.registry.models()
         return ModelList(data=[_model_object(name, card) for name, card in listed.items()])
@@ -197,7 +208,9 @@ def _install_routes(app: FastAPI) -> dict[str, Endpoint]:
     hot: dict[str, Endpoint] = {}
     for prefix in ("/v3", "/v1"):
         for path, endpoint in (("chat/completions", chat), ("completions", completions), ("responses", responses),
-                               ("images/generations", image_generations), ("images/edits", image_edits)):
+                               ("images/generations", image_generations), ("images/edits", image_edits),
+                               ("audio/transcriptions", transcriptions), ("audio/translations", translations),
+                               ("audio/speech", speech)):
             app.add_api_route(f"{prefix}/{path}", endpoint, methods=["POST"])
             hot[f"{prefix}/{path}"] = endpoint
         app.add_api_route(f"{prefix}/models", list_models, methods=["GET"])

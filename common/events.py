@@ -92,6 +92,22 @@ class Progress(_Event):
     preview: str | None = None  # base64 PNG, at most 128 px a side: small enough to travel in the event
 
 
+class Segment(BaseModel):
+    start: float
+    end: float
+    text: str
+
+
+class Transcript(BaseModel):
+    """A speech-to-text job's result: the text, and its timed segments (and words) when asked for."""
+
+    text: str
+    language: str | None = None
+    duration: float
+    segments: list[Segment] = []
+    words: list[Segment] = []
+
+
 class Done(_Event):
     type: Literal["done"] = "done"
     index: int = 0
@@ -102,6 +118,9 @@ class Done(_Event):
     # Image jobs: Redis keys of the PNGs (short-lived; the API reads and deletes them).
     images: list[str] = []
     size: str | None = None
+    # Speech jobs: the transcript (S2T), or the Redis key of the speech file (T2S, read once like the images).
+    transcript: Transcript | None = None
+    audio: str | None = None
 
 
 class Error(_Event):
@@ -186,6 +205,20 @@ class TimingsDict(TypedDict, total=False):
     total_ms: float
 
 
+class SegmentDict(TypedDict):
+    start: float
+    end: float
+    text: str
+
+
+class TranscriptDict(TypedDict):
+    text: str
+    language: str | None
+    duration: float
+    segments: list[SegmentDict]
+    words: list[SegmentDict]
+
+
 class _DoneFields(_EventDict):
     timings: TimingsDict
 
@@ -197,6 +230,8 @@ class DoneEvent(_DoneFields, total=False):
     usage: UsageDict | None
     images: list[str]
     size: str | None
+    transcript: TranscriptDict | None
+    audio: str | None
 
 
 class ErrorDict(TypedDict, total=False):

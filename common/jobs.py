@@ -116,17 +116,36 @@ class ImageParams(BaseModel):
     previews: bool = False
 
 
+class SpeechParams(BaseModel):
+    """A speech job's settings, checked by the API: transcribe or translate an upload (S2T), or speak the prompt
+    (T2S). `None` means the model's default."""
+
+    task: Literal["transcribe", "translate", "speak"]
+    # The uploaded audio: a Redis key (bytes with a TTL), not the bytes themselves.
+    audio_key: str | None = None
+    language: str | None = None
+    prompt: str | None = None
+    temperature: float | None = None
+    timestamps: bool = False  # segment timestamps (verbose_json, srt, vtt)
+    words: bool = False  # word timestamps (verbose_json with timestamp_granularities word)
+    stream: bool = False  # text deltas as they are decoded
+    voice: str | None = None
+    response_format: str = "wav"  # the speech file's format (a key of common.audio.SPEECH_FORMATS)
+    speed: float | None = None
+
+
 class Job(BaseModel):
     v: int = JOB_VERSION
     id: str = Field(default_factory=lambda: uuid.uuid4().hex)
     model: str
     device: str
-    kind: Literal["chat", "completion", "image"]
+    kind: Literal["chat", "completion", "image", "transcription", "speech"]
     prompt: str | list[int]
     # Completions get the tokenizer's special tokens (BOS); a rendered chat template already has its own.
     add_special_tokens: bool = False
     params: SamplingParams = Field(default_factory=SamplingParams)
     image: ImageParams | None = None
+    speech: SpeechParams | None = None
     # Vision-language chat: Redis keys of the message images, in prompt order (short-lived blobs).
     images: list[str] = Field(default_factory=list)
     reply_to: str

@@ -16,6 +16,16 @@ class ImageLimits(BaseModel):
     edits: bool = True
 
 
+class SpeechInfo(BaseModel):
+    """A speech servable's abilities: S2T languages and timestamps, T2S voices and output rate."""
+
+    languages: list[str] = []  # Whisper language codes; empty: an English-only model
+    word_timestamps: bool = False
+    voices: list[str] = []  # named speaker embeddings; without `voice` the model's default speaks
+    sample_rate: int = 16_000
+    speed: bool = False  # the pipeline honours `speed` (Kokoro); SpeechT5 does not
+
+
 class ModelCard(BaseModel):
     v: int = 1
     name: str
@@ -27,6 +37,7 @@ class ModelCard(BaseModel):
     best_of_limit: int = 20
     chat_template: str = ""
     image: ImageLimits | None = None
+    speech: SpeechInfo | None = None
     bos_token: str = ""
     eos_token: str = ""
     capabilities: list[str] = []

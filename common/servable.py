@@ -21,6 +21,8 @@ class ServableType(str, Enum):
     VLM_CB = "VLM_CB"
     VLM = "VLM"
     IMAGE = "IMAGE"
+    S2T = "S2T"  # speech to text: OVMS's S2tCalculator (WhisperPipeline)
+    T2S = "T2S"  # text to speech: OVMS's T2sCalculator (Text2SpeechPipeline)
 
 
 def infer_servable(path: Path, device: str, pipeline_type: str = "AUTO") -> ServableType:
@@ -29,6 +31,9 @@ def infer_servable(path: Path, device: str, pipeline_type: str = "AUTO") -> Serv
         return ServableType(pipeline_type)
     if (path / "model_index.json").exists():
         return ServableType.IMAGE
+    speech = speech_servable(path)
+    if speech is not None:
+        return speech
     vision = any((path / f).exists() for f in VISION_FILES)
     stateful = device.split(":")[0].upper() in STATEFUL_DEVICES
     if vision:
@@ -108,3 +113,28 @@ def generation_defaults(path: Path) -> dict[str, Any]:
     if config.get("do_sample") is False:
         defaults["temperature"] = 0.0
     return defaults
+
+
+# config.json model_type of the speech models GenAI's pipelines load.
+SPEECH_TO_TEXT_MODELS = ("whisper",)
+TEXT_TO_SPEECH_MODELS = ("speecht5", "kokoro")
+
+
+def speech_servable(path: Path) -> ServableType | None:
+    """S2T for a Whisper directory, T2S for SpeechT5 (its vocoder) or Kokoro; None for anything else."""
+    model_type = str(_json(path / "config.json").get("model_type", "")).lower()
+    if model_type in SPEECH_TO_TEXT_MODELS:
+        return ServableType.S2T
+    if model_type in TEXT_TO_SPEECH_MODELS or (path / "openvino_vocoder.xml").exists():
+        return ServableType.T2S
+    return None
+
+
+def whisper_languages(path: Path) -> list[str]:
+    """The language codes a Whisper model knows (`en`, from generation_config.json's `<|en|>`), in its order."""
+    languages = _json(path / "generation_config.json").get("lang_to_id") or {}
+    return [str(token).strip("<|>") for token in languages]
+
+
+def whisper_multilingual(path: Path) -> bool:
+    return bool(_json(path / "generation_config.json").get("is_multilingual", False))

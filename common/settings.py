@@ -63,6 +63,11 @@ class Settings(BaseSettings):
     # Largest upload /images/edits accepts (bytes), and the most pixels an uploaded image may decode to.
     max_upload_bytes: int = 20 * 1024 * 1024
     max_upload_pixels: int = 4096 * 4096
+    # /audio/transcriptions and /audio/translations: the largest upload (413 above it; OpenAI's limit) and the
+    # longest audio (400); /audio/speech: the longest input text (OpenAI's limit).
+    max_audio_bytes: int = 25 * 1024 * 1024
+    max_audio_seconds: float = 1200.0
+    max_speech_chars: int = 4096
     # Chat images (`image_url` parts): http(s) only from these exact hosts, files only under this directory.
     allowed_media_domains: list[str] = Field(default_factory=list)
     allowed_local_media_path: Path | None = None

@@ -24,6 +24,10 @@ def worker_class(model: ModelConfig, device: str) -> type:
         from workers.image.worker import ImageWorker
 
         return ImageWorker
+    if kind in (ServableType.S2T, ServableType.T2S):
+        from workers.audio.worker import SpeechWorker
+
+        return SpeechWorker
     from workers.text.worker import TextWorker
 
     return TextWorker

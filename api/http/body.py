@@ -1,9 +1,10 @@
 """The request body guard (a pure ASGI middleware): a size cap, and a client that leaves mid-body is a 499.
 
 The cap (`OVQ_MAX_BODY_BYTES`; for /images/edits at least two uploads' worth, for /files one file of
-OVQ_FILES_MAX_BYTES) is checked against Content-Length before anything is read, and counted while a chunked body
-streams in, so an oversized body is refused (413, `request_too_large`) without being read whole; the connection
-is closed after the refusal (`api/http/timeouts.py` closes any connection answered before its body was all in).
+OVQ_FILES_MAX_BYTES, for audio uploads one of OVQ_MAX_AUDIO_BYTES) is checked against Content-Length before anything
+is read, and counted while a chunked body streams in, so an oversized body is refused (413, `request_too_large`)
+without being read whole; the connection is closed after the refusal (`api/http/timeouts.py` closes any connection
+answered before its body was all in).
 """
 from __future__ import annotations
 
@@ -50,10 +51,13 @@ class BodyGuard:
         self.limit = settings.max_body_bytes
         self.edits_limit = max(self.limit, 2 * settings.max_upload_bytes + EDITS_SLACK)
         self.files_limit = max(self.limit, settings.files_max_bytes + EDITS_SLACK)
+        self.audio_limit = max(self.limit, settings.max_audio_bytes + EDITS_SLACK)
 
     def _limit(self, path: str) -> int:
         if path.endswith("/images/edits"):
             return self.edits_limit
+        if path.endswith(("/audio/transcriptions", "/audio/translations")):
+            return self.audio_limit
         return self.files_limit if path.endswith("/files") else self.limit
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:

@@ -31,6 +31,16 @@ class CacheEvictionConfig(BaseModel):
     apply_rotation: bool = False
 
 
+class Voice(BaseModel):
+    """OVMS's T2S `voices` entry: a speaker embedding file (raw float32) under a name requests use as `voice`; a
+    relative path is relative to the model directory."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field(min_length=1)
+    path: Path
+
+
 class ModelConfig(BaseModel):
     """One servable. Option names and defaults are OVMS's LLM node options."""
 
@@ -73,6 +83,11 @@ class ModelConfig(BaseModel):
     max_num_images_per_prompt: int = 10
     default_num_inference_steps: int = 50
     max_num_inference_steps: int = 100
+
+    # Speech servables: OVMS's S2T `enable_word_timestamps` (Whisper word timings; loads the pipeline with them)
+    # and T2S `voices`.
+    enable_word_timestamps: bool = False
+    voices: list[Voice] = Field(default_factory=list)
 
     @field_validator("max_resolution", "default_resolution")
     @classmethod

@@ -22,11 +22,17 @@ from pydantic import ValidationError
 
 from common.models import ovms_proto
 from common.models.config import ConfigError, ModelConfig
-from common.servable import VISION_FILES
+from common.servable import VISION_FILES, ServableType, speech_servable
 
 LLM_CALCULATOR = "LLMCalculator"  # OVMS matches the suffix: HttpLLMCalculator
 IMAGE_CALCULATOR = "ImageGenCalculator"
-_OPTIONS_OF = {LLM_CALCULATOR: ovms_proto.LLM_OPTIONS, IMAGE_CALCULATOR: ovms_proto.IMAGE_OPTIONS}
+S2T_CALCULATOR = "S2tCalculator"
+T2S_CALCULATOR = "T2sCalculator"
+_OPTIONS_OF = {LLM_CALCULATOR: ovms_proto.LLM_OPTIONS, IMAGE_CALCULATOR: ovms_proto.IMAGE_OPTIONS,
+               S2T_CALCULATOR: ovms_proto.S2T_OPTIONS, T2S_CALCULATOR: ovms_proto.T2S_OPTIONS}
+# The speech calculators name their device `target_device`.
+_DEVICE_OPTION = {S2T_CALCULATOR: "target_device", T2S_CALCULATOR: "target_device"}
+_SPEECH_TYPES = {S2T_CALCULATOR: ServableType.S2T, T2S_CALCULATOR: ServableType.T2S}
 _REMOTE = ("s3://", "gs://", "azfs://", "azure://")
 # OVMS options (2025-2026 releases) that ovq does not implement, to say so rather than "unknown".
 OVMS_ONLY_OPTIONS = frozenset({
@@ -147,17 +153,24 @@ def _servable(config_path: Path, entry: dict[str, Any], warnings: list[str]) -> 
              if node.calculator.endswith(suffix)]
     if not nodes:
         calculators = ", ".join(node.calculator for node in graph.message.node) or "none"
-        warnings.append(f"{graph_path}: no Http{LLM_CALCULATOR} or {IMAGE_CALCULATOR} node (calculators: "
-                        f"{calculators}): ovq serves text and image generation only; {name!r} skipped")
+        warnings.append(f"{graph_path}: no Http{LLM_CALCULATOR}, {IMAGE_CALCULATOR}, {S2T_CALCULATOR} or "
+                        f"{T2S_CALCULATOR} node (calculators: {calculators}): ovq serves text and image generation "
+                        f"and speech only; {name!r} skipped")
         return None
     if len(nodes) > 1:
         raise graph.error("calculator", f"{len(nodes)} generation nodes in one graph; ovq serves one per graph")
     node, calculator = nodes[0]
     options = _node_options(graph, node, calculator)
-    values = _llm_values(graph, options) if calculator == LLM_CALCULATOR else _image_values(options)
+    if calculator == LLM_CALCULATOR:
+        values = _llm_values(graph, options)
+    elif calculator == IMAGE_CALCULATOR:
+        values = _image_values(options)
+    else:
+        values = _speech_values(options, graph.path.parent)
     values.update(name=name, path=_models_dir(graph, base, options))
-    if options.HasField("device"):
-        values["devices"] = [options.device or "CPU"]
+    device = _DEVICE_OPTION.get(calculator, "device")
+    if options.HasField(device):
+        values["devices"] = [getattr(options, device) or "CPU"]
     if options.HasField("plugin_config"):
         values["plugin_config"] = _plugin_config(graph, options.plugin_config)
     _check_directory(graph, calculator, values)
@@ -325,9 +338,24 @@ def _image_values(options: Message) -> dict[str, Any]:
                           "default_num_inference_steps", "max_num_inference_steps"))
 
 
+def _speech_values(options: Message, graph_dir: Path) -> dict[str, Any]:
+    """S2T's word timestamps; T2S's voices, their relative paths resolved against the graph's directory."""
+    fields = options.DESCRIPTOR.fields_by_name
+    values = _set(options, ("enable_word_timestamps",)) if "enable_word_timestamps" in fields else {}
+    voices = options.voices if "voices" in fields else []
+    if voices:
+        values["voices"] = [{"name": v.name, "path": Path(os.path.normpath(graph_dir / v.path))} for v in voices]
+    return values
+
+
 def _check_directory(graph: _Graph, calculator: str, values: dict[str, Any]) -> None:
-    """The calculator decides text or image; as OVMS, an explicit pipeline type must match the directory."""
+    """The calculator decides text, image or speech; as OVMS, an explicit pipeline type must match the directory."""
     directory: Path = values["path"]
+    if calculator in _SPEECH_TYPES:
+        if speech_servable(directory) is not _SPEECH_TYPES[calculator]:
+            wanted = "a Whisper model" if calculator == S2T_CALCULATOR else "a SpeechT5 or Kokoro model"
+            raise graph.error("models_path", f"{calculator} needs {wanted}: {directory} holds none")
+        return
     image = (directory / "model_index.json").exists()
     if calculator == IMAGE_CALCULATOR and not image:
         raise graph.error("models_path", f"{IMAGE_CALCULATOR} needs an image generation model: "

@@ -19,6 +19,8 @@ _EXTENSIONS_FROM = 20000  # MediaPipe's option messages reserve 20000 to max for
 LLM_OPTIONS = "mediapipe.LLMCalculatorOptions"
 IMAGE_OPTIONS = "mediapipe.ImageGenCalculatorOptions"
 GRAPH = "mediapipe.CalculatorGraphConfig"
+S2T_OPTIONS = "mediapipe.S2tCalculatorOptions"
+T2S_OPTIONS = "mediapipe.T2sCalculatorOptions"
 
 
 def _field(name: str, number: int, kind: str) -> descriptor_pb2.FieldDescriptorProto:
@@ -88,6 +90,23 @@ _IMAGE = _message("ImageGenCalculatorOptions", [
     ("max_num_inference_steps", 8, "uint64"),
 ])
 
+# OVMS's src/audio/speech_to_text/s2t_calculator.proto and text_to_speech/t2s_calculator.proto.
+_S2T = _message("S2tCalculatorOptions", [
+    ("models_path", 1, "string"),
+    ("target_device", 2, "string"),
+    ("plugin_config", 3, "string"),
+    ("enable_word_timestamps", 4, "bool"),
+])
+
+_T2S = _message("T2sCalculatorOptions", [
+    ("models_path", 1, "string"),
+    ("target_device", 2, "string"),
+    ("plugin_config", 3, "string"),
+    ("voices", 4, "*.mediapipe.T2sCalculatorOptions.SpeakerEmbeddings"),
+], nested=(
+    _message("SpeakerEmbeddings", [("name", 1, "string"), ("path", 2, "string")]),
+))
+
 _GRAPH = _message("CalculatorGraphConfig", [
     ("node", 1, "*.mediapipe.CalculatorGraphConfig.Node"),
     ("num_threads", 4, "int32"),
@@ -142,7 +161,7 @@ def _pool() -> descriptor_pool.DescriptorPool:
     pool.AddSerializedFile(any_pb2.DESCRIPTOR.serialized_pb)
     file = descriptor_pb2.FileDescriptorProto(
         name="ovq/ovms_graph.proto", package="mediapipe", syntax="proto2",
-        dependency=[any_pb2.DESCRIPTOR.name], message_type=[_GRAPH, _LLM, _IMAGE, *_STRUCTURE],
+        dependency=[any_pb2.DESCRIPTOR.name], message_type=[_GRAPH, _LLM, _IMAGE, _S2T, _T2S, *_STRUCTURE],
     )
     pool.Add(file)
     return pool

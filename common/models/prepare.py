@@ -20,7 +20,8 @@ from tqdm import tqdm
 from common.models.config import ModelConfig
 from common.models.sources import DEFAULT_SOURCE
 
-READY_MARKERS = ("openvino_model.xml", "openvino_language_model.xml", "model_index.json")
+READY_MARKERS = ("openvino_model.xml", "openvino_language_model.xml", "model_index.json",
+                 "openvino_encoder_model.xml")  # the last: speech models (Whisper, SpeechT5)
 # Which files a directory prepared from a GGUF has; an older one is completed from its GGUF (fetched again), not
 # converted again. 2: generation_config.json and the Hugging Face tokenizer files.
 STAMP = "ovq_prepared.json"
