@@ -87,3 +87,31 @@ def write_repository(root: Path, graphs: dict[str, str], entries: list[dict] | N
     config = root / "config.json"
     config.write_text(json.dumps({"model_config_list": [], "mediapipe_config_list": entries}, indent=2))
     return config
+
+
+# OVMS's speech graphs as its export script writes them (src/audio: S2tCalculator, T2sCalculator).
+SPEECH_GRAPH = """input_stream: "HTTP_REQUEST_PAYLOAD:input"
+output_stream: "HTTP_RESPONSE_PAYLOAD:output"
+node {
+  name: "%(name)s"
+  input_side_packet: "%(side)s"
+  calculator: "%(calculator)s"
+  input_stream: "HTTP_REQUEST_PAYLOAD:input"
+  output_stream: "HTTP_RESPONSE_PAYLOAD:output"
+  node_options: {
+    [type.googleapis.com / mediapipe.%(calculator)sOptions]: {
+%(options)s
+    }
+  }
+}
+"""
+
+
+def s2t_graph(*options: str) -> str:
+    return SPEECH_GRAPH % {"name": "S2tExecutor", "side": "STT_NODE_RESOURCES:s2t_servable",
+                           "calculator": "S2tCalculator", "options": "\n".join(f"      {o}" for o in options)}
+
+
+def t2s_graph(*options: str) -> str:
+    return SPEECH_GRAPH % {"name": "T2sExecutor", "side": "TTS_NODE_RESOURCES:t2s_servable",
+                           "calculator": "T2sCalculator", "options": "\n".join(f"      {o}" for o in options)}

@@ -32,10 +32,14 @@ from common.events import (
     EventBatch,
     Progress,
     ProgressEvent,
+    Segment,
+    SegmentDict,
     Timings,
     TimingsDict,
     TokenLogprob,
     TokenLogprobDict,
+    Transcript,
+    TranscriptDict,
     Unreadable,
     Usage,
     UsageDict,
@@ -48,7 +52,7 @@ from common.events import (
 PAIRS: list[tuple[type[BaseModel], Any]] = [
     (Accepted, AcceptedEvent), (Delta, DeltaEvent), (Progress, ProgressEvent), (Done, DoneEvent),
     (Error, ErrorEvent), (Cancelled, CancelledEvent), (TokenLogprob, TokenLogprobDict), (Usage, UsageDict),
-    (Timings, TimingsDict), (ErrorBody, ErrorDict)]
+    (Timings, TimingsDict), (ErrorBody, ErrorDict), (Transcript, TranscriptDict), (Segment, SegmentDict)]
 
 
 @pytest.mark.parametrize(("model", "typed"), PAIRS, ids=[m.__name__ for m, _ in PAIRS])

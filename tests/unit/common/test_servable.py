@@ -45,3 +45,18 @@ def test_limits_and_defaults(tmp_path: Path) -> None:
     assert servable.context_length(tmp_path) == 77
     (tmp_path / "generation_config.json").write_text(json.dumps({"do_sample": False, "max_new_tokens": 9}))
     assert servable.generation_defaults(tmp_path) == {"max_tokens": 9, "temperature": 0.0}
+
+
+def test_speech_directories_are_s2t_and_t2s_on_any_device(tmp_path: Path) -> None:
+    for device in ("CPU", "NPU"):
+        assert infer_servable(MODELS / "tiny-whisper", device) is ServableType.S2T
+        assert infer_servable(MODELS / "tiny-speecht5", device) is ServableType.T2S
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "kokoro"}))
+    assert servable.speech_servable(tmp_path) is ServableType.T2S
+    assert servable.speech_servable(MODELS / "tiny-llama") is None
+
+
+def test_whisper_languages_in_generation_config_order() -> None:
+    assert servable.whisper_languages(MODELS / "tiny-whisper") == ["de", "en", "es", "fr"]
+    assert servable.whisper_multilingual(MODELS / "tiny-whisper")
+    assert servable.whisper_languages(MODELS / "tiny-llama") == []

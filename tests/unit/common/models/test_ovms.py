@@ -20,6 +20,8 @@ from tests.ovms_repository import (
     image_graph,
     link_model,
     llm_graph,
+    s2t_graph,
+    t2s_graph,
     write_repository,
 )
 
@@ -277,9 +279,9 @@ def test_graphs_ovq_does_not_serve_are_skipped(tmp_path: Path) -> None:
     config = write_repository(tmp_path, {"emb": embeddings, "m": llm_graph(f'models_path: "{LLAMA}"')})
     imported = load_ovms(config)
     assert [m.name for m in imported.models] == ["m"]
-    assert imported.warnings == [f"{tmp_path / 'emb' / 'graph.pbtxt'}: no HttpLLMCalculator or ImageGenCalculator "
-                                 "node (calculators: EmbeddingsCalculatorOV): ovq serves text and image generation "
-                                 "only; 'emb' skipped"]
+    assert imported.warnings == [f"{tmp_path / 'emb' / 'graph.pbtxt'}: no HttpLLMCalculator, ImageGenCalculator, "
+                                 "S2tCalculator or T2sCalculator node (calculators: EmbeddingsCalculatorOV): ovq "
+                                 "serves text and image generation and speech only; 'emb' skipped"]
     write_repository(tmp_path, {"emb": embeddings})
     with pytest.raises(ConfigError, match="no text or image generation servable"):
         load_ovms(config)
@@ -315,3 +317,39 @@ def test_commands_exit_2_with_one_line_on_a_broken_graph(command: list[str], tmp
     assert err.endswith(f"{tmp_path / 'm' / 'graph.pbtxt'}:{LLM_FIRST_OPTION_LINE + 1}:23: "
                         "Couldn't parse integer: big\n")
     assert err.count("\n") == 1
+
+
+WHISPER, SPEECHT5 = MODELS / "tiny-whisper", MODELS / "tiny-speecht5"
+
+
+def test_speech_to_text_graph_is_a_whisper_servable(tmp_path: Path) -> None:
+    link_model(WHISPER, tmp_path / "whisper")
+    config = write_repository(tmp_path, {"whisper": s2t_graph(
+        'models_path: "./"', 'plugin_config: \'{ "NUM_STREAMS": "1" }\'', 'target_device: "CPU"',
+        "enable_word_timestamps: true", "max_num_seqs: 4")})
+    imported = load_ovms(config)
+    assert imported.models == [ModelConfig(name="whisper", path=tmp_path / "whisper", devices=["CPU"],
+                                           plugin_config={"NUM_STREAMS": "1"}, enable_word_timestamps=True)]
+    assert imported.warnings == [f"{tmp_path / 'whisper' / 'graph.pbtxt'}:15: 'max_num_seqs' is not an option of "
+                                 "mediapipe.S2tCalculatorOptions that ovq knows; ignored"]
+    assert infer_servable(imported.models[0].path, "CPU") is ServableType.S2T
+
+
+def test_text_to_speech_graph_with_voices(tmp_path: Path) -> None:
+    link_model(SPEECHT5, tmp_path / "tts")
+    config = write_repository(tmp_path, {"tts": t2s_graph(
+        'models_path: "./"', 'target_device: "CPU"',
+        'voices: [{ name: "a", path: "voice-a.bin" }, { name: "b", path: "/abs/b.bin" }]')})
+    (model,) = load_ovms(config).models
+    assert [(v.name, v.path) for v in model.voices] == [("a", tmp_path / "tts" / "voice-a.bin"),
+                                                       ("b", Path("/abs/b.bin"))]
+    assert infer_servable(model.path, "CPU") is ServableType.T2S
+
+
+def test_speech_graph_on_the_wrong_model_is_an_error(tmp_path: Path) -> None:
+    config = write_repository(tmp_path, {"s": s2t_graph(f'models_path: "{SPEECHT5}"')})
+    with pytest.raises(ConfigError, match="S2tCalculator needs a Whisper model"):
+        load_ovms(config)
+    config = write_repository(tmp_path, {"s": t2s_graph(f'models_path: "{LLAMA}"')})
+    with pytest.raises(ConfigError, match="T2sCalculator needs a SpeechT5 or Kokoro model"):
+        load_ovms(config)
