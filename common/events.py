@@ -211,10 +211,13 @@ class SegmentDict(TypedDict):
     text: str
 
 
-class TranscriptDict(TypedDict):
+class _TranscriptFields(TypedDict):
     text: str
-    language: str | None
     duration: float
+
+
+class TranscriptDict(_TranscriptFields, total=False):
+    language: str | None
     segments: list[SegmentDict]
     words: list[SegmentDict]
 

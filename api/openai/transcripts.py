@@ -37,11 +37,11 @@ def vtt(segments: list[SegmentDict]) -> str:
 def verbose(transcript: TranscriptDict, task: str, temperature: float, words: bool) -> TranscriptionVerbose:
     segments = [TranscriptionSegment(id=n, seek=round(s["start"] * 100), start=s["start"], end=s["end"],
                                      text=s["text"], temperature=temperature)
-                for n, s in enumerate(transcript["segments"])]
+                for n, s in enumerate(transcript.get("segments", []))]
     return TranscriptionVerbose(
-        task="translate" if task == "translate" else "transcribe", language=transcript["language"] or "",
+        task="translate" if task == "translate" else "transcribe", language=transcript.get("language") or "",
         duration=transcript["duration"], text=transcript["text"], segments=segments,
-        words=[TranscriptionWord(word=w["text"], start=w["start"], end=w["end"]) for w in transcript["words"]]
+        words=[TranscriptionWord(word=w["text"], start=w["start"], end=w["end"]) for w in transcript.get("words", [])]
         if words else None,
         usage=usage(transcript))
 
@@ -55,9 +55,9 @@ def render(transcript: TranscriptDict, response_format: str, task: str, temperat
     if response_format == "text":
         return Response(transcript["text"], media_type="text/plain", headers=headers)
     if response_format == "srt":
-        return Response(srt(transcript["segments"]), media_type="text/plain", headers=headers)
+        return Response(srt(transcript.get("segments", [])), media_type="text/plain", headers=headers)
     if response_format == "vtt":
-        return Response(vtt(transcript["segments"]), media_type="text/vtt", headers=headers)
+        return Response(vtt(transcript.get("segments", [])), media_type="text/vtt", headers=headers)
     if response_format == "verbose_json":
         body = verbose(transcript, task, temperature, words).model_dump_json(exclude_none=True)
     else:
