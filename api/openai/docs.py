@@ -16,6 +16,7 @@ from pydantic import BaseModel
 from starlette.responses import HTMLResponse
 from starlette.staticfiles import StaticFiles
 
+from api.openai.audio_protocol import SpeechRequest, TranscriptionRequest, TranslationRequest
 from api.openai.protocol import ChatCompletionRequest, CompletionRequest, ImageEditRequest, ImageRequest
 from api.openai.responses.protocol import ResponsesRequest
 
@@ -25,7 +26,10 @@ JSON_BODIES: dict[str, type[BaseModel]] = {
     "/completions": CompletionRequest,
     "/responses": ResponsesRequest,
     "/images/generations": ImageRequest,
+    "/audio/speech": SpeechRequest,
 }
+AUDIO_FORMS: dict[str, type[BaseModel]] = {"/audio/transcriptions": TranscriptionRequest,
+                                           "/audio/translations": TranslationRequest}
 
 
 def _schema(model: type[BaseModel], components: dict[str, Any]) -> dict[str, Any]:
@@ -39,6 +43,13 @@ def _edit_form(components: dict[str, Any]) -> dict[str, Any]:
     schema["properties"].update(image={"type": "string", "format": "binary"},
                                 mask={"type": "string", "format": "binary"})
     schema["required"] = [*schema.get("required", []), "image"]
+    return schema
+
+
+def _audio_form(model: type[BaseModel], components: dict[str, Any]) -> dict[str, Any]:
+    schema = _schema(model, components)
+    schema["properties"]["file"] = {"type": "string", "format": "binary"}
+    schema["required"] = [*schema.get("required", []), "file"]
     return schema
 
 
@@ -57,6 +68,8 @@ def openapi_schema(app: FastAPI) -> dict[str, Any]:
             content = {"application/json": {"schema": _schema(JSON_BODIES[suffix], models)}}
         elif suffix == "/images/edits":
             content = {"multipart/form-data": {"schema": _edit_form(models)}}
+        elif suffix in AUDIO_FORMS:
+            content = {"multipart/form-data": {"schema": _audio_form(AUDIO_FORMS[suffix], models)}}
         else:
             continue
         post["requestBody"] = {"required": True, "content": content}

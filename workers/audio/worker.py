@@ -110,7 +110,8 @@ class SpeechWorker(BaseWorker):
         except Exception as exc:  # undecodable audio, or GenAI refuses a setting: the request's fault
             outcome = Outcome(error=error_message(exc))
             log.warning("speech job %s failed: %s", state.job.id, outcome.error)
-        if params is not None and params.audio_key is not None:
+        # A job handed back at shutdown (no longer ours) keeps its upload for the worker that runs it again.
+        if params is not None and params.audio_key is not None and state.job.id in self.running:
             await self.redis.delete(params.audio_key)
         self._end(state, outcome)
 

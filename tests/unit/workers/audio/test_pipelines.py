@@ -70,3 +70,13 @@ def test_a_voice_file_is_raw_float32(tmp_path: Path) -> None:
     (tmp_path / "empty.bin").write_bytes(b"")
     with pytest.raises(ValueError, match="empty"):
         read_voice(tmp_path / "empty.bin")
+
+
+def test_word_timestamps_where_the_model_enables_them() -> None:
+    model = ModelConfig(name="w", path=MODELS / "tiny-whisper", enable_word_timestamps=True)
+    pipes = SpeechPipelines(model, "CPU", ServableType.S2T)
+    pipes.load()
+    timed = pipes.transcribe(AUDIO, SpeechParams(task="transcribe", language="en", words=True), lambda text: False)
+    assert timed.words and timed.segments == []  # segments only when asked for
+    assert all(w.end >= w.start for w in timed.words)
+    assert "".join(w.text for w in timed.words).strip().startswith(timed.text.strip()[:4])
