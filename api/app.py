@@ -19,6 +19,7 @@ from api.http.body import BodyGuard
 from api.http.front import Endpoint, Front
 from api.http.status import CLIENT_CLOSED
 from api.openai.docs import install_docs
+from api.openai.encoders import EncoderServing
 from api.openai.images import ImageServing
 from api.openai.protocol import ModelList, ModelObject
 from api.openai.responses import serving as stored_responses
@@ -74,6 +75,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         jobs = JobClient(redis, keys, hub, registry, settings, metrics)
         app.state.serving = Serving(jobs, registry, metrics)
         app.state.images = ImageServing(jobs, registry, settings)
+        app.state.encoders = EncoderServing(jobs, registry, settings)
         app.state.responses = ResponsesServing(app.state.serving, ResponseStore(redis, keys, settings))
         _log_stop_signals(settings)
         heap.settle()
@@ -169,6 +171,12 @@ def _install_routes(app: FastAPI) -> dict[str, Endpoint]:
     async def image_edits(request: Request) -> Response:
         return await _counted(request, "image_edits", request.app.state.images.edits)
 
+    async def embeddings(request: Request) -> Response:
+        return await _counted(request, "embeddings", request.app.state.encoders.embeddings)
+
+    async def rerank(request: Request) -> Response:
+        return await _counted(request, "rerank", request.app.state.encoders.rerank)
+
     async def list_models(request: Request) -> ModelList:
         listed = await request.app.state.registry.models()
         return ModelList(data=[_model_object(name, card) for name, card in listed.items()])
@@ -197,7 +205,8 @@ def _install_routes(app: FastAPI) -> dict[str, Endpoint]:
     hot: dict[str, Endpoint] = {}
     for prefix in ("/v3", "/v1"):
         for path, endpoint in (("chat/completions", chat), ("completions", completions), ("responses", responses),
-                               ("images/generations", image_generations), ("images/edits", image_edits)):
+                               ("images/generations", image_generations), ("images/edits", image_edits),
+                               ("embeddings", embeddings), ("rerank", rerank)):
             app.add_api_route(f"{prefix}/{path}", endpoint, methods=["POST"])
             hot[f"{prefix}/{path}"] = endpoint
         app.add_api_route(f"{prefix}/models", list_models, methods=["GET"])

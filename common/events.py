@@ -102,6 +102,10 @@ class Done(_Event):
     # Image jobs: Redis keys of the PNGs (short-lived; the API reads and deletes them).
     images: list[str] = []
     size: str | None = None
+    # Embeddings jobs: each input's vector, base64 of little-endian float32 (OpenAI's `base64` encoding).
+    embeddings: list[str] = []
+    # Rerank jobs: each document's relevance score, in the order of the job's documents.
+    scores: list[float] = []
 
 
 class Error(_Event):
@@ -197,6 +201,8 @@ class DoneEvent(_DoneFields, total=False):
     usage: UsageDict | None
     images: list[str]
     size: str | None
+    embeddings: list[str]
+    scores: list[float]
 
 
 class ErrorDict(TypedDict, total=False):

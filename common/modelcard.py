@@ -16,6 +16,18 @@ class ImageLimits(BaseModel):
     edits: bool = True
 
 
+class EncoderLimits(BaseModel):
+    """Embeddings and rerank servables: what a request may ask for."""
+
+    max_length: int  # tokens per input (per query and document pair for rerank)
+    truncate: bool = False  # longer inputs are cut to max_length, not refused
+    dimensions: int = 0  # the vector's length (embeddings)
+    allowed_dimensions: list[int] = []  # smaller lengths a request's `dimensions` may ask for
+    max_inputs: int = 2048  # texts per embeddings request, documents per rerank request
+    pooling: str = ""
+    normalize: bool = True
+
+
 class ModelCard(BaseModel):
     v: int = 1
     name: str
@@ -27,6 +39,7 @@ class ModelCard(BaseModel):
     best_of_limit: int = 20
     chat_template: str = ""
     image: ImageLimits | None = None
+    encoder: EncoderLimits | None = None
     bos_token: str = ""
     eos_token: str = ""
     capabilities: list[str] = []

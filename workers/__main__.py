@@ -24,6 +24,10 @@ def worker_class(model: ModelConfig, device: str) -> type:
         from workers.image.worker import ImageWorker
 
         return ImageWorker
+    if kind in (ServableType.EMBEDDINGS, ServableType.RERANK):
+        from workers.embed.worker import EncoderWorker
+
+        return EncoderWorker
     from workers.text.worker import TextWorker
 
     return TextWorker
