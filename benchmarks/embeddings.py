@@ -150,7 +150,7 @@ def main() -> None:
         finally:
             stack.stop()
     batched, single = statistics.median(rates["batched"]), statistics.median(rates["single"])
-    print(f"| model | clients | requests/round | batched req/s | one call per request req/s | batched/single |\n"
+    print("| model | clients | requests/round | batched req/s | one call per request req/s | batched/single |\n"
           + "|---" * 6 + "|\n"
           f"| {args.model.name} | {args.concurrency} | {args.requests} | {batched:.0f} | {single:.0f} "
           f"| {batched / single:.2f} |")
