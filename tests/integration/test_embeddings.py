@@ -3,11 +3,14 @@ the vectors are TextEmbeddingPipeline's own, the scores TextRerankPipeline's own
 from __future__ import annotations
 
 import base64
+import io
+import time
 from collections.abc import Iterator
 
 import httpx
 import numpy as np
 import openai
+import orjson
 import pytest
 from openai import OpenAI
 
@@ -22,12 +25,14 @@ def tiers(redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[
     models = {EMBED: {"path": str(MODELS / "tiny-embed"), "pooling": "MEAN", "embedding_dimensions": [8]},
               SMALL: {"path": str(MODELS / "tiny-embed"), "max_position_embeddings": 8},
               RERANK: {"path": str(MODELS / "tiny-rerank"), "max_allowed_chunks": 4}}
-    t = Tiers(redis_url, tmp_path_factory.mktemp("embeddings"), models, OVQ_API_KEYS="sk-embed")
+    t = Tiers(redis_url, tmp_path_factory.mktemp("embeddings"), models, OVQ_API_KEYS="sk-embed",
+              OVQ_BATCH_API_KEY="sk-embed", OVQ_BATCH_SWEEP_S="0.5")
     for name in models:
         t.worker(name, name=name)
     t.api()
     try:
         t.wait_served(*models)
+        t.start("batch-worker", "--api-url", f"http://127.0.0.1:{t.port}", "--name", "bw", name="bw")
         yield t
     finally:
         t.stop()
@@ -143,6 +148,24 @@ def test_many_concurrent_requests_each_get_their_own_vector(tiers: Tiers) -> Non
             return await asyncio.gather(*(one(http, t) for t in texts))
 
     np.testing.assert_allclose(np.asarray(asyncio.run(all_of_them())), expected, atol=1e-6)
+
+
+def test_batch_api_takes_embeddings_lines(client: OpenAI) -> None:
+    lines = [{"custom_id": f"e{i}", "method": "POST", "url": "/v1/embeddings",
+              "body": {"model": EMBED, "input": text, "encoding_format": "float"}} for i, text in enumerate(TEXTS)]
+    data = b"".join(orjson.dumps(line) + b"\n" for line in lines)
+    uploaded = client.files.create(file=("embed.jsonl", io.BytesIO(data)), purpose="batch")
+    batch = client.batches.create(input_file_id=uploaded.id, endpoint="/v1/embeddings", completion_window="24h")
+    deadline = time.monotonic() + 60
+    while batch.status not in ("completed", "failed", "expired", "cancelled") and time.monotonic() < deadline:
+        time.sleep(0.2)
+        batch = client.batches.retrieve(batch.id)
+    assert batch.status == "completed", batch
+    assert batch.output_file_id is not None
+    outputs = [orjson.loads(x) for x in client.files.content(batch.output_file_id).content.split(b"\n") if x]
+    vectors = {o["custom_id"]: o["response"]["body"]["data"][0]["embedding"] for o in outputs}
+    expected = genai_embeddings(TEXTS)
+    np.testing.assert_allclose([vectors[f"e{i}"] for i in range(len(TEXTS))], expected, atol=1e-6)
 
 
 def genai_scores(query: str, documents: list[str]) -> list[float]:
