@@ -19,6 +19,7 @@ from api.http.body import BodyGuard
 from api.http.front import Endpoint, Front
 from api.http.status import CLIENT_CLOSED
 from api.openai.docs import install_docs
+from api.openai.encoders import EncoderServing
 from api.openai.images import ImageServing
 from api.openai.protocol import ModelList, ModelObject
 from api.openai.responses import serving as stored_responses
@@ -76,6 +77,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         app.state.serving = Serving(jobs, registry, metrics)
         app.state.images = ImageServing(jobs, registry, settings)
         app.state.speech = SpeechServing(jobs, registry, settings)
+        app.state.encoders = EncoderServing(jobs, registry, settings)
         app.state.responses = ResponsesServing(app.state.serving, ResponseStore(redis, keys, settings))
         _log_stop_signals(settings)
         heap.settle()
@@ -179,6 +181,11 @@ def _install_routes(app: FastAPI) -> dict[str, Endpoint]:
 
     async def speech(request: Request) -> Response:
         return await _counted(request, "speech", request.app.state.speech.speech)
+    async def embeddings(request: Request) -> Response:
+        return await _counted(request, "embeddings", request.app.state.encoders.embeddings)
+
+    async def rerank(request: Request) -> Response:
+        return await _counted(request, "rerank", request.app.state.encoders.rerank)
 
     async def list_models(request: Request) -> ModelList:
         listed = await request.app.state.registry.models()
@@ -210,7 +217,7 @@ def _install_routes(app: FastAPI) -> dict[str, Endpoint]:
         for path, endpoint in (("chat/completions", chat), ("completions", completions), ("responses", responses),
                                ("images/generations", image_generations), ("images/edits", image_edits),
                                ("audio/transcriptions", transcriptions), ("audio/translations", translations),
-                               ("audio/speech", speech)):
+                               ("audio/speech", speech), ("embeddings", embeddings), ("rerank", rerank)):
             app.add_api_route(f"{prefix}/{path}", endpoint, methods=["POST"])
             hot[f"{prefix}/{path}"] = endpoint
         app.add_api_route(f"{prefix}/models", list_models, methods=["GET"])

@@ -121,6 +121,10 @@ class Done(_Event):
     # Speech jobs: the transcript (S2T), or the Redis key of the speech file (T2S, read once like the images).
     transcript: Transcript | None = None
     audio: str | None = None
+    # Embeddings jobs: each input's vector, base64 of little-endian float32 (OpenAI's `base64` encoding).
+    embeddings: list[str] = []
+    # Rerank jobs: each document's relevance score, in the order of the job's documents.
+    scores: list[float] = []
 
 
 class Error(_Event):
@@ -235,6 +239,8 @@ class DoneEvent(_DoneFields, total=False):
     size: str | None
     transcript: TranscriptDict | None
     audio: str | None
+    embeddings: list[str]
+    scores: list[float]
 
 
 class ErrorDict(TypedDict, total=False):

@@ -132,6 +132,16 @@ class SpeechParams(BaseModel):
     voice: str | None = None
     response_format: str = "wav"  # the speech file's format (a key of common.audio.SPEECH_FORMATS)
     speed: float | None = None
+class EmbedParams(BaseModel):
+    """An embeddings or rerank job's inputs, checked by the API against the model's card.
+
+    Embeddings: `inputs` are the texts (or token id lists, decoded by the worker's tokenizer); rerank: `inputs`
+    are the documents, scored against `query`."""
+
+    inputs: list[str | list[int]]
+    query: str | None = None
+    # Embeddings: the vector's length when smaller than the model's (Matryoshka models); None: the model's.
+    dimensions: int | None = None
 
 
 class Job(BaseModel):
@@ -139,7 +149,10 @@ class Job(BaseModel):
     id: str = Field(default_factory=lambda: uuid.uuid4().hex)
     model: str
     device: str
-    kind: Literal["chat", "completion", "image", "transcription", "speech"]
+    # "transcription", "speech", "embed" and "rerank" came with SpeechParams and EmbedParams (still version 2: only
+    # the speech, embeddings and rerank workers, which know them, read those models' streams; every other job reads
+    # as before).
+    kind: Literal["chat", "completion", "image", "transcription", "speech", "embed", "rerank"]
     prompt: str | list[int]
     # Completions get the tokenizer's special tokens (BOS); a rendered chat template already has its own.
     add_special_tokens: bool = False
@@ -148,6 +161,7 @@ class Job(BaseModel):
     speech: SpeechParams | None = None
     # Vision-language chat: Redis keys of the message images, in prompt order (short-lived blobs).
     images: list[str] = Field(default_factory=list)
+    embed: EmbedParams | None = None
     reply_to: str
     created: float = Field(default_factory=time.time)
     # Which of the model's streams the job waits in: batch jobs (Batch API lines) only run when no interactive

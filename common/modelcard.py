@@ -24,6 +24,16 @@ class SpeechInfo(BaseModel):
     voices: list[str] = []  # named speaker embeddings; without `voice` the model's default speaks
     sample_rate: int = 16_000
     speed: bool = False  # the pipeline honours `speed` (Kokoro); SpeechT5 does not
+class EncoderLimits(BaseModel):
+    """Embeddings and rerank servables: what a request may ask for."""
+
+    max_length: int  # tokens per input (per query and document pair for rerank)
+    truncate: bool = False  # longer inputs are cut to max_length, not refused
+    dimensions: int = 0  # the vector's length (embeddings)
+    allowed_dimensions: list[int] = []  # smaller lengths a request's `dimensions` may ask for
+    max_inputs: int = 2048  # texts per embeddings request, documents per rerank request
+    pooling: str = ""
+    normalize: bool = True
 
 
 class ModelCard(BaseModel):
@@ -38,6 +48,7 @@ class ModelCard(BaseModel):
     chat_template: str = ""
     image: ImageLimits | None = None
     speech: SpeechInfo | None = None
+    encoder: EncoderLimits | None = None
     bos_token: str = ""
     eos_token: str = ""
     capabilities: list[str] = []

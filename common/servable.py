@@ -23,6 +23,14 @@ class ServableType(str, Enum):
     IMAGE = "IMAGE"
     S2T = "S2T"  # speech to text: OVMS's S2tCalculator (WhisperPipeline)
     T2S = "T2S"  # text to speech: OVMS's T2sCalculator (Text2SpeechPipeline)
+    EMBEDDINGS = "EMBEDDINGS"  # TextEmbeddingPipeline (OVMS: EmbeddingsCalculatorOV)
+    RERANK = "RERANK"  # TextRerankPipeline (OVMS: RerankCalculatorOV)
+
+
+# Encoders for embeddings are exported without a task head (feature-extraction); cross-encoders with one logit.
+RERANK_ARCHITECTURE_SUFFIX = "ForSequenceClassification"
+# Causal LMs and the rest carry a head named `...For<Task>`; a bare `BertModel`-style class is an encoder.
+_HEADED = "For"
 
 
 def infer_servable(path: Path, device: str, pipeline_type: str = "AUTO") -> ServableType:
@@ -34,6 +42,9 @@ def infer_servable(path: Path, device: str, pipeline_type: str = "AUTO") -> Serv
     speech = speech_servable(path)
     if speech is not None:
         return speech
+    encoder = encoder_servable(path)
+    if encoder is not None:
+        return encoder
     vision = any((path / f).exists() for f in VISION_FILES)
     stateful = device.split(":")[0].upper() in STATEFUL_DEVICES
     if vision:
@@ -138,3 +149,25 @@ def whisper_languages(path: Path) -> list[str]:
 
 def whisper_multilingual(path: Path) -> bool:
     return bool(_json(path / "generation_config.json").get("is_multilingual", False))
+def encoder_servable(path: Path) -> ServableType | None:
+    """A directory exported for embeddings (a bare encoder class) or rerank (a sequence classifier), by its
+    config.json's `architectures`; None for anything else (an explicit `pipeline_type` covers decoder-based ones)."""
+    architectures = _json(path / "config.json").get("architectures") or []
+    if not architectures or not isinstance(architectures[0], str):
+        return None
+    if architectures[0].endswith(RERANK_ARCHITECTURE_SUFFIX):
+        return ServableType.RERANK
+    if _HEADED not in architectures[0] and architectures[0].endswith("Model"):
+        return ServableType.EMBEDDINGS
+    return None
+
+
+POOLING_MODES = {"pooling_mode_cls_token": "CLS", "pooling_mode_mean_tokens": "MEAN",
+                 "pooling_mode_lasttoken": "LAST"}
+
+
+def default_pooling(path: Path) -> str:
+    """The pooling a sentence-transformers export declares (`1_Pooling/config.json`), as OVMS detects it; CLS when
+    none does (GenAI's default)."""
+    config = _json(path / "1_Pooling" / "config.json")
+    return next((mode for key, mode in POOLING_MODES.items() if config.get(key)), "CLS")

@@ -162,6 +162,13 @@ class Settings(BaseSettings):
     batch_lease_s: float = 30.0
     batch_sweep_s: float = 10.0
 
+    # ---- Embeddings and rerank workers ----------------------------------------------------------------------------
+    # The token budget of one pipeline call: the jobs waiting are batched while (texts x longest text) stays within
+    # it (one job always goes; 1 runs one call per request). A request's texts are never split across calls.
+    embed_batch_tokens: int = Field(8192, ge=1)
+    # Most inputs (texts, or documents) one embeddings or rerank request may carry (OpenAI allows 2048 inputs).
+    embed_max_inputs: int = Field(2048, ge=1)
+
     # ---- Stored responses (/v1/responses with `store`, the default) ---------------------------------------------
     # A stored response lives this long after its last write; a turn chained onto it (previous_response_id) renews
     # its whole chain, so a conversation in use does not lose its start. OpenAI keeps 30 days, on disk; ovq keeps

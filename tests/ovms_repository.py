@@ -56,6 +56,39 @@ node: {
 }
 """
 
+# OVMS's embeddings and rerank graphs (as its export_model.py writes them).
+EMBEDDINGS_GRAPH = """input_stream: "REQUEST_PAYLOAD:input"
+output_stream: "RESPONSE_PAYLOAD:output"
+node {
+  name: "EmbeddingsExecutor"
+  input_side_packet: "EMBEDDINGS_NODE_RESOURCES:embeddings_servable"
+  calculator: "EmbeddingsCalculatorOV"
+  input_stream: "REQUEST_PAYLOAD:input"
+  output_stream: "RESPONSE_PAYLOAD:output"
+  node_options: {
+    [type.googleapis.com / mediapipe.EmbeddingsCalculatorOVOptions]: {
+%s
+    }
+  }
+}
+"""
+
+RERANK_GRAPH = """input_stream: "REQUEST_PAYLOAD:input"
+output_stream: "RESPONSE_PAYLOAD:output"
+node {
+  name: "RerankExecutor"
+  input_side_packet: "RERANK_NODE_RESOURCES:rerank_servable"
+  calculator: "RerankCalculatorOV"
+  input_stream: "REQUEST_PAYLOAD:input"
+  output_stream: "RESPONSE_PAYLOAD:output"
+  node_options: {
+    [type.googleapis.com / mediapipe.RerankCalculatorOVOptions]: {
+%s
+    }
+  }
+}
+"""
+
 # The line of the first option inside node_options, for tests that name lines.
 LLM_FIRST_OPTION_LINE = LLM_GRAPH.splitlines().index("%s") + 1
 IMAGE_FIRST_OPTION_LINE = IMAGE_GRAPH.splitlines().index("%s") + 1
@@ -67,6 +100,14 @@ def llm_graph(*options: str) -> str:
 
 def image_graph(*options: str) -> str:
     return IMAGE_GRAPH % "\n".join(f"          {option}" for option in options)
+
+
+def embeddings_graph(*options: str) -> str:
+    return EMBEDDINGS_GRAPH % "\n".join(f"      {option}" for option in options)
+
+
+def rerank_graph(*options: str) -> str:
+    return RERANK_GRAPH % "\n".join(f"      {option}" for option in options)
 
 
 def link_model(source: Path, target: Path) -> Path:

@@ -28,6 +28,10 @@ def worker_class(model: ModelConfig, device: str) -> type:
         from workers.audio.worker import SpeechWorker
 
         return SpeechWorker
+    if kind in (ServableType.EMBEDDINGS, ServableType.RERANK):
+        from workers.embed.worker import EncoderWorker
+
+        return EncoderWorker
     from workers.text.worker import TextWorker
 
     return TextWorker

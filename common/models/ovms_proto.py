@@ -1,6 +1,7 @@
 """The protobuf messages of an OVMS `graph.pbtxt`, built at import time (no protoc, no generated code).
 
-Field names are OVMS's (`src/llm/llm_calculator.proto`, `src/image_gen/image_gen_calculator.proto`, numbers too)
+Field names are OVMS's (`src/llm/llm_calculator.proto`, `src/image_gen/image_gen_calculator.proto`, numbers too;
+the embeddings and rerank calculators' options by name)
 and MediaPipe's (`calculator.proto`); text format goes by name only. No defaults here: an option the graph leaves
 unset takes `ModelConfig`'s default, which is OVMS's. Only the options ovq honours are defined: every other field
 is unknown to these messages, which is how the parser finds the options ovq ignores. The graph's own structure is
@@ -18,6 +19,8 @@ _EXTENSIONS_FROM = 20000  # MediaPipe's option messages reserve 20000 to max for
 
 LLM_OPTIONS = "mediapipe.LLMCalculatorOptions"
 IMAGE_OPTIONS = "mediapipe.ImageGenCalculatorOptions"
+EMBEDDINGS_OPTIONS = "mediapipe.EmbeddingsCalculatorOVOptions"
+RERANK_OPTIONS = "mediapipe.RerankCalculatorOVOptions"
 GRAPH = "mediapipe.CalculatorGraphConfig"
 S2T_OPTIONS = "mediapipe.S2tCalculatorOptions"
 T2S_OPTIONS = "mediapipe.T2sCalculatorOptions"
@@ -107,6 +110,27 @@ _T2S = _message("T2sCalculatorOptions", [
     _message("SpeakerEmbeddings", [("name", 1, "string"), ("path", 2, "string")]),
 ))
 
+# OVMS's `src/embeddings/embeddings_calculator_ov.proto` across its releases: `mean_pooling` (older) became
+# `pooling`, whose LAST_TOKEN became LAST; `truncate` came later. Text format goes by name, so the numbers are ours.
+_EMBEDDINGS = _message("EmbeddingsCalculatorOVOptions", [
+    ("models_path", 1, "string"),
+    ("normalize_embeddings", 2, "bool"),
+    ("target_device", 3, "string"),
+    ("plugin_config", 4, "string"),
+    ("pooling", 5, "enum .mediapipe.EmbeddingsCalculatorOVOptions.Pooling"),
+    ("mean_pooling", 6, "bool"),
+    ("truncate", 7, "bool"),
+], enums={"Pooling": ["CLS", "LAST", "MEAN", "LAST_TOKEN"]})
+
+# `src/rerank/rerank_calculator_ov.proto`.
+_RERANK = _message("RerankCalculatorOVOptions", [
+    ("models_path", 1, "string"),
+    ("max_allowed_chunks", 2, "uint64"),
+    ("max_position_embeddings", 3, "uint64"),
+    ("target_device", 4, "string"),
+    ("plugin_config", 5, "string"),
+])
+
 _GRAPH = _message("CalculatorGraphConfig", [
     ("node", 1, "*.mediapipe.CalculatorGraphConfig.Node"),
     ("num_threads", 4, "int32"),
@@ -161,7 +185,8 @@ def _pool() -> descriptor_pool.DescriptorPool:
     pool.AddSerializedFile(any_pb2.DESCRIPTOR.serialized_pb)
     file = descriptor_pb2.FileDescriptorProto(
         name="ovq/ovms_graph.proto", package="mediapipe", syntax="proto2",
-        dependency=[any_pb2.DESCRIPTOR.name], message_type=[_GRAPH, _LLM, _IMAGE, _S2T, _T2S, *_STRUCTURE],
+        dependency=[any_pb2.DESCRIPTOR.name],
+        message_type=[_GRAPH, _LLM, _IMAGE, _S2T, _T2S, _EMBEDDINGS, _RERANK, *_STRUCTURE],
     )
     pool.Add(file)
     return pool

@@ -179,7 +179,7 @@ def test_bad_files_fail_the_batch_in_validating_naming_the_line(stack: Tiers) ->
 def test_refused_at_create(stack: Tiers) -> None:
     client = client_for(stack)
     file_id = upload(client, [line(0)])
-    bad = [dict(endpoint="/v1/embeddings", completion_window="24h"),
+    bad = [dict(endpoint="/v1/images/generations", completion_window="24h"),
            dict(endpoint="/v1/chat/completions", completion_window="48h"),
            dict(endpoint="/v1/chat/completions", completion_window="24h",
                 metadata={f"k{i}": "v" for i in range(17)})]

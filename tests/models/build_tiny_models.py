@@ -1,6 +1,6 @@
 """Build tiny random-weight test models offline and export them to OpenVINO IR.
 
-Three models are produced next to this script, each a directory that the
+Five models are produced next to this script, each a directory that the
 OpenVINO GenAI pipelines load directly:
 
 * ``tiny-llama``  - LlamaForCausalLM (2 layers, hidden 64) with a byte-level BPE
@@ -13,6 +13,10 @@ OpenVINO GenAI pipelines load directly:
 * ``tiny-sd``     - Stable Diffusion 1.5 layout (hand-made CLIP vocabulary,
   UNet / VAE with block widths (32, 64), DDIM scheduler). For
   ``Text2ImagePipeline``, ``Image2ImagePipeline`` and ``InpaintingPipeline``.
+* ``tiny-embed``  - BertModel (2 layers, hidden 32) with a hand-made WordPiece
+  vocabulary, exported for ``feature-extraction``. For ``TextEmbeddingPipeline``.
+* ``tiny-rerank`` - BertForSequenceClassification (one logit, same vocabulary),
+  exported for ``text-classification``. For ``TextRerankPipeline``.
 
 Weights are random with fixed seeds; nothing is downloaded (``HF_HUB_OFFLINE=1``).
 
@@ -31,7 +35,7 @@ uninstall. The openvino pins must match the runtime that loads the models.)
 
 Then::
 
-    /tmp/ovq-builder-venv/bin/python tests/models/build_tiny_models.py            # all three
+    /tmp/ovq-builder-venv/bin/python tests/models/build_tiny_models.py            # all of them
     /tmp/ovq-builder-venv/bin/python tests/models/build_tiny_models.py --only sd  # one of them
 
 Check the result with the project's own interpreter:
@@ -621,6 +625,71 @@ def write_voice(path: Path) -> None:
 SPEECHT5_VOICE = "voice-a.bin"
 SPEECHT5_KEEP = {"config.json", "generation_config.json", "tokenizer_config.json", "special_tokens_map.json",
                  "spm_char.model", "added_tokens.json"}
+# ------------------------------------------------------------ embedding / rerank
+
+BERT_SPECIALS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+BERT_MAX_POSITIONS = 128
+
+
+def bert_tokenizer():
+    """A hand-made WordPiece vocabulary (CORPUS's lower-case words whole, plus every ASCII character alone and as a
+    ``##`` continuation, so any English text tokenizes), loaded as BERT's own fast tokenizer (``[CLS] ... [SEP]``,
+    pairs as ``[CLS] a [SEP] b [SEP]``). Hand-made, not trained: WordPiece training breaks ties differently from
+    run to run, and rebuilds must be byte-identical."""
+    import re
+
+    from transformers import BertTokenizerFast
+
+    characters = [chr(c) for c in range(33, 127) if not chr(c).isupper()]
+    words = sorted(set(re.findall(r"[a-z0-9]+", CORPUS.lower())) - set(characters))
+    tokens = BERT_SPECIALS + characters + [f"##{c}" for c in characters if c.isalnum()] + words
+    vocab = {token: index for index, token in enumerate(tokens)}
+    return BertTokenizerFast(vocab=vocab, do_lower_case=True, model_max_length=BERT_MAX_POSITIONS)
+
+
+def tiny_bert_config(tokenizer, **extra):
+    from transformers import BertConfig
+
+    return BertConfig(vocab_size=len(tokenizer), hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                      intermediate_size=64, max_position_embeddings=BERT_MAX_POSITIONS,
+                      pad_token_id=tokenizer.pad_token_id, **extra)
+
+
+BERT_KEEP = {"config.json", "tokenizer.json", "tokenizer_config.json", "vocab.txt", "special_tokens_map.json",
+             "openvino_tokenizer.xml", "openvino_tokenizer.bin", "openvino_detokenizer.xml",
+             "openvino_detokenizer.bin", "openvino_model.xml", "openvino_model.bin"}
+
+
+def build_embed(output: Path, workdir: Path) -> None:
+    """Tiny BERT encoder -> ``feature-extraction`` IR (for TextEmbeddingPipeline: CLS or mean pooling)."""
+    from transformers import BertModel
+
+    seed_everything()
+    tokenizer = bert_tokenizer()
+    model = BertModel(tiny_bert_config(tokenizer), add_pooling_layer=False).eval()
+    checkpoint = workdir / "tiny-embed-torch"
+    model.save_pretrained(checkpoint)
+    tokenizer.save_pretrained(checkpoint)
+    optimum_export(checkpoint, output, "feature-extraction")
+    prune(output, lambda rel: str(rel) in BERT_KEEP)
+
+
+def build_rerank(output: Path, workdir: Path) -> None:
+    """Tiny BERT cross-encoder (one logit per query/document pair) -> ``text-classification`` IR (for
+    TextRerankPipeline)."""
+    import torch
+    from transformers import BertForSequenceClassification
+
+    seed_everything()
+    tokenizer = bert_tokenizer()
+    model = BertForSequenceClassification(tiny_bert_config(tokenizer, num_labels=1)).eval()
+    with torch.no_grad():  # spread the random scores, so that their order is not decided by rounding
+        model.classifier.weight *= 100.0
+    checkpoint = workdir / "tiny-rerank-torch"
+    model.save_pretrained(checkpoint)
+    tokenizer.save_pretrained(checkpoint)
+    optimum_export(checkpoint, output, "text-classification")
+    prune(output, lambda rel: str(rel) in BERT_KEEP)
 
 
 BUILDERS: dict[str, Callable[[Path, Path], None]] = {
@@ -629,6 +698,8 @@ BUILDERS: dict[str, Callable[[Path, Path], None]] = {
     "sd": build_sd,
     "whisper": build_whisper,
     "speecht5": build_speecht5,
+    "embed": build_embed,
+    "rerank": build_rerank,
 }
 
 

@@ -2,7 +2,7 @@
 
 Run with the project's interpreter::
 
-    python3 tests/models/check_tiny_models.py            # all three
+    python3 tests/models/check_tiny_models.py            # all of them
     python3 tests/models/check_tiny_models.py llava sd   # some of them
 
 Exits non-zero if any check fails.
@@ -189,8 +189,43 @@ def check_speecht5() -> None:
     log(f"tiny-speecht5 Text2SpeechPipeline: {first.size} samples at {result.output_sample_rate} Hz")
 
 
+
+
+def check_embed() -> None:
+    path = str(MODELS_DIR / "tiny-embed")
+    texts = ["The capital of France is Paris.", "hello world"]
+    pipe = ov_genai.TextEmbeddingPipeline(path, DEVICE)
+    vectors = np.asarray(pipe.embed_documents(texts))
+    assert vectors.shape == (2, 32), vectors.shape
+    np.testing.assert_allclose(np.linalg.norm(vectors, axis=1), 1.0, rtol=1e-5)  # normalised by default
+    assert not np.allclose(vectors[0], vectors[1])
+    # Batched or alone, a text gets the same vector (the worker batches requests).
+    np.testing.assert_allclose(np.asarray(pipe.embed_documents(texts[1:]))[0], vectors[1], atol=1e-6)
+    mean = ov_genai.TextEmbeddingPipeline(path, DEVICE, ov_genai.TextEmbeddingPipeline.Config(
+        pooling_type=ov_genai.TextEmbeddingPipeline.PoolingType.MEAN, normalize=False, max_length=8))
+    assert not np.allclose(np.asarray(mean.embed_documents(texts[:1]))[0], vectors[0])
+    tokenizer = ov_genai.Tokenizer(path)
+    ids = tokenizer.encode(texts[0]).input_ids.data[0].tolist()
+    assert ids[0] == 2 and ids[-1] == 3, ids  # [CLS] ... [SEP]
+    assert tokenizer.decode(ids, skip_special_tokens=True) == texts[0].lower(), tokenizer.decode(ids)
+    log(f"tiny-embed TextEmbeddingPipeline: {vectors.shape}")
+
+
+def check_rerank() -> None:
+    pipe = ov_genai.TextRerankPipeline(str(MODELS_DIR / "tiny-rerank"), DEVICE,
+                                       ov_genai.TextRerankPipeline.Config(top_n=10))
+    documents = ["Paris is the capital of France", "a cat", "the sky is blue"]
+    ranked = pipe.rerank("capital of France", documents)
+    assert sorted(i for i, _ in ranked) == [0, 1, 2], ranked
+    scores = [s for _, s in ranked]
+    assert scores == sorted(scores, reverse=True) and len(set(scores)) == 3, ranked
+    assert all(0.0 < s < 1.0 for s in scores), ranked  # a sigmoid of the one logit
+    log(f"tiny-rerank TextRerankPipeline: {ranked}")
+
+
 CHECKS: dict[str, Callable[[], None]] = {"llama": check_llama, "llava": check_llava, "sd": check_sd,
-                                          "whisper": check_whisper, "speecht5": check_speecht5}
+                                         "whisper": check_whisper, "speecht5": check_speecht5,
+                                         "embed": check_embed, "rerank": check_rerank}
 
 
 def main(argv: list[str]) -> int:

@@ -8,7 +8,7 @@ import redis.asyncio as aioredis
 
 from api.queue.registry import Registry, Servable
 from common.events import Done, Timings, Usage
-from common.jobs import ENTRY_JOB, Job, JobHash, JobStatus, SamplingParams
+from common.jobs import ENTRY_JOB, EmbedParams, Job, JobHash, JobStatus, SamplingParams
 from common.keys import GROUP, Keys
 from common.modelcard import ModelCard
 from common.ops import control
@@ -32,6 +32,15 @@ def test_a_job_travels_in_its_stream_entry_under_one_field() -> None:
     fields = {k.encode(): v for k, v in job.to_fields().items()}
     assert list(fields) == [ENTRY_JOB.encode()]
     assert Job.from_fields(fields) == job
+
+
+def test_embeddings_and_rerank_jobs_travel_with_their_inputs() -> None:
+    job = Job(model="m", device="CPU", kind="rerank", prompt="", reply_to="api",
+              embed=EmbedParams(inputs=["a", [1, 2]], query="q", dimensions=8))
+    assert Job.from_fields({k.encode(): v for k, v in job.to_fields().items()}) == job
+    # A job of before embeddings (no `embed` field) still reads.
+    old = job.model_dump(exclude={"embed"}) | {"kind": "chat"}
+    assert Job.model_validate(old).embed is None
 
 
 async def test_the_hash_the_api_and_a_worker_write_is_the_one_jobs_show_reads(redis_url: str) -> None:

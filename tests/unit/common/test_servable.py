@@ -60,3 +60,22 @@ def test_whisper_languages_in_generation_config_order() -> None:
     assert servable.whisper_languages(MODELS / "tiny-whisper") == ["de", "en", "es", "fr"]
     assert servable.whisper_multilingual(MODELS / "tiny-whisper")
     assert servable.whisper_languages(MODELS / "tiny-llama") == []
+def test_encoder_servables_from_their_architecture(tmp_path: Path) -> None:
+    assert infer_servable(MODELS / "tiny-embed", "CPU") is ServableType.EMBEDDINGS
+    assert infer_servable(MODELS / "tiny-rerank", "NPU") is ServableType.RERANK
+    # A decoder exported for embeddings says so in the models file; its directory alone reads as a text model.
+    (tmp_path / "config.json").write_text(json.dumps({"architectures": ["Qwen3ForCausalLM"]}))
+    assert infer_servable(tmp_path, "CPU") is ServableType.LM_CB
+    assert infer_servable(tmp_path, "CPU", "EMBEDDINGS") is ServableType.EMBEDDINGS
+    (tmp_path / "config.json").write_text(json.dumps({"architectures": ["XLMRobertaModel"]}))
+    assert infer_servable(tmp_path, "CPU") is ServableType.EMBEDDINGS
+
+
+def test_default_pooling_from_sentence_transformers(tmp_path: Path) -> None:
+    assert servable.default_pooling(tmp_path) == "CLS"
+    (tmp_path / "1_Pooling").mkdir()
+    (tmp_path / "1_Pooling" / "config.json").write_text(json.dumps({"pooling_mode_cls_token": False,
+                                                                    "pooling_mode_mean_tokens": True}))
+    assert servable.default_pooling(tmp_path) == "MEAN"
+    (tmp_path / "1_Pooling" / "config.json").write_text(json.dumps({"pooling_mode_lasttoken": True}))
+    assert servable.default_pooling(tmp_path) == "LAST"

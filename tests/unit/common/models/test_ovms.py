@@ -17,9 +17,11 @@ from common.settings import Settings
 from tests.ovms_repository import (
     IMAGE_FIRST_OPTION_LINE,
     LLM_FIRST_OPTION_LINE,
+    embeddings_graph,
     image_graph,
     link_model,
     llm_graph,
+    rerank_graph,
     s2t_graph,
     t2s_graph,
     write_repository,
@@ -27,6 +29,7 @@ from tests.ovms_repository import (
 
 MODELS = Path(__file__).resolve().parents[3] / "models"
 LLAMA, LLAVA, SD = MODELS / "tiny-llama", MODELS / "tiny-llava", MODELS / "tiny-sd"
+EMBED, RERANK = MODELS / "tiny-embed", MODELS / "tiny-rerank"
 
 
 def only(config: Path) -> ModelConfig:
@@ -273,17 +276,55 @@ def test_older_response_parser(tmp_path: Path) -> None:
 
 
 def test_graphs_ovq_does_not_serve_are_skipped(tmp_path: Path) -> None:
-    embeddings = ('node {\n  name: "emb"\n  calculator: "EmbeddingsCalculatorOV"\n  node_options: {\n'
-                  '    [type.googleapis.com / mediapipe.EmbeddingsCalculatorOVOptions]: { models_path: "./" }\n'
-                  "  }\n}\n")
-    config = write_repository(tmp_path, {"emb": embeddings, "m": llm_graph(f'models_path: "{LLAMA}"')})
+    classic = ('node {\n  name: "classic"\n  calculator: "OpenVINOInferenceCalculator"\n  node_options: {\n'
+               '    [type.googleapis.com / mediapipe.OpenVINOInferenceCalculatorOptions]: { tag_to_input: "x" }\n'
+               "  }\n}\n")
+    config = write_repository(tmp_path, {"classic": classic, "m": llm_graph(f'models_path: "{LLAMA}"')})
     imported = load_ovms(config)
     assert [m.name for m in imported.models] == ["m"]
-    assert imported.warnings == [f"{tmp_path / 'emb' / 'graph.pbtxt'}: no HttpLLMCalculator, ImageGenCalculator, "
-                                 "S2tCalculator or T2sCalculator node (calculators: EmbeddingsCalculatorOV): ovq "
-                                 "serves text and image generation and speech only; 'emb' skipped"]
-    write_repository(tmp_path, {"emb": embeddings})
+    assert imported.warnings == [f"{tmp_path / 'classic' / 'graph.pbtxt'}: no HttpLLMCalculator, ImageGenCalculator, "
+                                 "S2tCalculator, T2sCalculator, EmbeddingsCalculatorOV or RerankCalculatorOV node "
+                                 "(calculators: OpenVINOInferenceCalculator): ovq does not serve it; 'classic' skipped"]
+    write_repository(tmp_path, {"classic": classic})
     with pytest.raises(ConfigError, match="no text or image generation servable"):
+        load_ovms(config)
+
+
+def test_embeddings_graph_options_map_to_the_models_file(tmp_path: Path) -> None:
+    link_model(EMBED, tmp_path / "emb")
+    config = write_repository(tmp_path, {"emb": embeddings_graph(
+        'models_path: "./"', "normalize_embeddings: false", "truncate: true", "pooling: MEAN",
+        'target_device: "GPU"', """plugin_config: '{"NUM_STREAMS": "2"}'""", "max_batch: 4")})
+    imported = load_ovms(config)
+    assert imported.models == [ModelConfig(
+        name="emb", path=tmp_path / "emb", devices=["GPU"], pipeline_type="EMBEDDINGS", normalize_embeddings=False,
+        truncate=True, pooling="MEAN", plugin_config={"NUM_STREAMS": "2"})]
+    (warning,) = imported.warnings
+    assert warning.endswith("'max_batch' is not an option of mediapipe.EmbeddingsCalculatorOVOptions that ovq "
+                            "knows; ignored")
+    assert infer_servable(EMBED, "CPU", imported.models[0].pipeline_type) is ServableType.EMBEDDINGS
+
+
+@pytest.mark.parametrize(("option", "pooling"), [("pooling: LAST_TOKEN", "LAST"), ("pooling: CLS", "CLS"),
+                                                 ("mean_pooling: true", "MEAN"), ("mean_pooling: false", "CLS")])
+def test_embeddings_pooling_of_every_ovms_release(tmp_path: Path, option: str, pooling: str) -> None:
+    config = write_repository(tmp_path, {"emb": embeddings_graph(f'models_path: "{EMBED}"', option)})
+    assert only(config).pooling == pooling
+
+
+def test_rerank_graph_options_map_to_the_models_file(tmp_path: Path) -> None:
+    config = write_repository(tmp_path, {"rr": rerank_graph(
+        f'models_path: "{RERANK}"', "max_allowed_chunks: 50", "max_position_embeddings: 64",
+        'target_device: "CPU"')})
+    imported = load_ovms(config)
+    assert imported.warnings == []
+    assert imported.models == [ModelConfig(name="rr", path=RERANK, devices=["CPU"], pipeline_type="RERANK",
+                                           max_allowed_chunks=50, max_position_embeddings=64)]
+
+
+def test_encoder_graph_on_an_image_model_is_refused(tmp_path: Path) -> None:
+    config = write_repository(tmp_path, {"emb": embeddings_graph(f'models_path: "{SD}"')})
+    with pytest.raises(ConfigError, match="holds an image generation model"):
         load_ovms(config)
 
 
