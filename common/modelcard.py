@@ -35,6 +35,7 @@ class ModelCard(BaseModel):
     reasoning_parser: str | None = None
     enable_tool_guided_generation: bool = False
     prompt_lookup: bool = False
+    speculative: bool = False  # served with a draft model (draft_models_path)
     # Position of this device in the model's `devices` list: breaks ties between equally busy devices.
     preference: int = 0
     created: int

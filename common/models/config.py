@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 
 def parse_size(value: str) -> tuple[int, int]:
@@ -74,6 +74,17 @@ class ModelConfig(BaseModel):
     default_num_inference_steps: int = 50
     max_num_inference_steps: int = 100
 
+    # Speculative decoding (OVMS's draft_* node options): a smaller model of the same tokenizer proposes tokens the
+    # served model checks, several per step. Unset draft_* scheduler options take the served model's values, as
+    # in OVMS; a relative draft_models_path is relative to the models file (to the graph's base path in OVMS).
+    draft_models_path: Path | None = None
+    draft_device: str | None = None
+    draft_max_num_batched_tokens: int | None = Field(None, ge=1)
+    draft_cache_size: int | None = Field(None, ge=0)
+    draft_max_num_seqs: int | None = Field(None, ge=1)
+    draft_dynamic_split_fuse: bool | None = None
+    draft_block_size: int | None = Field(None, ge=1)  # accepted as OVMS does; GenAI picks the block size per device
+
     @field_validator("max_resolution", "default_resolution")
     @classmethod
     def _resolution(cls, value: str | None) -> str | None:
@@ -91,3 +102,26 @@ class ModelConfig(BaseModel):
     @classmethod
     def _devices_list(cls, value: Any) -> Any:
         return [value] if isinstance(value, str) else value
+
+    @model_validator(mode="after")
+    def _draft_options_need_a_draft(self) -> ModelConfig:
+        # OVMS refuses to load such a graph ("Draft model path is not provided, but draft scheduler options are set").
+        orphans = sorted(name for name in DRAFT_OPTIONS if getattr(self, name) is not None)
+        if orphans and self.draft_models_path is None:
+            raise ValueError(f"{', '.join(orphans)} set without draft_models_path")
+        return self
+
+    def draft_scheduler(self) -> dict[str, Any]:
+        """The draft model's SchedulerConfig values: its own draft_* options, else the served model's."""
+        return {
+            "max_num_batched_tokens": self.draft_max_num_batched_tokens or self.max_num_batched_tokens,
+            "cache_size": self.cache_size if self.draft_cache_size is None else self.draft_cache_size,
+            "max_num_seqs": self.draft_max_num_seqs or self.max_num_seqs,
+            "dynamic_split_fuse": (self.dynamic_split_fuse if self.draft_dynamic_split_fuse is None
+                                   else self.draft_dynamic_split_fuse),
+            "enable_prefix_caching": self.enable_prefix_caching,
+        }
+
+
+DRAFT_OPTIONS = ("draft_device", "draft_max_num_batched_tokens", "draft_cache_size", "draft_max_num_seqs",
+                 "draft_dynamic_split_fuse", "draft_block_size")

@@ -49,7 +49,7 @@ def load_models(path: Path) -> list[ModelConfig]:
     models = []
     for name, options in entries.items():
         options = {**options, "name": name}
-        for key in ("path", "chat_template"):
+        for key in ("path", "chat_template", "draft_models_path"):
             if options.get(key) is not None:
                 given = Path(options[key]).expanduser()
                 options[key] = given if given.is_absolute() else base / given

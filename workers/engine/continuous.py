@@ -35,6 +35,10 @@ from workers.engine.structured import structured_config
 
 log = logging.getLogger("ovq.engine")
 
+# Draft tokens per step when a request names neither num_assistant_tokens nor assistant_confidence_threshold
+# (GenAI's speculative decoding samples use 5, as its prompt lookup does).
+DRAFT_TOKENS = 5
+
 # OpenVINO messages start with "Exception from <file>:<line>:" / "Check '<expr>' failed at <file>:<line>:" lines.
 _LOCATION = re.compile(r"^(Exception from \S+:\d+:|Check '.*' failed at \S+:\d+:)$")
 # xgrammar prefixes its messages with "[HH:MM:SS] /path/file.cc:123: ".
@@ -65,6 +69,20 @@ def _scheduler_config(spec: EngineSpec) -> Any:
             eviction.get("apply_rotation", False),
         )
     return config
+
+
+def _properties(spec: EngineSpec) -> dict[str, Any]:
+    """The pipeline's properties: the plugin config, and the draft model for speculative decoding."""
+    if not spec.draft:
+        return spec.plugin_config
+    import openvino_genai as g
+
+    draft = spec.draft
+    scheduler = g.SchedulerConfig()
+    for name, value in draft["scheduler"].items():
+        setattr(scheduler, name, value)
+    return {**spec.plugin_config, "draft_model": g.draft_model(draft["path"], draft["device"],
+                                                              scheduler_config=scheduler)}
 
 
 def refusal(job: str, exc: Exception) -> list[Any]:
@@ -137,7 +155,7 @@ class Engine:
 
         self._g = g
         self.spec = spec
-        self.pipe = g.ContinuousBatchingPipeline(spec.path, _scheduler_config(spec), spec.device, spec.plugin_config)
+        self.pipe = g.ContinuousBatchingPipeline(spec.path, _scheduler_config(spec), spec.device, _properties(spec))
         self.tokenizer = self.pipe.get_tokenizer()
         self.requests: dict[str, Request] = {}
         self.next_id = 0
@@ -201,6 +219,8 @@ class Engine:
         config = _generation_config(values, self.eos)
         if sampling.structured is not None:
             config.structured_output_config = structured_config(sampling.structured)
+        if self.spec.draft and config.assistant_confidence_threshold == 0 and not config.num_assistant_tokens:
+            config.num_assistant_tokens = DRAFT_TOKENS  # GenAI's speculative decoding needs one of the two
         if self.spec.plugin_config.get("prompt_lookup"):
             # GenAI's prompt lookup needs both; these are its samples' values.
             config.num_assistant_tokens = values.get("num_assistant_tokens") or 5

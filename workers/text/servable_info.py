@@ -9,6 +9,7 @@ from typing import Any
 from common.modelcard import ModelCard
 from common.models.config import ModelConfig
 from common.servable import (
+    ServableType,
     chat_template,
     context_length,
     eos_ids,
@@ -17,6 +18,9 @@ from common.servable import (
     special_tokens,
     vocab_size,
 )
+
+# Servables whose engine is the ContinuousBatchingPipeline: the ones a draft model can assist.
+CONTINUOUS = (ServableType.LM_CB, ServableType.VLM_CB)
 
 
 def model_defaults(model: ModelConfig, path: Path) -> dict[str, Any]:
@@ -48,10 +52,11 @@ class ServableInfo:
         tokenizer = openvino_genai.Tokenizer(str(path), INFERENCE_NUM_THREADS=1)
         bos, eos = special_tokens(path, tokenizer.get_bos_token(), tokenizer.get_eos_token())
         vocab = vocab_size(path)
+        servable = infer_servable(path, device, model.pipeline_type)
         card = ModelCard(
             name=model.name,
             device=device,
-            servable_type=infer_servable(path, device, model.pipeline_type),
+            servable_type=servable,
             context_length=context_length(path),
             vocab_size=vocab,
             max_tokens_limit=model.max_tokens_limit,
@@ -65,6 +70,7 @@ class ServableInfo:
             reasoning_parser=model.reasoning_parser,
             enable_tool_guided_generation=model.enable_tool_guided_generation,
             prompt_lookup=bool(model.plugin_config.get("prompt_lookup")),
+            speculative=model.draft_models_path is not None and servable in CONTINUOUS,
         )
         return cls(tokenizer, card, model_defaults(model, path), vocab, path)
 

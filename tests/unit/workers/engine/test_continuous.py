@@ -124,3 +124,30 @@ def test_without_an_allowance_the_engine_does_not_wait(engine: Engine) -> None:
     assert _take(commands, outputs, engine, [], window, ended=1)
     engine.cancel("alone", [])
     to_engine.close()
+
+
+def test_greedy_output_with_a_draft_model_is_the_output_without_one() -> None:
+    """Speculative decoding: the tiny Llama drafted by its own first layer (it agrees on some tokens, not on
+    others) gives token for token what the tiny Llama gives alone, several jobs in one batch."""
+    models = Path(__file__).resolve().parents[3] / "models"
+    llama, draft = str(models / "tiny-llama"), str(models / "tiny-llama-draft")
+    scheduler = {"cache_size": 0}
+    plain = Engine(EngineSpec(llama, "CPU", scheduler, {}, 2048))
+    drafted = Engine(EngineSpec(llama, "CPU", scheduler, {}, 2048,
+                                draft={"path": draft, "device": "CPU", "scheduler": scheduler}))
+    prompts = ["hello world the", "The quick brown fox", "What is the capital of France?"]
+    asks = [{"max_tokens": 40, "temperature": 0}, {"max_tokens": 40, "temperature": 0, "num_assistant_tokens": 3},
+            {"max_tokens": 40, "temperature": 0, "assistant_confidence_threshold": 0.2}]
+
+    def generate(engine: Engine, params: dict) -> dict[str, list[int]]:
+        out: list[list] = []
+        for prompt in prompts:
+            engine.add(prompt, prompt, True, params, [], None, out)
+        while engine.requests:
+            engine.step(out)
+        return {p: [i for u in out if u[0] == p and u[2] != "accepted" for i in u[1]] for p in prompts}
+
+    expected = generate(plain, asks[0])
+    assert all(len(ids) == 40 for ids in expected.values())
+    for params in asks:
+        assert generate(drafted, params) == expected
