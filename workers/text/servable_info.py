@@ -8,6 +8,7 @@ from typing import Any
 
 from common.modelcard import ModelCard
 from common.models.config import ModelConfig
+from common.models.parser_choice import tool_parser_for
 from common.servable import (
     ServableType,
     chat_template,
@@ -53,6 +54,7 @@ class ServableInfo:
         bos, eos = special_tokens(path, tokenizer.get_bos_token(), tokenizer.get_eos_token())
         vocab = vocab_size(path)
         servable = infer_servable(path, device, model.pipeline_type)
+        template = chat_template(path, tokenizer.chat_template, model.chat_template)
         card = ModelCard(
             name=model.name,
             device=device,
@@ -61,12 +63,12 @@ class ServableInfo:
             vocab_size=vocab,
             max_tokens_limit=model.max_tokens_limit,
             best_of_limit=model.best_of_limit,
-            chat_template=chat_template(path, tokenizer.chat_template, model.chat_template),
+            chat_template=template,
             bos_token=bos,
             eos_token=eos,
             created=int(path.stat().st_mtime) if path.exists() else int(time.time()),
             preference=model.devices.index(device) if device in model.devices else len(model.devices),
-            tool_parser=model.tool_parser,
+            tool_parser=model.tool_parser or tool_parser_for(template),
             reasoning_parser=model.reasoning_parser,
             enable_tool_guided_generation=model.enable_tool_guided_generation,
             prompt_lookup=bool(model.plugin_config.get("prompt_lookup")),
