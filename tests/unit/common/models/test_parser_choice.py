@@ -15,7 +15,8 @@ MISTRAL = "{{- '[TOOL_CALLS][' }}{%- for tool_call in message.tool_calls %}{{- t
 PHI4 = "{{ '<|tool|>' + message['tools'] + '<|/tool|>' }}... functools[{\"name\": ...}]"
 LLAMA3 = ('{%- if builtin_tools is defined %}{{- "<|python_tag|>" }}{%- endif %}{{- "<|start_header_id|>ipython'
           '<|end_header_id|>" }}{"name": function name, "parameters": dictionary of argument name and its value}')
-CHATML = "{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>{% endfor %}"
+CHATML = ("{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>"
+          "{% endfor %}")
 
 
 @pytest.mark.parametrize(("template", "parser"), [
