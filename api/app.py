@@ -18,6 +18,7 @@ from api.http.auth import ApiKeyMiddleware, load_keys
 from api.http.body import BodyGuard
 from api.http.front import Endpoint, Front
 from api.http.status import CLIENT_CLOSED
+from api.openai import tokenize
 from api.openai.docs import install_docs
 from api.openai.images import ImageServing
 from api.openai.protocol import ModelList, ModelObject
@@ -84,6 +85,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         await redis.aclose()
 
     app = FastAPI(title="ovq", lifespan=lifespan, docs_url=None, redoc_url=None)
+    app.state.settings = settings  # what /tokenize finds model directories by
     _install_error_handlers(app)
     hot = _install_routes(app)
     install_docs(app)
@@ -205,6 +207,7 @@ def _install_routes(app: FastAPI) -> dict[str, Endpoint]:
         app.include_router(stored_responses.router, prefix=prefix)
         app.include_router(files.router, prefix=prefix)
         app.include_router(batches.router, prefix=prefix)
+        app.include_router(tokenize.router, prefix=prefix)
 
     @app.get("/v2/health/live")
     async def live() -> dict[str, bool]:
