@@ -19,6 +19,7 @@ from api.http.body import BodyGuard
 from api.http.front import Endpoint, Front
 from api.http.status import CLIENT_CLOSED
 from api.openai import tokenize
+from api.openai.adapters import adapter_names
 from api.openai.docs import install_docs
 from api.openai.images import ImageServing
 from api.openai.protocol import ModelList, ModelObject
@@ -173,13 +174,19 @@ def _install_routes(app: FastAPI) -> dict[str, Endpoint]:
 
     async def list_models(request: Request) -> ModelList:
         listed = await request.app.state.registry.models()
-        return ModelList(data=[_model_object(name, card) for name, card in listed.items()])
+        data = [_model_object(name, card) for name, card in listed.items()]
+        data += [_model_object(adapter, card) for name, card in listed.items() if card is not None
+                 for adapter in adapter_names(name, card.adapters)]
+        return ModelList(data=data)
 
     async def get_model(request: Request, model: str) -> ModelObject:
         listed = await request.app.state.registry.models()
-        if model not in listed:
-            raise not_found(f"The model `{model}` does not exist")
-        return _model_object(model, listed[model])
+        if model in listed:
+            return _model_object(model, listed[model])
+        for name, card in listed.items():
+            if card is not None and model in adapter_names(name, card.adapters):
+                return _model_object(model, card)
+        raise not_found(f"The model `{model}` does not exist")
 
     async def ready(request: Request) -> JSONResponse:
         """This API process can take requests: Redis answers. Which models have a live worker is detail (a model

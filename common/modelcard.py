@@ -36,6 +36,7 @@ class ModelCard(BaseModel):
     enable_tool_guided_generation: bool = False
     prompt_lookup: bool = False
     speculative: bool = False  # served with a draft model (draft_models_path)
+    adapters: list[str] = []  # LoRA adapters requests may select ("MODEL:NAME" or "NAME")
     # Position of this device in the model's `devices` list: breaks ties between equally busy devices.
     preference: int = 0
     created: int

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator, model_validator
 
 from common.errors import ErrorBody, OvqError
 
@@ -108,7 +108,17 @@ class SamplingRequest(BaseModel):
     num_assistant_tokens: int | None = None
     max_ngram_size: int | None = None
     assistant_confidence_threshold: float | None = None
+    # The LoRA adapter `model` named (set by the API when it resolves the name, never by the client).
+    _adapter: str | None = PrivateAttr(None)
     logit_bias: dict[str, float] | None = None
+
+    @property
+    def adapter(self) -> str | None:
+        return self._adapter
+
+    @adapter.setter
+    def adapter(self, value: str | None) -> None:
+        self._adapter = value
 
     @field_validator("stop", mode="before")
     @classmethod

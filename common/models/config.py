@@ -31,6 +31,15 @@ class CacheEvictionConfig(BaseModel):
     apply_rotation: bool = False
 
 
+class LoraAdapter(BaseModel):
+    """A LoRA adapter of a text model: a safetensors file (peft's adapter_model.safetensors) and its weight."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    path: Path
+    alpha: float = 1.0
+
+
 class ModelConfig(BaseModel):
     """One servable. Option names and defaults are OVMS's LLM node options."""
 
@@ -84,6 +93,9 @@ class ModelConfig(BaseModel):
     draft_max_num_seqs: int | None = Field(None, ge=1)
     draft_dynamic_split_fuse: bool | None = None
     draft_block_size: int | None = Field(None, ge=1)  # accepted as OVMS does; GenAI picks the block size per device
+    # LoRA adapters of a text model, by the name requests select them with ("model": "NAME" or "MODEL:NAME", as
+    # vLLM's --lora-modules); relative paths are relative to the models file.
+    lora_adapters: dict[str, LoraAdapter] = Field(default_factory=dict)
 
     @field_validator("max_resolution", "default_resolution")
     @classmethod
@@ -102,6 +114,14 @@ class ModelConfig(BaseModel):
     @classmethod
     def _devices_list(cls, value: Any) -> Any:
         return [value] if isinstance(value, str) else value
+
+    @field_validator("lora_adapters")
+    @classmethod
+    def _adapter_names(cls, value: dict[str, LoraAdapter]) -> dict[str, LoraAdapter]:
+        bad = [name for name in value if not name or ":" in name]
+        if bad:
+            raise ValueError(f"LoRA adapter name {bad[0]!r}: not empty and without ':'")
+        return value
 
     @model_validator(mode="after")
     def _draft_options_need_a_draft(self) -> ModelConfig:

@@ -53,6 +53,10 @@ def load_models(path: Path) -> list[ModelConfig]:
             if options.get(key) is not None:
                 given = Path(options[key]).expanduser()
                 options[key] = given if given.is_absolute() else base / given
+        for adapter in (options.get("lora_adapters") or {}).values():
+            if isinstance(adapter, dict) and adapter.get("path") is not None:
+                given = Path(adapter["path"]).expanduser()
+                adapter["path"] = given if given.is_absolute() else base / given
         models.append(ModelConfig.model_validate(options))
     return models
 

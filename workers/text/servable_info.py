@@ -73,6 +73,7 @@ class ServableInfo:
             enable_tool_guided_generation=model.enable_tool_guided_generation,
             prompt_lookup=bool(model.plugin_config.get("prompt_lookup")),
             speculative=model.draft_models_path is not None and servable in CONTINUOUS,
+            adapters=sorted(model.lora_adapters) if servable in CONTINUOUS else [],
         )
         return cls(tokenizer, card, model_defaults(model, path), vocab, path)
 

@@ -31,3 +31,16 @@ def test_draft_scheduler_options_default_to_the_served_models() -> None:
                        ).draft_scheduler()["cache_size"] == 0
     with pytest.raises(ValueError, match="draft_device set without draft_models_path"):
         ModelConfig(name="m", path=Path("m"), draft_device="CPU")
+
+
+def test_lora_adapters_are_named_without_a_colon_and_resolve_against_the_models_file(tmp_path: Path) -> None:
+    from common.models.sources import load_models
+
+    config = tmp_path / "models.yaml"
+    config.write_text("models:\n  m:\n    path: m\n    lora_adapters: {sql: {path: adapters/sql.safetensors, "
+                      "alpha: 0.5}}\n")
+    (model,) = load_models(config)
+    assert model.lora_adapters["sql"].path == tmp_path / "adapters" / "sql.safetensors"
+    assert model.lora_adapters["sql"].alpha == 0.5
+    with pytest.raises(ValueError, match="without ':'"):
+        ModelConfig(name="m", path=Path("m"), lora_adapters={"a:b": {"path": "x"}})
