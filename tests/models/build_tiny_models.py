@@ -34,6 +34,9 @@ Then::
     /tmp/ovq-builder-venv/bin/python tests/models/build_tiny_models.py            # all three
     /tmp/ovq-builder-venv/bin/python tests/models/build_tiny_models.py --only sd  # one of them
 
+``--only llama-draft`` and ``--only llama-lora`` build the tiny Llama's draft model and LoRA adapter (the
+adapter needs ``peft`` in the venv: ``/tmp/ovq-builder-venv/bin/pip install peft``).
+
 Check the result with the project's own interpreter:
 ``python3 tests/models/check_tiny_models.py``.
 """
