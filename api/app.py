@@ -18,6 +18,8 @@ from api.http.auth import ApiKeyMiddleware, load_keys
 from api.http.body import BodyGuard
 from api.http.front import Endpoint, Front
 from api.http.status import CLIENT_CLOSED
+from api.openai import tokenize
+from api.openai.adapters import adapter_names
 from api.openai.docs import install_docs
 from api.openai.encoders import EncoderServing
 from api.openai.images import ImageServing
@@ -88,6 +90,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         await redis.aclose()
 
     app = FastAPI(title="ovq", lifespan=lifespan, docs_url=None, redoc_url=None)
+    app.state.settings = settings  # what /tokenize finds model directories by
     _install_error_handlers(app)
     hot = _install_routes(app)
     install_docs(app)
@@ -189,13 +192,19 @@ def _install_routes(app: FastAPI) -> dict[str, Endpoint]:
 
     async def list_models(request: Request) -> ModelList:
         listed = await request.app.state.registry.models()
-        return ModelList(data=[_model_object(name, card) for name, card in listed.items()])
+        data = [_model_object(name, card) for name, card in listed.items()]
+        data += [_model_object(adapter, card) for name, card in listed.items() if card is not None
+                 for adapter in adapter_names(name, card.adapters)]
+        return ModelList(data=data)
 
     async def get_model(request: Request, model: str) -> ModelObject:
         listed = await request.app.state.registry.models()
-        if model not in listed:
-            raise not_found(f"The model `{model}` does not exist")
-        return _model_object(model, listed[model])
+        if model in listed:
+            return _model_object(model, listed[model])
+        for name, card in listed.items():
+            if card is not None and model in adapter_names(name, card.adapters):
+                return _model_object(model, card)
+        raise not_found(f"The model `{model}` does not exist")
 
     async def ready(request: Request) -> JSONResponse:
         """This API process can take requests: Redis answers. Which models have a live worker is detail (a model
@@ -225,6 +234,7 @@ def _install_routes(app: FastAPI) -> dict[str, Endpoint]:
         app.include_router(stored_responses.router, prefix=prefix)
         app.include_router(files.router, prefix=prefix)
         app.include_router(batches.router, prefix=prefix)
+        app.include_router(tokenize.router, prefix=prefix)
 
     @app.get("/v2/health/live")
     async def live() -> dict[str, bool]:

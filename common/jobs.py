@@ -91,6 +91,8 @@ class SamplingParams(BaseModel):
     structured: dict[str, Any] | None = None
     num_assistant_tokens: int | None = None
     max_ngram_size: int | None = None
+    assistant_confidence_threshold: float | None = None  # speculative decoding: draft while this sure
+    adapter: str | None = None  # the LoRA adapter (its declared name) the job generates with; None: the base
 
 
 class ImageParams(BaseModel):

@@ -57,6 +57,8 @@ class ModelCard(BaseModel):
     reasoning_parser: str | None = None
     enable_tool_guided_generation: bool = False
     prompt_lookup: bool = False
+    speculative: bool = False  # served with a draft model (draft_models_path)
+    adapters: list[str] = []  # LoRA adapters requests may select ("MODEL:NAME" or "NAME")
     # Position of this device in the model's `devices` list: breaks ties between equally busy devices.
     preference: int = 0
     created: int

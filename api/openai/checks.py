@@ -21,12 +21,22 @@ def check_for_model(body: SamplingRequest, card: ModelCard) -> None:
         raise OvqError(f"n exceeds limit provided in the model config: {card.best_of_limit} (best_of_limit)",
                        param="n")
     _check_token_ids(body, card)
-    lookup = [name for name in ("num_assistant_tokens", "max_ngram_size") if getattr(body, name) is not None]
-    if lookup and not card.prompt_lookup:
-        raise OvqError(f"{lookup[0]} needs a model served with prompt lookup decoding "
-                       '(plugin_config {"prompt_lookup": true})', param=lookup[0])
+    _check_assisted(body, card)
     if card.servable_type in STATEFUL:
         _check_stateful(body)
+
+
+def _check_assisted(body: SamplingRequest, card: ModelCard) -> None:
+    """Assisted generation's request values need a model served with it: prompt lookup or a draft model."""
+    if body.num_assistant_tokens is not None and not (card.prompt_lookup or card.speculative):
+        raise OvqError("num_assistant_tokens needs a model served with a draft model (draft_models_path) or with "
+                       'prompt lookup decoding (plugin_config {"prompt_lookup": true})', param="num_assistant_tokens")
+    if body.max_ngram_size is not None and not card.prompt_lookup:
+        raise OvqError('max_ngram_size needs a model served with prompt lookup decoding (plugin_config '
+                       '{"prompt_lookup": true})', param="max_ngram_size")
+    if body.assistant_confidence_threshold is not None and not card.speculative:
+        raise OvqError("assistant_confidence_threshold needs a model served with a draft model (draft_models_path)",
+                       param="assistant_confidence_threshold")
 
 
 def _check_token_ids(body: SamplingRequest, card: ModelCard) -> None:

@@ -132,6 +132,13 @@ def chat_plan(body: ChatCompletionRequest, card: ModelCard) -> ChatPlan:
         return plan
     plan.tool_parser = card.tool_parser
     plan.forced = forced
+    if not TOOL_PARSERS[card.tool_parser].guidable:
+        if forced:
+            raise OvqError(f"tool_choice {_choice_name(body)} needs guided generation, which the "
+                           f"{card.tool_parser} tool parser does not offer: use tool_choice 'auto'",
+                           param="tool_choice")
+        plan.structure = structure
+        return plan
     # A forced call is always guided (nothing else can guarantee it); `auto` when the model asks for it.
     if forced or (card.enable_tool_guided_generation and structure is None):
         plan.structure = _tool_structure(body, card.tool_parser, forced)

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator, model_validator
 
 from common.errors import ErrorBody, OvqError
 
@@ -107,7 +107,18 @@ class SamplingRequest(BaseModel):
     skip_special_tokens: bool = True
     num_assistant_tokens: int | None = None
     max_ngram_size: int | None = None
+    assistant_confidence_threshold: float | None = None
+    # The LoRA adapter `model` named (set by the API when it resolves the name, never by the client).
+    _adapter: str | None = PrivateAttr(None)
     logit_bias: dict[str, float] | None = None
+
+    @property
+    def adapter(self) -> str | None:
+        return self._adapter
+
+    @adapter.setter
+    def adapter(self, value: str | None) -> None:
+        self._adapter = value
 
     @field_validator("stop", mode="before")
     @classmethod
@@ -146,6 +157,7 @@ class SamplingRequest(BaseModel):
         for name in ("num_assistant_tokens", "max_ngram_size"):
             if getattr(self, name) is not None and getattr(self, name) < 1:
                 raise OvqError(f"{name} must be greater than 0", param=name)
+        _check_assistant(self.num_assistant_tokens, self.assistant_confidence_threshold)
         if self.logit_bias:
             raise OvqError("logit_bias is not supported: GenAI has no per-token bias", param="logit_bias")
         return self
@@ -531,3 +543,12 @@ class ImageStreamEvent(BaseModel):
     total_steps: int | None = None
     index: int | None = None
     usage: dict[str, Any] | None = None
+
+
+def _check_assistant(tokens: int | None, threshold: float | None) -> None:
+    """Speculative decoding drafts either a fixed number of tokens or while the draft is this sure, not both."""
+    if threshold is not None and not 0.0 < threshold <= 1.0:
+        raise OvqError("assistant_confidence_threshold out of range (0.0, 1.0]", param="assistant_confidence_threshold")
+    if tokens is not None and threshold is not None:
+        raise OvqError("num_assistant_tokens and assistant_confidence_threshold are mutually exclusive",
+                       param="assistant_confidence_threshold")

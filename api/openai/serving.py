@@ -14,6 +14,7 @@ from starlette.responses import Response
 from api.http.sse import DONE as END
 from api.http.sse import PING, Last, SSEResponse, Write
 from api.http.status import CLIENT_CLOSED
+from api.openai.adapters import resolve
 from api.openai.checks import check_for_model
 from api.openai.choices import ChoiceState
 from api.openai.formats import ChatFormat, CompletionFormat, Format
@@ -64,7 +65,7 @@ def sampling_params(body: SamplingRequest, structure: dict[str, Any] | None = No
     """The job's parameters. An unset max_tokens stays unset: the worker knows the model's default (its
     max_tokens_default, generation_config.json's max_new_tokens, max_tokens_limit)."""
     values = body.model_dump(include=set(SamplingParams.model_fields) - {"logprobs", "structured"})
-    values.update(stop=body.stop or [], logprobs=body.top_logprobs_asked, structured=structure)
+    values.update(stop=body.stop or [], logprobs=body.top_logprobs_asked, structured=structure, adapter=body.adapter)
     if skip_special_tokens is not None:
         values["skip_special_tokens"] = skip_special_tokens
     return SamplingParams.model_validate(values)
@@ -80,7 +81,8 @@ class Serving:
 
     async def _servable(self, body: SamplingRequest) -> Servable:
         check_sampling(body, self.jobs.settings)
-        servable = await self.registry.servable(body.model)
+        model, body.adapter = await resolve(self.registry, body.model)
+        servable = await self.registry.servable(model)
         if servable.card.servable_type not in TEXT_SERVABLES:
             raise OvqError(f"The model `{body.model}` does not generate text", param="model")
         check_for_model(body, servable.card)
@@ -151,7 +153,7 @@ class Serving:
 
     def _job(self, body: SamplingRequest, servable: Servable, kind: str, prompt: Any, params: SamplingParams,
              job_id: str, add_special_tokens: bool = False) -> Job:
-        return Job(id=job_id, model=body.model, device=servable.card.device, kind=kind, prompt=prompt,
+        return Job(id=job_id, model=servable.model, device=servable.card.device, kind=kind, prompt=prompt,
                    add_special_tokens=add_special_tokens, params=params, reply_to=self.jobs.hub.reply_to)
 
     def open(self, request: Request, model: str, servable: Servable, jobs: list[Job],

@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 
 def parse_size(value: str) -> tuple[int, int]:
@@ -39,6 +39,13 @@ class Voice(BaseModel):
 
     name: str = Field(min_length=1)
     path: Path
+class LoraAdapter(BaseModel):
+    """A LoRA adapter of a text model: a safetensors file (peft's adapter_model.safetensors) and its weight."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    path: Path
+    alpha: float = 1.0
 
 
 class ModelConfig(BaseModel):
@@ -71,7 +78,7 @@ class ModelConfig(BaseModel):
     # A Jinja file used instead of the model directory's own chat template (for models whose template lacks
     # something, such as tools); relative paths are relative to the models file.
     chat_template: Path | None = None
-    tool_parser: Literal["hermes3", "llama3", "phi4", "mistral"] | None = None
+    tool_parser: Literal["hermes3", "llama3", "phi4", "mistral", "qwen3coder", "devstral"] | None = None
     reasoning_parser: Literal["qwen3"] | None = None
     enable_tool_guided_generation: bool = False
     # ovq: after a step that ended jobs, wait up to this long for new ones before the next step
@@ -102,6 +109,20 @@ class ModelConfig(BaseModel):
     enable_word_timestamps: bool = False
     voices: list[Voice] = Field(default_factory=list)
 
+    # Speculative decoding (OVMS's draft_* node options): a smaller model of the same tokenizer proposes tokens the
+    # served model checks, several per step. Unset draft_* scheduler options take the served model's values, as
+    # in OVMS; a relative draft_models_path is relative to the models file (to the graph's base path in OVMS).
+    draft_models_path: Path | None = None
+    draft_device: str | None = None
+    draft_max_num_batched_tokens: int | None = Field(None, ge=1)
+    draft_cache_size: int | None = Field(None, ge=0)
+    draft_max_num_seqs: int | None = Field(None, ge=1)
+    draft_dynamic_split_fuse: bool | None = None
+    draft_block_size: int | None = Field(None, ge=1)  # accepted as OVMS does; GenAI picks the block size per device
+    # LoRA adapters of a text model, by the name requests select them with ("model": "NAME" or "MODEL:NAME", as
+    # vLLM's --lora-modules); relative paths are relative to the models file.
+    lora_adapters: dict[str, LoraAdapter] = Field(default_factory=dict)
+
     @field_validator("max_resolution", "default_resolution")
     @classmethod
     def _resolution(cls, value: str | None) -> str | None:
@@ -119,3 +140,34 @@ class ModelConfig(BaseModel):
     @classmethod
     def _devices_list(cls, value: Any) -> Any:
         return [value] if isinstance(value, str) else value
+
+    @field_validator("lora_adapters")
+    @classmethod
+    def _adapter_names(cls, value: dict[str, LoraAdapter]) -> dict[str, LoraAdapter]:
+        bad = [name for name in value if not name or ":" in name]
+        if bad:
+            raise ValueError(f"LoRA adapter name {bad[0]!r}: not empty and without ':'")
+        return value
+
+    @model_validator(mode="after")
+    def _draft_options_need_a_draft(self) -> ModelConfig:
+        # OVMS refuses to load such a graph ("Draft model path is not provided, but draft scheduler options are set").
+        orphans = sorted(name for name in DRAFT_OPTIONS if getattr(self, name) is not None)
+        if orphans and self.draft_models_path is None:
+            raise ValueError(f"{', '.join(orphans)} set without draft_models_path")
+        return self
+
+    def draft_scheduler(self) -> dict[str, Any]:
+        """The draft model's SchedulerConfig values: its own draft_* options, else the served model's."""
+        return {
+            "max_num_batched_tokens": self.draft_max_num_batched_tokens or self.max_num_batched_tokens,
+            "cache_size": self.cache_size if self.draft_cache_size is None else self.draft_cache_size,
+            "max_num_seqs": self.draft_max_num_seqs or self.max_num_seqs,
+            "dynamic_split_fuse": (self.dynamic_split_fuse if self.draft_dynamic_split_fuse is None
+                                   else self.draft_dynamic_split_fuse),
+            "enable_prefix_caching": self.enable_prefix_caching,
+        }
+
+
+DRAFT_OPTIONS = ("draft_device", "draft_max_num_batched_tokens", "draft_cache_size", "draft_max_num_seqs",
+                 "draft_dynamic_split_fuse", "draft_block_size")

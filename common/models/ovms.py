@@ -41,8 +41,7 @@ _PIPELINE_OF = {EMBEDDINGS_CALCULATOR: "EMBEDDINGS", RERANK_CALCULATOR: "RERANK"
 _REMOTE = ("s3://", "gs://", "azfs://", "azure://")
 # OVMS options (2025-2026 releases) that ovq does not implement, to say so rather than "unknown".
 OVMS_ONLY_OPTIONS = frozenset({
-    "draft_models_path", "draft_device", "draft_max_num_batched_tokens", "draft_cache_size", "draft_block_size",
-    "draft_max_num_seqs", "draft_dynamic_split_fuse", "draft_eagle3_mode", "sparse_attention_config",
+    "draft_eagle3_mode", "sparse_attention_config",
     "cache_interval_multiplier", "chat_template_mode", "generation_config_path", "snapkv_window_size",
     "kv_crush_config", "resolution", "num_images_per_prompt", "guidance_scale", "lora_adapters",
     "composite_lora_adapters",
@@ -168,6 +167,8 @@ def _servable(config_path: Path, entry: dict[str, Any], warnings: list[str]) -> 
     options = _node_options(graph, node, calculator)
     values = _VALUES_OF[calculator](graph, options)
     values.update(name=name, path=_models_dir(graph, base, options))
+    if calculator == LLM_CALCULATOR and options.draft_models_path:
+        values["draft_models_path"] = _draft_dir(graph, base, options.draft_models_path)
     device_option = _DEVICE_OPTION.get(calculator, "device")
     if options.HasField(device_option):
         values["devices"] = [getattr(options, device_option) or "CPU"]
@@ -178,8 +179,10 @@ def _servable(config_path: Path, entry: dict[str, Any], warnings: list[str]) -> 
         return ModelConfig.model_validate(values)
     except ValidationError as exc:
         error = exc.errors()[0]
-        option = {"path": "models_path", "devices": device_option}.get(str(error["loc"][0]), str(error["loc"][0]))
-        raise graph.error(option, f"{option}: {error['msg']}") from None
+        field = str(error["loc"][0]) if error["loc"] else "draft_models_path"  # the one model-wide check
+        option = {"path": "models_path", "devices": device_option}.get(field, field)
+        message = error["msg"].removeprefix("Value error, ")
+        raise graph.error(option, message if not error["loc"] else f"{option}: {error['msg']}") from None
 
 
 def _parse_graph(path: Path, text: str, warnings: list[str]) -> _Graph:
@@ -289,6 +292,14 @@ def _models_dir(graph: _Graph, base: Path, options: Message) -> Path:
     return directory
 
 
+def _draft_dir(graph: _Graph, base: Path, draft: str) -> Path:
+    """OVMS resolves a relative draft_models_path against the servable's base path, as models_path."""
+    directory = Path(os.path.normpath(base / draft))
+    if not directory.is_dir():
+        raise graph.error("draft_models_path", f"draft_models_path {draft!r}: no model directory at {directory}")
+    return directory
+
+
 def _plugin_config(graph: _Graph, text: str) -> dict[str, Any]:
     try:
         value = json.loads(text or "{}")
@@ -314,7 +325,9 @@ def _set(options: Message, names: tuple[str, ...]) -> dict[str, Any]:
 def _llm_values(graph: _Graph, options: Message) -> dict[str, Any]:
     values = _set(options, ("max_num_batched_tokens", "cache_size", "max_num_seqs", "dynamic_split_fuse",
                             "best_of_limit", "max_tokens_limit", "enable_prefix_caching", "pipeline_type",
-                            "tool_parser", "reasoning_parser", "enable_tool_guided_generation"))
+                            "tool_parser", "reasoning_parser", "enable_tool_guided_generation",
+                            "draft_device", "draft_max_num_batched_tokens", "draft_cache_size", "draft_block_size",
+                            "draft_max_num_seqs", "draft_dynamic_split_fuse"))
     if options.HasField("response_parser"):
         if options.response_parser not in _RESPONSE_PARSERS:
             raise graph.error("response_parser", f"response_parser {options.response_parser!r}: one of "

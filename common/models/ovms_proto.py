@@ -69,6 +69,14 @@ _LLM = _message("LLMCalculatorOptions", [
     ("tool_parser", 21, "string"),
     ("reasoning_parser", 22, "string"),
     ("enable_tool_guided_generation", 23, "bool"),
+    # Speculative decoding (text format goes by name; these numbers are ours).
+    ("draft_models_path", 11, "string"),
+    ("draft_device", 12, "string"),
+    ("draft_max_num_batched_tokens", 13, "uint64"),
+    ("draft_cache_size", 14, "uint64"),
+    ("draft_block_size", 15, "uint64"),
+    ("draft_max_num_seqs", 16, "uint64"),
+    ("draft_dynamic_split_fuse", 17, "bool"),
     # The older page's single parser option (seed 000), before tool_parser and reasoning_parser replaced it
     # (its number is ours).
     ("response_parser", 1000, "string"),

@@ -49,10 +49,14 @@ def load_models(path: Path) -> list[ModelConfig]:
     models = []
     for name, options in entries.items():
         options = {**options, "name": name}
-        for key in ("path", "chat_template"):
+        for key in ("path", "chat_template", "draft_models_path"):
             if options.get(key) is not None:
                 given = Path(options[key]).expanduser()
                 options[key] = given if given.is_absolute() else base / given
+        for adapter in (options.get("lora_adapters") or {}).values():
+            if isinstance(adapter, dict) and adapter.get("path") is not None:
+                given = Path(adapter["path"]).expanduser()
+                adapter["path"] = given if given.is_absolute() else base / given
         models.append(ModelConfig.model_validate(options))
     return models
 

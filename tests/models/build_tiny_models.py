@@ -38,6 +38,9 @@ Then::
     /tmp/ovq-builder-venv/bin/python tests/models/build_tiny_models.py            # all of them
     /tmp/ovq-builder-venv/bin/python tests/models/build_tiny_models.py --only sd  # one of them
 
+``--only llama-draft`` and ``--only llama-lora`` build the tiny Llama's draft model and LoRA adapter (the
+adapter needs ``peft`` in the venv: ``/tmp/ovq-builder-venv/bin/pip install peft``).
+
 Check the result with the project's own interpreter:
 ``python3 tests/models/check_tiny_models.py``.
 """
@@ -690,6 +693,59 @@ def build_rerank(output: Path, workdir: Path) -> None:
     tokenizer.save_pretrained(checkpoint)
     optimum_export(checkpoint, output, "text-classification")
     prune(output, lambda rel: str(rel) in BERT_KEEP)
+def tiny_llama_torch():
+    """The tiny Llama's tokenizer and torch model, as `build_llama` makes them (same seed, same weights)."""
+    from transformers import LlamaForCausalLM
+
+    seed_everything()
+    tokenizer = train_bpe_tokenizer([PAD_TOKEN, BOS_TOKEN, EOS_TOKEN])
+    model = LlamaForCausalLM(tiny_llama_config(len(tokenizer), tokenizer)).eval()
+    suppress_unprintable_tokens(model, tokenizer)
+    model.generation_config = generation_config_for(tokenizer)
+    return tokenizer, model
+
+
+def build_llama_draft(output: Path, workdir: Path) -> None:
+    """A draft model for the tiny Llama (speculative decoding): its first layer only, with its embeddings and
+    output head, so it agrees with the tiny Llama on some tokens and not on others; same tokenizer."""
+    import torch
+
+    tokenizer, model = tiny_llama_torch()
+    with torch.no_grad():
+        model.model.layers = model.model.layers[:1]
+        model.config.num_hidden_layers = 1
+    checkpoint = workdir / "tiny-llama-draft-torch"
+    model.save_pretrained(checkpoint)
+    tokenizer.save_pretrained(checkpoint)
+    optimum_export(checkpoint, output, "text-generation-with-past")
+    put_chat_template_in_tokenizer_config(output, CHAT_TEMPLATE)
+    prune(output, lambda rel: str(rel) in LLM_KEEP or str(rel).startswith("openvino_model."))
+
+
+LORA_RANK = 4
+
+
+def build_llama_lora(output: Path, workdir: Path) -> None:
+    """A LoRA adapter for the tiny Llama (peft, safetensors): rank 4 on the attention projections, both
+    matrices random (peft's default zero B would change nothing), large enough to change greedy text."""
+    import torch
+    from peft import LoraConfig, get_peft_model
+
+    _, model = tiny_llama_torch()
+    config = LoraConfig(r=LORA_RANK, lora_alpha=2 * LORA_RANK, target_modules=["q_proj", "k_proj", "v_proj", "o_proj"],
+                        init_lora_weights=False, lora_dropout=0.0)
+    torch.manual_seed(SEED + 1)
+    peft_model = get_peft_model(model, config)
+    with torch.no_grad():
+        for name, weight in peft_model.named_parameters():
+            if "lora_" in name:
+                weight.copy_(torch.randn_like(weight) * 0.5)
+    peft_model.save_pretrained(output, safe_serialization=True)
+    config_path = output / "adapter_config.json"
+    adapter_config = json.loads(config_path.read_text(encoding="utf-8"))
+    adapter_config["base_model_name_or_path"] = "tiny-llama"  # not the temporary checkpoint's path
+    write_json(config_path, adapter_config)
+    prune(output, lambda rel: str(rel) in ("adapter_model.safetensors", "adapter_config.json"))
 
 
 BUILDERS: dict[str, Callable[[Path, Path], None]] = {
@@ -701,6 +757,8 @@ BUILDERS: dict[str, Callable[[Path, Path], None]] = {
     "embed": build_embed,
     "rerank": build_rerank,
 }
+BUILDERS["llama-draft"] = build_llama_draft
+BUILDERS["llama-lora"] = build_llama_lora
 
 
 def main(argv: list[str] | None = None) -> int:

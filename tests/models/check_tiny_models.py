@@ -223,9 +223,42 @@ def check_rerank() -> None:
     log(f"tiny-rerank TextRerankPipeline: {ranked}")
 
 
+def check_llama_draft() -> None:
+    """The draft drafts for the tiny Llama (speculative decoding) without changing its greedy text."""
+    llama, draft = MODELS_DIR / "tiny-llama", MODELS_DIR / "tiny-llama-draft"
+    prompt = CHATML_PROMPT.format(content="What is the capital of France?")
+    plain = ov_genai.ContinuousBatchingPipeline(str(llama), ov_genai.SchedulerConfig(), DEVICE)
+    drafted = ov_genai.ContinuousBatchingPipeline(str(llama), ov_genai.SchedulerConfig(), DEVICE,
+                                                  {"draft_model": ov_genai.draft_model(str(draft), DEVICE)})
+    config = ov_genai.GenerationConfig(max_new_tokens=24, num_assistant_tokens=3)
+    expected = plain.generate([prompt], [ov_genai.GenerationConfig(max_new_tokens=24)])[0].m_generation_ids[0]
+    result = drafted.generate([prompt], [config])[0]
+    assert result.m_generation_ids[0] == expected, (result.m_generation_ids[0], expected)
+    rate = result.extended_perf_metrics.get_draft_acceptance_rate()
+    assert 0 < rate < 1, rate  # agrees on some tokens, not all
+    log(f"llama-draft: greedy text unchanged, acceptance {rate:.2f}")
+
+
+def check_llama_lora() -> None:
+    """The adapter loads in GenAI and changes the tiny Llama's greedy text."""
+    llama, lora = MODELS_DIR / "tiny-llama", MODELS_DIR / "tiny-llama-lora" / "adapter_model.safetensors"
+    adapter = ov_genai.Adapter(str(lora))
+    pipe = ov_genai.ContinuousBatchingPipeline(str(llama), ov_genai.SchedulerConfig(), DEVICE,
+                                               {"adapters": ov_genai.AdapterConfig(adapter)})
+    prompt = CHATML_PROMPT.format(content="Hi")
+    texts = []
+    for adapters in (ov_genai.AdapterConfig(), ov_genai.AdapterConfig(adapter, 0.7)):
+        config = ov_genai.GenerationConfig(max_new_tokens=16)
+        config.adapters = adapters
+        texts.append(pipe.generate([prompt], [config])[0].m_generation_ids[0])
+    assert texts[0] != texts[1], texts
+    log(f"llama-lora: base {texts[0]!r}, adapted {texts[1]!r}")
+
+
 CHECKS: dict[str, Callable[[], None]] = {"llama": check_llama, "llava": check_llava, "sd": check_sd,
                                          "whisper": check_whisper, "speecht5": check_speecht5,
-                                         "embed": check_embed, "rerank": check_rerank}
+                                         "embed": check_embed, "rerank": check_rerank,
+                                         "llama-draft": check_llama_draft, "llama-lora": check_llama_lora}
 
 
 def main(argv: list[str]) -> int:

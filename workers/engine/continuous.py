@@ -35,6 +35,10 @@ from workers.engine.structured import structured_config
 
 log = logging.getLogger("ovq.engine")
 
+# Draft tokens per step when a request names neither num_assistant_tokens nor assistant_confidence_threshold
+# (GenAI's speculative decoding samples use 5, as its prompt lookup does).
+DRAFT_TOKENS = 5
+
 # OpenVINO messages start with "Exception from <file>:<line>:" / "Check '<expr>' failed at <file>:<line>:" lines.
 _LOCATION = re.compile(r"^(Exception from \S+:\d+:|Check '.*' failed at \S+:\d+:)$")
 # xgrammar prefixes its messages with "[HH:MM:SS] /path/file.cc:123: ".
@@ -65,6 +69,62 @@ def _scheduler_config(spec: EngineSpec) -> Any:
             eviction.get("apply_rotation", False),
         )
     return config
+
+
+def _properties(spec: EngineSpec) -> dict[str, Any]:
+    """The pipeline's properties: the plugin config, and the draft model for speculative decoding."""
+    if not spec.draft:
+        return spec.plugin_config
+    import openvino_genai as g
+
+    draft = spec.draft
+    scheduler = g.SchedulerConfig()
+    for name, value in draft["scheduler"].items():
+        setattr(scheduler, name, value)
+    return {**spec.plugin_config, "draft_model": g.draft_model(draft["path"], draft["device"],
+                                                              scheduler_config=scheduler)}
+
+
+class Adapters:
+    """The model's LoRA adapters and the one the batch runs with.
+
+    GenAI 2026.4's continuous batching applies `GenerationConfig.adapters` only in `generate()`, which refuses a
+    batch whose requests differ in them; the adapters it sets stay for the steps after it. So jobs run in groups of
+    one adapter (or none): a job for another one waits until the batch has drained, then a one-token `generate`
+    switches the pipeline to it.
+    """
+
+    UNSET = "\0unset"  # before the first switch: GenAI applies nothing until a generate() names its adapters
+
+    def __init__(self, declared: dict[str, dict[str, Any]]) -> None:
+        self.declared = declared
+        self.active: str | None = self.UNSET if declared else None
+        self.waiting: dict[str, tuple[Any, ...]] = {}  # job -> its add's arguments, in arrival order
+        self._adapters: dict[str, Any] = {}
+
+    def properties(self, properties: dict[str, Any]) -> dict[str, Any]:
+        """The pipeline properties, with every adapter registered (each switch then only changes alphas)."""
+        if not self.declared:
+            return properties
+        import openvino_genai as g
+
+        self._adapters = {name: g.Adapter(spec["path"]) for name, spec in self.declared.items()}
+        config = g.AdapterConfig(list(self._adapters.values()), g.AdapterConfig.Mode.MODE_DYNAMIC)
+        return {**properties, "adapters": config}
+
+    def wait(self, job: str, args: tuple[Any, ...]) -> None:
+        self.waiting[job] = args
+
+    def switch(self, pipe: Any, adapter: str | None, eos: int | None) -> None:
+        import numpy as np
+        import openvino as ov
+        import openvino_genai as g
+
+        config = g.GenerationConfig(max_new_tokens=1)
+        config.adapters = (g.AdapterConfig(self._adapters[adapter], float(self.declared[adapter].get("alpha", 1.0)))
+                           if adapter is not None else g.AdapterConfig())
+        pipe.generate([ov.Tensor(np.asarray([[max(eos or 0, 0)]], dtype=np.int64))], [config])
+        self.active = adapter
 
 
 def refusal(job: str, exc: Exception) -> list[Any]:
@@ -137,7 +197,9 @@ class Engine:
 
         self._g = g
         self.spec = spec
-        self.pipe = g.ContinuousBatchingPipeline(spec.path, _scheduler_config(spec), spec.device, spec.plugin_config)
+        self.adapters = Adapters(spec.adapters)
+        self.pipe = g.ContinuousBatchingPipeline(spec.path, _scheduler_config(spec), spec.device,
+                                                 self.adapters.properties(_properties(spec)))
         self.tokenizer = self.pipe.get_tokenizer()
         self.requests: dict[str, Request] = {}
         self.next_id = 0
@@ -154,6 +216,20 @@ class Engine:
 
     def add(self, job: str, prompt: str | list[int], add_special: bool, params: dict[str, Any],
             images: list[str], resume: dict[str, Any] | None, out: Updates, kind: str = "chat") -> None:
+        adapter = params.get("adapter")
+        if adapter not in (None, *self.spec.adapters):
+            out.append(refusal(job, OvqError(f"no LoRA adapter {adapter!r} on this model", param="model")))
+            return
+        if self.spec.adapters and (adapter != self.adapters.active or self.adapters.waiting):
+            if self.requests or self.adapters.waiting:
+                # One adapter per batch; once a job waits, later ones wait behind it, so no group starves.
+                self.adapters.wait(job, (job, prompt, add_special, params, images, resume, kind))
+                return
+            self.adapters.switch(self.pipe, adapter, self.eos)
+        self._add(job, prompt, add_special, params, images, resume, out, kind)
+
+    def _add(self, job: str, prompt: str | list[int], add_special: bool, params: dict[str, Any],
+             images: list[str], resume: dict[str, Any] | None, out: Updates, kind: str) -> None:
         try:
             ids = self.tokenize(prompt, add_special)
             sampling = SamplingParams.model_validate(params)
@@ -201,6 +277,8 @@ class Engine:
         config = _generation_config(values, self.eos)
         if sampling.structured is not None:
             config.structured_output_config = structured_config(sampling.structured)
+        if self.spec.draft and config.assistant_confidence_threshold == 0 and not config.num_assistant_tokens:
+            config.num_assistant_tokens = DRAFT_TOKENS  # GenAI's speculative decoding needs one of the two
         if self.spec.plugin_config.get("prompt_lookup"):
             # GenAI's prompt lookup needs both; these are its samples' values.
             config.num_assistant_tokens = values.get("num_assistant_tokens") or 5
@@ -220,6 +298,9 @@ class Engine:
 
     def cancel(self, job: str, out: Updates, index: int | None = None) -> None:
         """Cancel a job (answered `cancelled`), or silently one choice the I/O half has finished already."""
+        if self.adapters.waiting.pop(job, None) is not None:  # never added: nothing generated
+            out.append(protocol.cancelled(job, []))
+            return
         request = self.requests.get(job)
         if index is not None:
             handle = request.handles.pop(index, None) if request is not None and not request.beam else None
@@ -237,9 +318,12 @@ class Engine:
                 handle.cancel()
             self._forget(job)
         out.append(protocol.cancelled(job, [i for i in tokens if i not in request.ends] if request else []))
+        self._next_adapter(out)
 
     def stop(self, out: Updates) -> None:
         """Cancel every job (each answered), then let the scheduler free what they hold."""
+        for job in list(self.adapters.waiting):
+            self.cancel(job, out)
         for job in list(self.requests):
             self.cancel(job, out)
         self.release()
@@ -261,6 +345,20 @@ class Engine:
                     break
             if not request.handles:
                 self._forget(job)
+        self._next_adapter(out)
+
+    def _next_adapter(self, out: Updates) -> None:
+        """Once the batch has drained, the jobs waiting for another adapter set go in, the longest waiting first."""
+        if self.requests or not self.adapters.waiting:
+            return
+        first = next(iter(self.adapters.waiting.values()))
+        adapter = first[3].get("adapter")
+        if adapter != self.adapters.active:
+            self.adapters.switch(self.pipe, adapter, self.eos)
+        for job, args in list(self.adapters.waiting.items()):
+            if args[3].get("adapter") == adapter:
+                del self.adapters.waiting[job]
+                self._add(*args[:6], out, args[6])
 
     def release(self) -> None:
         """Let the scheduler free what cancelled requests hold (it does so at a step), so the pipeline is destroyed

@@ -56,7 +56,7 @@ def engine_config(params: SamplingParams, defaults: dict[str, Any], max_new_toke
         if params.seed is not None:
             config["rng_seed"] = params.seed
     for name in ("repetition_penalty", "presence_penalty", "frequency_penalty", "ignore_eos", "length_penalty",
-                 "num_assistant_tokens", "max_ngram_size"):
+                 "num_assistant_tokens", "max_ngram_size", "assistant_confidence_threshold"):
         if name in merged:
             config[name] = merged[name]
     if params.stop:

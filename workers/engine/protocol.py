@@ -62,6 +62,10 @@ class EngineSpec:
     vision: bool = False  # a vision-language model directory: prompts come with images
     end_ids: list[int] = field(default_factory=list)  # end-of-sequence ids: never text, never counted
     arrival_window_ms: float = 0.0  # see workers/engine/arrivals.py
+    # Speculative decoding: {"path", "device", "scheduler"} of the draft model, or None.
+    draft: dict[str, Any] | None = None
+    # LoRA adapters a job may name: {name: {"path": safetensors file, "alpha": float}}.
+    adapters: dict[str, dict[str, Any]] = field(default_factory=dict)
 
 
 # ---- commands (I/O half -> engine) -------------------------------------------------------------------------

@@ -8,7 +8,9 @@ from typing import Any
 
 from common.modelcard import ModelCard
 from common.models.config import ModelConfig
+from common.models.parser_choice import tool_parser_for
 from common.servable import (
+    ServableType,
     chat_template,
     context_length,
     eos_ids,
@@ -17,6 +19,9 @@ from common.servable import (
     special_tokens,
     vocab_size,
 )
+
+# Servables whose engine is the ContinuousBatchingPipeline: the ones a draft model can assist.
+CONTINUOUS = (ServableType.LM_CB, ServableType.VLM_CB)
 
 
 def model_defaults(model: ModelConfig, path: Path) -> dict[str, Any]:
@@ -48,23 +53,27 @@ class ServableInfo:
         tokenizer = openvino_genai.Tokenizer(str(path), INFERENCE_NUM_THREADS=1)
         bos, eos = special_tokens(path, tokenizer.get_bos_token(), tokenizer.get_eos_token())
         vocab = vocab_size(path)
+        servable = infer_servable(path, device, model.pipeline_type)
+        template = chat_template(path, tokenizer.chat_template, model.chat_template)
         card = ModelCard(
             name=model.name,
             device=device,
-            servable_type=infer_servable(path, device, model.pipeline_type),
+            servable_type=servable,
             context_length=context_length(path),
             vocab_size=vocab,
             max_tokens_limit=model.max_tokens_limit,
             best_of_limit=model.best_of_limit,
-            chat_template=chat_template(path, tokenizer.chat_template, model.chat_template),
+            chat_template=template,
             bos_token=bos,
             eos_token=eos,
             created=int(path.stat().st_mtime) if path.exists() else int(time.time()),
             preference=model.devices.index(device) if device in model.devices else len(model.devices),
-            tool_parser=model.tool_parser,
+            tool_parser=model.tool_parser or tool_parser_for(template),
             reasoning_parser=model.reasoning_parser,
             enable_tool_guided_generation=model.enable_tool_guided_generation,
             prompt_lookup=bool(model.plugin_config.get("prompt_lookup")),
+            speculative=model.draft_models_path is not None and servable in CONTINUOUS,
+            adapters=sorted(model.lora_adapters) if servable in CONTINUOUS else [],
         )
         return cls(tokenizer, card, model_defaults(model, path), vocab, path)
 

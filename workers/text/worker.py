@@ -44,12 +44,18 @@ def engine_spec(model: ModelConfig, device: str, info: ServableInfo) -> EngineSp
         # On CPU the default attention is paged (continuous batching inside); SDPA is the stateful pipeline.
         plugin_config.setdefault("ATTENTION_BACKEND", "SDPA")
     vision = kind in (ServableType.VLM, ServableType.VLM_CB)
-    return EngineSpec(str(model.path), device, scheduler, plugin_config, info.card.context_length,
+    spec = EngineSpec(str(model.path), device, scheduler, plugin_config, info.card.context_length,
                       eviction, info.defaults, info.vocab_size, vision, sorted(info.end_ids()), model.arrival_window_ms)
+    spec.adapters = {name: {"path": str(adapter.path), "alpha": adapter.alpha}
+                     for name, adapter in model.lora_adapters.items() if name in info.card.adapters}
+    if info.card.speculative:
+        spec.draft = {"path": str(model.draft_models_path), "device": model.draft_device or device,
+                      "scheduler": model.draft_scheduler()}
+    return spec
 
 
 CB_ONLY = ("cache_size", "dynamic_split_fuse", "max_num_batched_tokens", "max_num_seqs", "enable_prefix_caching",
-           "cache_eviction_config", "arrival_window_ms")
+           "cache_eviction_config", "arrival_window_ms", "draft_models_path", "lora_adapters")
 
 
 def engine_target(kind: ServableType) -> Target:

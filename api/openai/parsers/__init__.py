@@ -13,15 +13,18 @@ from .base import (
     ToolCallDelta,
     ToolParser,
 )
+from .devstral import DevstralToolParser
 from .hermes3 import Hermes3ToolParser
 from .llama3 import Llama3ToolParser
 from .mistral import MistralToolParser
 from .output import OutputParser
 from .phi4 import Phi4ToolParser
 from .qwen3 import Qwen3ReasoningParser
+from .qwen3coder import Qwen3CoderToolParser
 
 TOOL_PARSERS: dict[str, type[ToolParser]] = {
-    parser.name: parser for parser in (Hermes3ToolParser, Llama3ToolParser, Phi4ToolParser, MistralToolParser)
+    parser.name: parser for parser in (Hermes3ToolParser, Llama3ToolParser, Phi4ToolParser, MistralToolParser,
+                                       Qwen3CoderToolParser, DevstralToolParser)
 }
 REASONING_PARSERS: dict[str, type[ReasoningParser]] = {Qwen3ReasoningParser.name: Qwen3ReasoningParser}
 
@@ -39,6 +42,8 @@ def output_parser(tool_parser: str | None, reasoning_parser: str | None, prompt:
 
 __all__ = [
     "REASONING_PARSERS",
+    "DevstralToolParser",
+    "Qwen3CoderToolParser",
     "TOOL_PARSERS",
     "Function",
     "Hermes3ToolParser",

@@ -126,6 +126,8 @@ class ToolParser(Stepper):
     # the list being call_prefix ... call_suffix once for all of them).
     separator: ClassVar[str] = "\n"
     calls_in_one_list: ClassVar[bool] = False
+    # Whether `guided` can write this format (JSON arguments inside fixed text); False: no guided generation.
+    guidable: ClassVar[bool] = True
 
     def __init__(self, forced: bool = False) -> None:
         super().__init__()

@@ -100,3 +100,12 @@ def test_stop_token_ids_are_checked_against_the_vocabulary(ids: list[int], ok: b
     with pytest.raises(OvqError) as caught:
         check_for_model(body, card(vocab_size=49152))
     assert caught.value.body.param == "stop_token_ids"
+
+
+def test_a_parser_without_guided_generation_answers_auto_unguided_and_refuses_forced_calls() -> None:
+    options = {"tool_parser": "qwen3coder", "enable_tool_guided_generation": True}
+    auto = plan(options, tools=[TOOL])
+    assert auto.tool_parser == "qwen3coder" and auto.structure is None
+    with pytest.raises(OvqError, match="qwen3coder tool parser does not offer") as caught:
+        plan(options, tools=[TOOL], tool_choice="required")
+    assert caught.value.body.param == "tool_choice"

@@ -60,6 +60,9 @@ INVALID = [
     ({"response_format": {"type": "json_schema", "json_schema": {"name": "x"}}},
      "response_format of type json_schema needs json_schema.schema"),
     ({"num_assistant_tokens": 0}, "num_assistant_tokens must be greater than 0"),
+    ({"assistant_confidence_threshold": 0}, "assistant_confidence_threshold out of range (0.0, 1.0]"),
+    ({"num_assistant_tokens": 2, "assistant_confidence_threshold": 0.4},
+     "num_assistant_tokens and assistant_confidence_threshold are mutually exclusive"),
     ({"logit_bias": {"50256": -100}}, "logit_bias is not supported"),
     ({"functions": [{"name": "f"}]}, "functions are deprecated"),
 ]

@@ -204,7 +204,7 @@ def test_syntax_error_names_file_line_and_column(tmp_path: Path, capsys: pytest.
 def test_unknown_options_are_one_warning_each_with_file_and_line(tmp_path: Path) -> None:
     config = write_repository(tmp_path, {"m": llm_graph(
         f'models_path: "{LLAMA}"',
-        'draft_models_path: "draft", max_num_seqs: 5',
+        'draft_eagle3_mode: true, max_num_seqs: 5',
         "sparse_attention_config { mode: TRISHAPE num_last_dense_tokens_in_prefill: 4 }",
         "max_num_seq: 4  # a typo",
         "cache_eviction_config: {start_size: 1, recent_size: 2, max_cache_size: 3, snapkv_window_size: 8}",
@@ -215,7 +215,7 @@ def test_unknown_options_are_one_warning_each_with_file_and_line(tmp_path: Path)
     graph, image = tmp_path / "m" / "graph.pbtxt", tmp_path / "sd" / "graph.pbtxt"
     first, image_first = LLM_FIRST_OPTION_LINE, IMAGE_FIRST_OPTION_LINE
     assert imported.warnings == [
-        f"{graph}:{first + 1}: 'draft_models_path' is an OVMS option ovq does not implement; ignored",
+        f"{graph}:{first + 1}: 'draft_eagle3_mode' is an OVMS option ovq does not implement; ignored",
         f"{graph}:{first + 2}: 'sparse_attention_config' is an OVMS option ovq does not implement; ignored",
         f"{graph}:{first + 3}: 'max_num_seq' is not an option of mediapipe.LLMCalculatorOptions that ovq knows; "
         "ignored",
@@ -230,6 +230,32 @@ def test_unknown_options_are_one_warning_each_with_file_and_line(tmp_path: Path)
     llm = imported.models[0]  # the known options around the ignored ones still apply
     assert (llm.max_num_seqs, llm.best_of_limit, llm.cache_eviction_config.max_cache_size) == (5, 3, 3)
     assert llm.max_tokens_limit == 7
+
+
+def test_speculative_decoding_options(tmp_path: Path) -> None:
+    link_model(LLAMA, tmp_path / "llama" / "main")
+    link_model(LLAMA, tmp_path / "llama" / "draft")
+    config = write_repository(tmp_path, {"llama": llm_graph(
+        'models_path: "./main"', "cache_size: 2", 'draft_models_path: "draft"', 'draft_device: "CPU"',
+        "draft_max_num_batched_tokens: 64", "draft_cache_size: 1", "draft_max_num_seqs: 8",
+        "draft_dynamic_split_fuse: false", "draft_block_size: 32",
+    )})
+    imported = load_ovms(config)
+    assert imported.warnings == []
+    (model,) = imported.models
+    assert model.draft_models_path == tmp_path / "llama" / "draft"
+    assert (model.draft_device, model.draft_block_size) == ("CPU", 32)
+    assert model.draft_scheduler() == {"max_num_batched_tokens": 64, "cache_size": 1, "max_num_seqs": 8,
+                                       "dynamic_split_fuse": False, "enable_prefix_caching": False}
+
+
+def test_draft_options_need_a_draft_and_a_directory(tmp_path: Path) -> None:
+    config = write_repository(tmp_path, {"m": llm_graph(f'models_path: "{LLAMA}"', "draft_cache_size: 1")})
+    with pytest.raises(ConfigError, match="draft_cache_size set without draft_models_path"):
+        load_ovms(config)
+    write_repository(tmp_path, {"m": llm_graph(f'models_path: "{LLAMA}"', 'draft_models_path: "nowhere"')})
+    with pytest.raises(ConfigError, match=rf":{LLM_FIRST_OPTION_LINE + 1}: draft_models_path 'nowhere': no model"):
+        load_ovms(config)
 
 
 def test_warnings_reach_the_user_once(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

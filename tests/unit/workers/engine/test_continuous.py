@@ -124,3 +124,69 @@ def test_without_an_allowance_the_engine_does_not_wait(engine: Engine) -> None:
     assert _take(commands, outputs, engine, [], window, ended=1)
     engine.cancel("alone", [])
     to_engine.close()
+
+
+def test_greedy_output_with_a_draft_model_is_the_output_without_one() -> None:
+    """Speculative decoding: the tiny Llama drafted by its own first layer (it agrees on some tokens, not on
+    others) gives token for token what the tiny Llama gives alone, several jobs in one batch."""
+    models = Path(__file__).resolve().parents[3] / "models"
+    llama, draft = str(models / "tiny-llama"), str(models / "tiny-llama-draft")
+    scheduler = {"cache_size": 0}
+    plain = Engine(EngineSpec(llama, "CPU", scheduler, {}, 2048))
+    drafted = Engine(EngineSpec(llama, "CPU", scheduler, {}, 2048,
+                                draft={"path": draft, "device": "CPU", "scheduler": scheduler}))
+    prompts = ["hello world the", "The quick brown fox", "What is the capital of France?"]
+    asks = [{"max_tokens": 40, "temperature": 0}, {"max_tokens": 40, "temperature": 0, "num_assistant_tokens": 3},
+            {"max_tokens": 40, "temperature": 0, "assistant_confidence_threshold": 0.2}]
+
+    def generate(engine: Engine, params: dict) -> dict[str, list[int]]:
+        out: list[list] = []
+        for prompt in prompts:
+            engine.add(prompt, prompt, True, params, [], None, out)
+        while engine.requests:
+            engine.step(out)
+        return {p: [i for u in out if u[0] == p and u[2] != "accepted" for i in u[1]] for p in prompts}
+
+    expected = generate(plain, asks[0])
+    assert all(len(ids) == 40 for ids in expected.values())
+    for params in asks:
+        assert generate(drafted, params) == expected
+
+
+def test_lora_jobs_run_in_groups_and_match_genais_own_output() -> None:
+    """GenAI batches one adapter set at a time: base and adapter jobs sent together each get what GenAI's own
+    generate() gives with their adapters, and the adapter changes the answer."""
+    import numpy as np
+    import openvino as ov
+    import openvino_genai as g
+
+    models = Path(__file__).resolve().parents[3] / "models"
+    llama, lora = str(models / "tiny-llama"), str(models / "tiny-llama-lora" / "adapter_model.safetensors")
+    spec = EngineSpec(llama, "CPU", {"cache_size": 0}, {}, 2048, adapters={"tiny": {"path": lora, "alpha": 0.7}})
+    engine = Engine(spec)
+    out: list[list] = []
+    jobs = {"base1": None, "lora1": "tiny", "base2": None, "lora2": "tiny"}
+    for job, adapter in jobs.items():
+        engine.add(job, "hello world the", True, {"max_tokens": 12, "temperature": 0, "adapter": adapter}, [], None,
+                   out)
+    # base1 runs; the rest wait behind the first job for another adapter, in arrival order
+    assert list(engine.adapters.waiting) == ["lora1", "base2", "lora2"]
+    while engine.requests or engine.adapters.waiting:
+        engine.step(out)
+    got = {job: [i for u in out if u[0] == job and u[2] != "accepted" for i in u[1]] for job in jobs}
+
+    reference = g.ContinuousBatchingPipeline(llama, g.SchedulerConfig(), "CPU",
+                                             {"adapters": g.AdapterConfig(g.Adapter(lora))})
+    ids = ov.Tensor(np.asarray([engine.tokenize("hello world the", True)], dtype=np.int64))
+
+    def own(adapters: g.AdapterConfig) -> list[int]:
+        config = g.GenerationConfig(max_new_tokens=12)
+        config.adapters = adapters
+        return list(reference.generate([ids], [config])[0].m_generation_ids[0])
+
+    adapted, base = own(g.AdapterConfig(g.Adapter(lora), 0.7)), own(g.AdapterConfig())
+    assert adapted != base
+    assert got == {"base1": base, "lora1": adapted, "base2": base, "lora2": adapted}
+    refused: list[list] = []
+    engine.add("nope", "hi", True, {"max_tokens": 2, "adapter": "other"}, [], None, refused)
+    assert refused[0][2] == "error" and refused[0][3]["status"] == 400

@@ -71,6 +71,12 @@ def case(parser: str, text: str, content: str | None, calls: Sequence[Call] = ()
     return pytest.param(parser, text, content, list(calls), id=f"{parser}-{name}")
 
 
+def coder(name: str, *parameters: tuple[str, str]) -> str:
+    """A call as Qwen3-Coder writes it."""
+    written = "".join(f"<parameter={key}>\n{value}\n</parameter>\n" for key, value in parameters)
+    return f"<tool_call>\n<function={name}>\n{written}</function>\n</tool_call>"
+
+
 def hermes(name: str, arguments: str) -> str:
     return f'<tool_call>\n{{"name": "{name}", "arguments": {arguments}}}\n</tool_call>'
 
@@ -172,6 +178,38 @@ TOOL_CASES = [
     case("mistral", f'[TOOL_CALLS][{{"name": "search", "arguments": {TRICKY}}}]', None, [("search", TRICKY)],
          "tricky-strings"),
     case("mistral", f"[TOOL_CALLS]search[ARGS] {TRICKY}", None, [("search", TRICKY)], "args-form-tricky"),
+
+    # Qwen3-Coder-30B-A3B-Instruct's own layout: each value on its own lines, values as text.
+    case("qwen3coder", coder("get_weather", ("location", "Paris, France"), ("unit", "celsius")), None,
+         [("get_weather", WEATHER)], "one"),
+    case("qwen3coder", "I'll check both.\n" + coder("get_weather", ("location", "Paris, France"), ("unit", "celsius"))
+         + "\n" + coder("get_time", ("tz", "UTC")), "I'll check both.",
+         [("get_weather", WEATHER), ("get_time", TIME_UTC)], "two-after-text"),
+    case("qwen3coder", coder("set_alarm", ("hour", "7"), ("repeat", "true"), ("days", '["mon", "tue"]'),
+                             ("note", "wake up\nslowly"), ("zip", "007"), ("nothing", "null")), None,
+         [("set_alarm", '{"hour": 7, "repeat": true, "days": ["mon", "tue"], "note": "wake up\\nslowly", '
+                        '"zip": "007", "nothing": null}')], "typed-values"),
+    case("qwen3coder", "<tool_call>\n<function=get_time>\n</function>", None, [("get_time", "{}")],
+         "no-parameters-no-end-tag"),
+    case("qwen3coder", "<tool_call>\n<function=get_time>\n</function>\n</tool_ca", None, [("get_time", "{}")],
+         "end-tag-cut"),
+    case("qwen3coder", "<tool_call>\n<function=get_weather>\n<parameter=location>\nPar",
+         "<tool_call>\n<function=get_weather>\n<parameter=location>\nPar", [], "truncated"),
+    case("qwen3coder", "<tool_call>\n<function=f>\n<parameter=a>\n1\n</function>\n</tool_call>",
+         "<tool_call>\n<function=f>\n<parameter=a>\n1\n</function>\n</tool_call>", [], "unclosed-parameter"),
+    case("qwen3coder", "<tool_call>\n{\"name\": \"f\"}\n</tool_call> </function>",
+         "<tool_call>\n{\"name\": \"f\"}\n</tool_call> </function>", [], "not-xml"),
+    case("qwen3coder", coder("search", ("query", 'a } ] " [ { <tool_call> <b>x</b>')), None,
+         [("search", '{"query": "a } ] \\" [ { <tool_call> <b>x</b>"}')], "tricky-text"),
+    case("qwen3coder", coder("get_weather", ("location", "São Paulo 東京 ☔")) + "\nDone.", "Done.",
+         [("get_weather", '{"location": "São Paulo 東京 ☔"}')], "unicode-text-after"),
+    case("qwen3coder", "Plain <tool_call> talk.", "Plain <tool_call> talk.", [], "marker-in-prose"),
+
+    case("devstral", f"[TOOL_CALLS]get_weather[ARGS]{WEATHER}", None, [("get_weather", WEATHER)], "one"),
+    case("devstral", f"Let me see.[TOOL_CALLS]get_weather[ARGS]{WEATHER}[TOOL_CALLS]get_time[ARGS]{TIME_UTC}",
+         "Let me see.", [("get_weather", WEATHER), ("get_time", TIME_UTC)], "two"),
+    case("devstral", f'[TOOL_CALLS][{{"name": "get_weather", "arguments": {WEATHER}}}]', None,
+         [("get_weather", WEATHER)], "list-form"),
 ]
 
 
@@ -300,7 +338,7 @@ def test_qwen3_opens() -> None:
 
 
 def test_registries() -> None:
-    assert set(TOOL_PARSERS) == {"hermes3", "llama3", "phi4", "mistral"}
+    assert set(TOOL_PARSERS) == {"hermes3", "llama3", "phi4", "mistral", "qwen3coder", "devstral"}
     assert set(REASONING_PARSERS) == {"qwen3"}
     assert all(kind.name == name for name, kind in {**TOOL_PARSERS, **REASONING_PARSERS}.items())
 
@@ -315,10 +353,11 @@ TOOLS = [
 ]
 INSTANCES = [{"location": "Zürich", "unit": "celsius"}, {"query": "a [b] {c} \"d\"", "filters": {"tags": ["x"]}},
              {}]
-SEPARATOR = {"hermes3": "\n", "llama3": "; ", "phi4": "", "mistral": ""}  # what a model writes between calls
+SEPARATOR = {"hermes3": "\n", "llama3": "; ", "phi4": "", "mistral": "", "devstral": ""}
+GUIDED = sorted(name for name, kind in TOOL_PARSERS.items() if kind.guidable)  # what a model writes between calls
 
 
-@pytest.mark.parametrize("parser", sorted(TOOL_PARSERS))
+@pytest.mark.parametrize("parser", GUIDED)
 @pytest.mark.parametrize("parallel", [False, True])
 def test_auto_guidance_triggers_calls_in_free_text(parser: str, parallel: bool) -> None:
     tree = TOOL_PARSERS[parser]().guided(TOOLS, False, parallel)
@@ -339,7 +378,7 @@ def calls_only(tree: dict) -> dict:
     return tree["tags_with_separator"]
 
 
-@pytest.mark.parametrize("parser", sorted(TOOL_PARSERS))
+@pytest.mark.parametrize("parser", GUIDED)
 @pytest.mark.parametrize("parallel", [False, True])
 def test_forced_guidance_is_the_calls_and_nothing_else(parser: str, parallel: bool) -> None:
     """No trigger, no free text: the grammar is exactly the call(s), so it ends, and with it the generation."""
@@ -361,7 +400,7 @@ def written(node: dict, arguments: list[str]) -> str:
     return begin + inner + end
 
 
-@pytest.mark.parametrize("parser", sorted(TOOL_PARSERS))
+@pytest.mark.parametrize("parser", GUIDED)
 @pytest.mark.parametrize("parallel", [False, True])
 def test_forced_output_parses_back_to_the_calls_alone(parser: str, parallel: bool) -> None:
     kind = TOOL_PARSERS[parser]
@@ -374,7 +413,7 @@ def test_forced_output_parses_back_to_the_calls_alone(parser: str, parallel: boo
     check_streaming(lambda: kind(forced=True), text, (None, None, expected))
 
 
-@pytest.mark.parametrize("parser", sorted(TOOL_PARSERS))
+@pytest.mark.parametrize("parser", GUIDED)
 def test_auto_guided_tags_parse_back(parser: str) -> None:
     kind = TOOL_PARSERS[parser]
     tags = [node["tag"] for node in kind().guided(TOOLS, False, True)["triggered_tags"]["tags"]]
@@ -405,6 +444,9 @@ CUT_CASES = [  # (parser, forced, output cut by the token limit, content, calls)
     ("mistral", True, '[TOOL_CALLS][{"name": "get_time", "arguments": {}}, {"na', None, []),
     ("mistral", False, "Sure.[TOOL_CALLS]get_wea", "Sure.", []),
     ("mistral", False, "Sure. [TOOL_C", "Sure.", []),
+    ("qwen3coder", False, "Sure.\n<tool_call>\n<function=get_weather>\n<parameter=loc", "Sure.", []),
+    ("qwen3coder", False, "Sure. <tool_", "Sure.", []),
+    ("devstral", False, "Sure.[TOOL_CALLS]get_wea", "Sure.", []),
 ]
 
 
