@@ -39,9 +39,10 @@ class Outbox:
     stats: Counter[str] = field(default_factory=Counter)
     # Called once this outbox's round trip has gone through (a traced job's publish span ends there).
     sent: list[Callable[[], None]] = field(default_factory=list)
-    # Packed records of generated ids to append to each job's `Keys.generated` (`workers/text/progress.py`), and
-    # whether this worker sets its TTL with them; the jobs whose record ended (deleted).
-    records: dict[str, tuple[bytes, bool]] = field(default_factory=dict)
+    # Packed records of generated ids to append to each job's `Keys.generated` (`workers/text/progress.py`), the
+    # jobs whose TTL this worker sets with them (its first), and the jobs whose record ended (deleted).
+    records: dict[str, list[bytes]] = field(default_factory=dict)
+    fresh: set[str] = field(default_factory=set)
     forgotten: set[str] = field(default_factory=set)
 
     def publish(self, reply_to: str, event: Any) -> None:
@@ -54,10 +55,16 @@ class Outbox:
     def ack(self, entry_id: bytes, stream: str | None = None) -> None:
         self.acks.append((stream, entry_id))
 
-    def record(self, job: str, data: bytes, first: bool = False) -> None:
-        """Append `data` to the job's record of generated ids (`first`: this worker's first: it sets the TTL)."""
+    def record(self, job: str, records: list[bytes], first: bool = False) -> None:
+        """Append `records` to the job's record of generated ids (`first`: this worker's first: it sets the TTL).
+        The list is the outbox's from now on."""
         held = self.records.get(job)
-        self.records[job] = (held[0] + data, held[1] or first) if held is not None else (data, first)
+        if held is None:
+            self.records[job] = records
+        else:
+            held.extend(records)
+        if first:
+            self.fresh.add(job)
 
     def forget(self, job: str) -> None:
         """The job ended: its record of generated ids goes."""
@@ -77,8 +84,9 @@ class Outbox:
         self.acks.extend(other.acks)
         self.stats.update(other.stats)
         self.sent.extend(other.sent)
-        for job, (data, first) in other.records.items():
-            self.record(job, data, first)
+        for job, records in other.records.items():
+            self.records.setdefault(job, []).extend(records)
+        self.fresh |= other.fresh
         self.forgotten |= other.forgotten
 
     def __bool__(self) -> bool:
@@ -170,11 +178,11 @@ class Publisher:
                       for part in (k, v if isinstance(v, (str, int, float)) else orjson.dumps(v))]
             commands += [["HSET", key, *fields], ["EXPIRE", key, self.job_ttl]]
         # Before the events they match: a worker that dies after this round trip leaves ids and text agreeing.
-        for job, (data, first) in batch.records.items():
+        for job, records in batch.records.items():
             if job not in batch.forgotten:
                 key = self.keys.generated(job)
-                commands.append(["APPEND", key, data])
-                if first:
+                commands.append(["APPEND", key, records[0] if len(records) == 1 else b"".join(records)])
+                if job in batch.fresh:
                     commands.append(["EXPIRE", key, self.job_ttl])
         for reply_to, events in batch.events.items():
             commands.append(["PUBLISH", self.keys.events(reply_to), pack(events)])

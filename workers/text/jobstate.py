@@ -58,7 +58,7 @@ class RunningJob:
     # Some text has gone to the client: the job can be handed to another worker only to continue it (`record`).
     streamed: bool = False
     record: bool = False  # keep a record of the ids sent (`unrecorded`), so another worker can continue the job
-    unrecorded: bytearray = field(default_factory=bytearray)  # records not yet in an outbox
+    unrecorded: list[bytes] = field(default_factory=list)  # records not yet in an outbox
     recorded_once: bool = False  # this worker has put a record in an outbox (the first sets its TTL)
     choices: list[Choice] = field(init=False)
     plain: bool = field(init=False)
@@ -78,21 +78,20 @@ class RunningJob:
         self.seq += 1
         return self.seq
 
-    def take_record(self) -> tuple[bytes, bool] | None:
+    def take_record(self) -> tuple[list[bytes], bool] | None:
         """The records noted since the last call, and whether they are this worker's first, for the outbox."""
         if not self.unrecorded:
             return None
-        data, first = bytes(self.unrecorded), not self.recorded_once
-        self.unrecorded.clear()
-        self.recorded_once = True
-        return data, first
+        records, self.unrecorded = self.unrecorded, []
+        first, self.recorded_once = not self.recorded_once, True
+        return records, first
 
     def _note(self, choice: Choice, seq: int) -> None:
         """Record the ids of the text just sent (all of the choice's ids not recorded yet)."""
         ids = choice.ids[choice.recorded:]
         logprobs = choice.logprob_values[choice.recorded:] if choice.logprobs is not None else None
-        choice.recorded = len(choice.ids)
-        self.unrecorded += ids_record(choice.index, seq, ids, logprobs)
+        choice.recorded += len(ids)
+        self.unrecorded.append(ids_record(choice.index, seq, ids, logprobs))
 
     def replay(self, choice: Choice, ids: list[int], text: str, entries: list[dict[str, Any]] | None) -> None:
         """Taken over from a dead worker: account for the ids it had sent the text of (`text`: what a new
@@ -141,7 +140,7 @@ class RunningJob:
         self.streamed = True
         seq = self.next_seq()
         if self.record:  # an empty record: a worker that continues the job does not echo again
-            self.unrecorded += ids_record(choice.index, seq, [], [] if choice.logprobs is not None else None)
+            self.unrecorded.append(ids_record(choice.index, seq, [], [] if choice.logprobs is not None else None))
         return delta(self.job.id, seq, choice.index, text, 0, entries, echo=True)
 
     def finish(self, choice: Choice, reason: str, ended: bool = False) -> dict[str, Any]:
@@ -155,7 +154,7 @@ class RunningJob:
             choice.held_tokens = 0
         last["finish_reason"] = choice.finish
         if self.record:
-            self.unrecorded += end_record(choice.index, last["seq"], choice.finish, choice.tokens)
+            self.unrecorded.append(end_record(choice.index, last["seq"], choice.finish, choice.tokens))
         return last
 
     def _emit(self, choice: Choice, text: str, tokens: int, final: bool = False,

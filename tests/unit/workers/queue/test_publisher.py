@@ -58,11 +58,11 @@ async def test_records_of_generated_ids_are_appended_before_their_events_and_go_
     publisher = Publisher(redis, keys, keys.jobs("m", "CPU"), job_ttl=60)
     publisher.start()
     first, second = Outbox(), Outbox()
-    first.record("j", b"ab", first=True)
+    first.record("j", [b"ab"], first=True)
     first.publish("api1", Delta(job="j", seq=1, text="hi", tokens=1))
-    second.record("j", b"cd")
+    second.record("j", [b"cd"])
     first.merge(second)
-    assert first.records == {"j": (b"abcd", True)}
+    assert first.records == {"j": [b"ab", b"cd"]} and first.fresh == {"j"}
     sent = []
     publisher.lane.execute = lambda commands, run=publisher.lane.execute: sent.append(commands) or run(commands)
     publisher.put(first)
@@ -70,7 +70,7 @@ async def test_records_of_generated_ids_are_appended_before_their_events_and_go_
     assert [c[0] for c in sent[0]] == ["APPEND", "EXPIRE", "PUBLISH"]  # the ids before the text they match
     assert await redis.get(keys.generated("j")) == b"abcd" and 0 < await redis.ttl(keys.generated("j")) <= 60
     ended = Outbox()
-    ended.record("j", b"ef")
+    ended.record("j", [b"ef"])
     ended.forget("j")
     publisher.put(ended)
     await publisher.drain()

@@ -150,8 +150,8 @@ def test_a_replayed_record_goes_on_as_the_job_would_have_across_a_stop_string() 
         event = state.delta(state.choices[0], [i], token, None)
         sent += [event["text"]] if event else []
     assert sent == ["Hi", " "]
-    data, first = state.take_record()  # type: ignore[misc]
-    progress = Progress.read(data, logprobs=False)
+    records, first = state.take_record()  # type: ignore[misc]
+    progress = Progress.read(b"".join(records), logprobs=False)
     assert first and progress.choices[0].ids == [0, 1] and progress.seq == 2  # the ids of the deltas sent
 
     taken, stream = stopping_state("END")

@@ -33,9 +33,9 @@ class Collected:
     def put(self, outbox: Outbox) -> None:
         for events in outbox.events.values():
             self.events.extend(events)
-        for job, (data, _) in outbox.records.items():
+        for job, records in outbox.records.items():
             if job not in outbox.forgotten:
-                self.records[job] = self.records.get(job, b"") + data
+                self.records[job] = self.records.get(job, b"") + b"".join(records)
         for job in outbox.forgotten:
             self.records.pop(job, None)
 
