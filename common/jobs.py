@@ -43,7 +43,8 @@ class JobHash:
     WORKER: Final = "worker"  # the worker that accepted it
     ENTRY: Final = "entry"  # its stream entry id (when Redis queued it)
     TAKEN: Final = "taken"  # unix s it left the stream
-    STREAMED: Final = "streamed"  # 1 once a token went out: a dead worker's job is then failed, not run again
+    # 1 once a token went out: a dead worker's job is then continued from `Keys.generated` (or failed), not rerun.
+    STREAMED: Final = "streamed"
     PROMPT_TOKENS: Final = "prompt_tokens"
     COMPLETION_TOKENS: Final = "completion_tokens"
     QUEUE_MS: Final = "queue_ms"

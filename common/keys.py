@@ -90,6 +90,13 @@ class Keys:
         listening; one not in the set at all (an API without heartbeats) counts as listening."""
         return f"{self.prefix}:apis"
 
+    def generated(self, job_id: str) -> str:
+        """String: a streaming text job's token ids so far, packed records appended by its worker's publisher each
+        time it sends text (`workers/text/progress.py`), so that another worker can continue the job if this one
+        dies (OVQ_WORKER_TAKEOVER). Owned by the worker running the job: TTL OVQ_JOB_TTL_S from its first record,
+        deleted when the job ends."""
+        return f"{self.prefix}:gen:{job_id}"
+
     # ---- Responses API (api/openai/responses/store.py) ------------------------------------------------------
     def response(self, response_id: str) -> str:
         """Hash: a stored response (`store: true`): `response` (the object, JSON), `items` (its input items, then

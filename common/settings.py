@@ -134,6 +134,11 @@ class Settings(BaseSettings):
     # Models the API expects to be served (readiness); empty: those of the models file, else every announced one.
     models: list[str] = Field(default_factory=list)
 
+    # A running text job whose worker dies is continued by another worker of its model, from the token ids it had
+    # streamed (recorded in Redis with each event: `Keys.generated`); the API waits up to queue_timeout_s for one.
+    # Off: no ids are recorded, and such a job ends with an error.
+    worker_takeover: bool = True
+
     # ---- Files (/v1/files) and the Batch API (/v1/batches) -------------------------------------------------
     # Where file bytes live: `redis` (default; every tier reaches it) or `directory` (files_dir, a volume every
     # API process and batch worker mounts). Metadata is in Redis either way.

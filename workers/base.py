@@ -1,8 +1,10 @@
 """A worker's I/O half, whatever its pipeline: reads jobs from its stream (only as many as its engine can start
-now), skips the cancelled, hears cancels, heartbeats, reclaims jobs of dead workers, drains on SIGTERM, and rides
-out Redis outages (every loop backs off and goes on; the engine is kept).
+now), skips the cancelled, hears cancels, heartbeats, reclaims jobs of dead workers (runs them again, or continues
+them where they had streamed), drains on SIGTERM, and rides out Redis outages (every loop backs off and goes on;
+the engine is kept).
 
-Subclasses say how a job runs: `start_backend`, `_start`, `cancel_running`, `stop_backend`, and `room`.
+Subclasses say how a job runs: `start_backend`, `_start`, `cancel_running`, `stop_backend`, and `room`; and
+which jobs that had streamed they can continue (`resumable`: then `_start` finds them in `_continuing`).
 """
 from __future__ import annotations
 
@@ -33,7 +35,7 @@ from workers.queue.accounting import Accounting
 from workers.queue.heartbeat import Heartbeat, Steering, gone_apis
 from workers.queue.intake import Intake
 from workers.queue.publisher import Outbox, Publisher
-from workers.queue.reclaim import Reclaimer, Takeover
+from workers.queue.reclaim import Continued, Reclaimer, Takeover
 from workers.vitals import Member, Vitals
 
 log = logging.getLogger("ovq.worker")
@@ -79,9 +81,11 @@ class BaseWorker:
         self.publisher = Publisher(self.redis, self.keys, self.stream, settings.job_ttl_s, accounting)
         self.intake = Intake(self.redis, self.id, self.stream, self.batch_stream)
         self._orphaned: set[str] = set()  # running jobs cancelled because their API process is gone
+        # Jobs of dead workers to continue from what they had streamed, by id, until `_start` takes them.
+        self._continuing: dict[str, Continued] = {}
         self.member = Member(self.id, model.name, device, self.stream, self.batch_stream, self.started)
         self.heartbeat = Heartbeat(self.redis, self.keys, settings, self.member, self.vitals)
-        self.reclaimer = Reclaimer(self.redis, self.keys, settings, self.member, self.room)
+        self.reclaimer = Reclaimer(self.redis, self.keys, settings, self.member, self.room, self.resumable)
         self.health = HealthServer(self.member, self.vitals, settings.heartbeat_s, settings.worker_host,
                                    settings.worker_port) if settings.worker_port is not None else None
 
@@ -99,6 +103,10 @@ class BaseWorker:
     def room(self) -> int:
         """How many more jobs to take from the stream now."""
         return max(0, self.capacity - len(self.running))
+
+    def resumable(self, job: Job) -> bool:
+        """Whether this worker can continue `job` from what another worker had streamed of it (none can here)."""
+        return False
 
     def engine_stats(self) -> list[float] | None:
         """The engine's last [requests, scheduled, KV cache %, prompt tokens waiting], where it reports them."""
@@ -182,12 +190,14 @@ class BaseWorker:
 
     async def _shutdown(self, tasks: list[asyncio.Task[Any]]) -> None:
         """Stop reading; let running jobs finish for the grace period; hand back the ones that have sent nothing
-        (left pending, another worker takes them over) and end the rest with an error."""
+        or that another worker can continue (left pending, another worker takes them over) and end the rest with
+        an error."""
         tasks[0].cancel()
         deadline = time.monotonic() + self.settings.shutdown_grace_s
         while self.running and time.monotonic() < deadline and self.backend_alive:
             await asyncio.sleep(0.05)
-        handed = [s for s in self.running.values() if not s.streamed]
+        takeover = self.settings.worker_takeover
+        handed = [s for s in self.running.values() if not s.streamed or (takeover and self.resumable(s.job))]
         for state in handed:
             del self.running[state.job.id]
         self._fail_all(503, "the worker shut down before the job finished")
@@ -380,6 +390,12 @@ class BaseWorker:
         self.publisher.put(takeover.outbox)
         if takeover.rerun:
             await self.admit(takeover.rerun, takeover.stream)
+        if takeover.continued:
+            for continued in takeover.continued:
+                self._continuing[Job.from_fields(continued.fields).id] = continued
+            await self.admit([(c.entry_id, c.fields) for c in takeover.continued], takeover.stream)
+            # Cancelled meanwhile (or their API is gone): they did not start, and will not.
+            self._continuing = {j: c for j, c in self._continuing.items() if j in self._deferred}
 
     def cancel_orphans(self, gone: set[str]) -> None:
         """Cancel the running jobs of API processes that are gone: nobody reads what they would generate."""
@@ -416,6 +432,8 @@ class BaseWorker:
             outbox.set_status(state.job.id, status=JobStatus.ERROR, error=error.body.model_dump(),
                               **state.summary())
             outbox.ack(state.entry_id, self.stream_of(state.job))
+            if state.streamed:
+                outbox.forget(state.job.id)
         self.running.clear()
         self._orphaned.clear()
         self._slot_free.set()

@@ -1,11 +1,12 @@
 """A response's jobs seen from the API: enqueue them, hold the HTTP status until every worker's verdict, follow
 their events, cancel what is left when the client goes or a bound is reached.
 
-Every wait has a bound: a job no worker starts within `queue_timeout_s` of the request's start is a 503 (it
-waits that long also when no worker is live: one restarting, or scaled to zero), and is taken back out of its
-stream; a running job whose worker's
-heartbeat is gone is a 500; a request past its deadline (`X-Request-Timeout`) is a 504; losing the event hub's
-subscription (Redis away) ends the response with a 503. The client leaving cancels its jobs at their workers.
+Every wait has a bound: a job no worker starts within `queue_timeout_s` of the request's start is a 503 (it waits
+that long also when no worker is live: one restarting, or scaled to zero), and is taken back out of its stream; a
+running job whose worker's heartbeat is gone waits for another worker to continue it (that worker sends the job's
+`accepted` again; OVQ_WORKER_TAKEOVER) and is a 500 if none has within `queue_timeout_s`; a request past its
+deadline (`X-Request-Timeout`) is a 504; losing the event hub's subscription (Redis away) ends the response with a
+503. The client leaving cancels its jobs at their workers.
 """
 from __future__ import annotations
 
@@ -137,6 +138,7 @@ class Generation:
         self._queued: dict[str, Queued] = {}
         self.holds = True  # entering waits for every `accepted`; a stream with no live worker waits after
         self._handed_over = False  # to a stream: its end closes the generation
+        self._orphaned_since: float | None = None  # when a job's worker was found dead (none continues it yet)
 
     async def __aenter__(self) -> Generation:
         trace = self.request.state.record.trace if self.request is not None else None
@@ -267,9 +269,17 @@ class Generation:
         return self._seen(events)
 
     def _seen(self, events: list[EventDict]) -> list[EventDict]:
+        accepted = False
         for event in events:
-            if event["type"] in TERMINAL:
+            kind = event["type"]
+            if kind in TERMINAL:
                 self.open.discard(event["job"])
+            elif kind == ACCEPTED:  # again: another worker continues a job whose worker died
+                self.accepted[event["job"]] = event  # type: ignore[assignment]
+                accepted = True
+        if not accepted:
+            return events
+        self._orphaned_since = None
         return [e for e in events if e["type"] != ACCEPTED]
 
     async def _take(self, tick: bool = False) -> list[EventDict]:
@@ -304,8 +314,16 @@ class Generation:
                 alive = all(await self.client.workers_alive(running)) if running else True
             except UNAVAILABLE:
                 alive = True  # Redis is away: the hub's lost subscription decides
-            if not alive:
+            if alive:
+                self._orphaned_since = None
+            elif not settings.worker_takeover:
                 raise OvqError("The worker running this request died mid-generation", 500, "server_error",
+                               code="worker_died")
+            elif self._orphaned_since is None:
+                self._orphaned_since = now  # another worker of its model may continue it: wait for its `accepted`
+            elif now - self._orphaned_since > settings.queue_timeout_s:
+                raise OvqError("The worker running this request died mid-generation and no other worker continued "
+                               f"it within {settings.queue_timeout_s:.0f}s (queue_timeout_s)", 500, "server_error",
                                code="worker_died")
 
     async def _withdraw(self, job_ids: list[str]) -> None:

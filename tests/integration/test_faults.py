@@ -206,26 +206,107 @@ def test_a_hung_engine_is_killed_by_the_watchdog_and_replaced(tiers: Callable[..
     assert counts.completed == 1, counts
 
 
-def test_a_killed_worker_fails_its_streams_cleanly_and_the_other_worker_serves(tiers: Callable[..., Tiers]) -> None:
-    """SIGKILL of a worker's I/O process: its engine follows (its pipe closes); a live worker of the model
-    takes over its jobs (re-run if they had sent nothing, else one error event), nothing hangs."""
-    t = tiers(tiny(max_num_seqs=4))
+def streamed_text(base_url: str, body: dict, request_id: str, started: threading.Event) -> tuple[str, str, list[str]]:
+    """One streamed chat: how it ended ("completed", "error: ..." or "hung"), its text, its error messages."""
+    text, errors, outcome = [], [], "hung"
+    try:
+        with httpx.stream("POST", f"{base_url}/chat/completions", json={**body, "stream": True},
+                          headers={"X-Request-Id": request_id}, timeout=BOUND_S) as response:
+            if response.status_code != 200:
+                return f"status {response.status_code}", response.read().decode(), []
+            for line in sse.lines(response):
+                if not line.startswith("data: {"):
+                    continue
+                data = orjson.loads(line[6:])
+                if "error" in data:
+                    errors.append(data["error"].get("message") or "")
+                    outcome = "error"
+                    continue
+                choice = data["choices"][0] if data["choices"] else {}
+                content = choice.get("delta", {}).get("content")
+                if content:
+                    text.append(content)
+                    started.set()  # a token reached the client: the job has streamed
+                if choice.get("finish_reason"):
+                    outcome = "completed"
+    except httpx.TimeoutException:
+        outcome = "hung"
+    finally:
+        started.set()
+    return outcome, "".join(text), errors
+
+
+def holders(redis_url: str, prefix: str, job_ids: list[str]) -> dict[str, list[str]]:
+    """The jobs each worker runs now, by the worker's process id (worker ids are host-pid-suffix)."""
+    r = redis.Redis.from_url(redis_url)
+    held: dict[str, list[str]] = {}
+    for job_id in job_ids:
+        worker = r.hget(Keys(prefix).job(job_id), "worker")
+        if worker:
+            held.setdefault(worker.decode().rsplit("-", 2)[1], []).append(job_id)
+    return held
+
+
+def test_worker_kill_continues_streams(tiers: Callable[..., Tiers], redis_url: str) -> None:
+    """SIGKILL of a worker's I/O process (its engine follows) under 16 streams at temperature 0, with a second
+    worker live: that worker continues the dead one's streams from the tokens they had streamed, and every stream
+    completes with the text of an uninterrupted run (a unary request with the same body), nothing lost or
+    repeated."""
+    t = tiers(tiny(max_num_seqs=16, plugin_config={"INFERENCE_NUM_THREADS": 1}))
     t.api()
     first = t.worker(TINY, name="first")
     t.wait_served(TINY)
     second = t.worker(TINY, name="second")
     t.wait_served(TINY, workers=2)
-    counts, started = Counts(), [threading.Event() for _ in range(6)]
-    body = {"model": TINY, "messages": [{"role": "user", "content": "go"}], "max_tokens": 1500, "ignore_eos": True}
-    threads = in_threads(6, lambda i: stream(t.base_url, body, counts, started[i]))
+    bodies = [{"model": TINY, "messages": [{"role": "user", "content": f"Tell me about {i}"}], "max_tokens": 1200,
+               "temperature": 0, "ignore_eos": True, "seed": 7} for i in range(16)]
+    reference: dict[int, str] = {}
+
+    def unary_text(i: int) -> None:
+        response = httpx.post(f"{t.base_url}/chat/completions", json=bodies[i], timeout=BOUND_S)
+        assert response.status_code == 200, response.text
+        reference[i] = response.json()["choices"][0]["message"]["content"]
+
+    join(in_threads(16, unary_text))
+    assert len(reference) == 16 and len(set(reference.values())) > 1
+    run = time.time_ns()
+    ids = [f"takeover-{run}-{i}" for i in range(16)]
+    started = [threading.Event() for _ in range(16)]
+    results: dict[int, tuple[str, str, list[str]]] = {}
+
+    def one(i: int) -> None:
+        results[i] = streamed_text(t.base_url, bodies[i], ids[i], started[i])
+
+    threads = in_threads(16, one)
     for event in started:
         assert event.wait(60)
-    worker_process(first).kill()
+    held = holders(redis_url, t.prefix, ids)
+    victim = max((first, second), key=lambda proc: len(held.get(str(proc.pid), [])))
+    killed = held.get(str(victim.pid), [])
+    worker_process(victim).kill()
     join(threads)
-    assert counts.hung == counts.internal == 0 and counts.completed + counts.failed == 6, counts
-    assert counts.failed >= 1, counts  # the killed worker's streams: one error each
-    unary(t.base_url, HELLO, counts)
-    assert second.poll() is None and counts.completed >= 1, counts
+    survivor = second if victim is first else first
+    outcomes = {i: (outcome, errors) for i, (outcome, _, errors) in results.items() if outcome != "completed"}
+    assert len(results) == 16 and not outcomes, outcomes
+    wrong = [i for i in range(16) if results[i][1] != reference[i]]
+    assert not wrong, [(i, ids[i] in killed, len(results[i][1]), len(reference[i])) for i in wrong]
+    log = t.log(survivor)
+    assert killed and "continuing job" in log, (held, log[-2000:])
+    assert survivor.poll() is None and "Traceback" not in log
+
+
+def test_a_killed_workers_stream_nobody_continues_ends_with_one_error(tiers: Callable[..., Tiers]) -> None:
+    """No other worker of the model within OVQ_QUEUE_TIMEOUT_S of the death: one clean error event, no hang."""
+    t = tiers(tiny(), OVQ_QUEUE_TIMEOUT_S="3")
+    t.api()
+    worker = t.worker(TINY)
+    t.wait_served(TINY)
+    counts = Counts()
+    thread = long_stream(t, counts)
+    worker_process(worker).kill()
+    thread.join(BOUND_S)
+    assert counts.failed == 1 and counts.hung == counts.internal == 0, counts
+    assert len(counts.errors) == 1 and "no other worker continued it" in counts.errors[0], counts
 
 
 @pytest.fixture()

@@ -39,6 +39,11 @@ class Outbox:
     stats: Counter[str] = field(default_factory=Counter)
     # Called once this outbox's round trip has gone through (a traced job's publish span ends there).
     sent: list[Callable[[], None]] = field(default_factory=list)
+    # Packed records of generated ids to append to each job's `Keys.generated` (`workers/text/progress.py`), the
+    # jobs whose TTL this worker sets with them (its first), and the jobs whose record ended (deleted).
+    records: dict[str, list[bytes]] = field(default_factory=dict)
+    fresh: set[str] = field(default_factory=set)
+    forgotten: set[str] = field(default_factory=set)
 
     def publish(self, reply_to: str, event: Any) -> None:
         self.events[reply_to].append(event if type(event) is dict else event.model_dump(mode="json"))
@@ -49,6 +54,21 @@ class Outbox:
 
     def ack(self, entry_id: bytes, stream: str | None = None) -> None:
         self.acks.append((stream, entry_id))
+
+    def record(self, job: str, records: list[bytes], first: bool = False) -> None:
+        """Append `records` to the job's record of generated ids (`first`: this worker's first: it sets the TTL).
+        The list is the outbox's from now on."""
+        held = self.records.get(job)
+        if held is None:
+            self.records[job] = records
+        else:
+            held.extend(records)
+        if first:
+            self.fresh.add(job)
+
+    def forget(self, job: str) -> None:
+        """The job ended: its record of generated ids goes."""
+        self.forgotten.add(job)
 
     def count(self, name: str, n: int = 1) -> None:
         self.stats[name] += n
@@ -64,9 +84,13 @@ class Outbox:
         self.acks.extend(other.acks)
         self.stats.update(other.stats)
         self.sent.extend(other.sent)
+        for job, records in other.records.items():
+            self.records.setdefault(job, []).extend(records)
+        self.fresh |= other.fresh
+        self.forgotten |= other.forgotten
 
     def __bool__(self) -> bool:
-        return bool(self.events or self.status or self.acks or self.stats)
+        return bool(self.events or self.status or self.acks or self.stats or self.records or self.forgotten)
 
 
 class Publisher:
@@ -139,7 +163,7 @@ class Publisher:
             except UNAVAILABLE as exc:
                 if self.accounting is not None:
                     self.accounting.written(False)
-                if not (batch.events or batch.status or batch.acks or failures):
+                if not (batch.events or batch.status or batch.acks or batch.records or batch.forgotten or failures):
                     return  # only counts (the ticker's): pending again, for the next round trip
                 if not backoff.failures:
                     log.warning("publishing to Redis failed (%s); retrying until it is back", reason(exc))
@@ -153,6 +177,13 @@ class Publisher:
             fields = [part for k, v in values.items() if v is not None
                       for part in (k, v if isinstance(v, (str, int, float)) else orjson.dumps(v))]
             commands += [["HSET", key, *fields], ["EXPIRE", key, self.job_ttl]]
+        # Before the events they match: a worker that dies after this round trip leaves ids and text agreeing.
+        for job, records in batch.records.items():
+            if job not in batch.forgotten:
+                key = self.keys.generated(job)
+                commands.append(["APPEND", key, records[0] if len(records) == 1 else b"".join(records)])
+                if job in batch.fresh:
+                    commands.append(["EXPIRE", key, self.job_ttl])
         for reply_to, events in batch.events.items():
             commands.append(["PUBLISH", self.keys.events(reply_to), pack(events)])
         by_stream: dict[str, list[bytes]] = defaultdict(list)
@@ -160,6 +191,8 @@ class Publisher:
             by_stream[stream or self.stream].append(entry_id)
         for stream, entry_ids in by_stream.items():
             commands += [["XACK", stream, GROUP, *entry_ids], ["XDEL", stream, *entry_ids]]
+        if batch.forgotten:
+            commands.append(["UNLINK", *(self.keys.generated(job) for job in batch.forgotten)])
         if self.accounting is not None:
             self.accounting.write(commands, failures, everything)
         if not commands:

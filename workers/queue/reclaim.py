@@ -1,4 +1,5 @@
-"""Jobs left pending by a dead worker: run them again if nothing was streamed, else end them with an error.
+"""Jobs left pending by a dead worker: run them again if nothing was streamed; continue them from the ids they had
+streamed (`Keys.generated`) where the worker can (`resumable`, OVQ_WORKER_TAKEOVER); else end them with an error.
 
 Both of the worker's streams are covered: interactive jobs first, then batch lines. Each pass claims the jobs and
 says what to do with them (`Takeover`); the worker does it."""
@@ -45,6 +46,16 @@ Entries = list[tuple[bytes, dict[bytes, bytes]]]
 
 
 @dataclass
+class Continued:
+    """A job that had streamed, to continue: its record of generated ids and its prompt's token count."""
+
+    entry_id: bytes
+    fields: dict[bytes, bytes]
+    generated: bytes
+    prompt_tokens: int
+
+
+@dataclass
 class Takeover:
     """What a pass claimed from dead workers on one stream, for the worker to act on, in this order."""
 
@@ -52,12 +63,14 @@ class Takeover:
     dead: list[dict[bytes, bytes]] = field(default_factory=list)  # delivered too often: to the dead letters
     outbox: Outbox = field(default_factory=Outbox)  # the errors of jobs that cannot run again, and their acks
     rerun: Entries = field(default_factory=list)  # to run again, as if just read from the stream
+    continued: list[Continued] = field(default_factory=list)  # to go on from what they had streamed
 
 
 class Reclaimer:
     def __init__(self, redis: aioredis.Redis, keys: Keys, settings: Settings, member: Member,
-                 room: Callable[[], int]) -> None:
+                 room: Callable[[], int], resumable: Callable[[Job], bool] = lambda job: False) -> None:
         self.redis, self.keys, self.settings, self.member, self.room = redis, keys, settings, member, room
+        self.resumable = resumable  # whether this worker can continue a job that had streamed
         self.reclaimed = 0
         self._forget = redis.register_script(FORGET)
 
@@ -130,17 +143,30 @@ class Reclaimer:
                 continue
             job = Job.from_fields(fields)
             job.priority = "batch" if stream == self.member.batch_stream else "interactive"
-            streamed = await self.redis.hget(self.keys.job(job.id), JobHash.STREAMED)
+            streamed, prompt_tokens, generated = await self._progress(job)
             if deliveries.get(entry_id, 0) > self.settings.max_deliveries:
                 takeover.dead.append(fields)
                 self._fail(outbox, stream, entry_id, job, "the job failed on every worker that tried it")
+            elif streamed == b"1" and generated and prompt_tokens:
+                takeover.continued.append(Continued(entry_id, fields, generated, int(prompt_tokens)))
             elif streamed == b"1":
                 self._fail(outbox, stream, entry_id, job, "the worker running this job died mid-generation")
             else:
                 takeover.rerun.append((entry_id, fields))
-        if takeover.rerun:
-            log.warning("re-running %d jobs of dead workers", len(takeover.rerun))
+        if takeover.rerun or takeover.continued:
+            log.warning("re-running %d jobs of dead workers, continuing %d", len(takeover.rerun),
+                        len(takeover.continued))
         return takeover
+
+    async def _progress(self, job: Job) -> tuple[bytes | None, bytes | None, bytes | None]:
+        """Whether the job had streamed; if this worker could continue it, its prompt tokens and generated ids."""
+        if not (self.settings.worker_takeover and self.resumable(job)):
+            return await self.redis.hget(self.keys.job(job.id), JobHash.STREAMED), None, None
+        pipe = self.redis.pipeline(transaction=False)
+        pipe.hmget(self.keys.job(job.id), [JobHash.STREAMED, JobHash.PROMPT_TOKENS])
+        pipe.get(self.keys.generated(job.id))
+        (streamed, prompt_tokens), generated = await pipe.execute()
+        return streamed, prompt_tokens, generated
 
     @staticmethod
     def _fail(outbox: Outbox, stream: str, entry_id: bytes, job: Job, message: str) -> None:
@@ -148,3 +174,4 @@ class Reclaimer:
         outbox.publish(job.reply_to, Error(job=job.id, seq=10_000, status=500, error=error.body))
         outbox.set_status(job.id, status=JobStatus.ERROR, error=error.body.model_dump())
         outbox.ack(entry_id, stream)
+        outbox.forget(job.id)

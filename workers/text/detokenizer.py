@@ -168,6 +168,22 @@ class Detokenizer:
                 texts.update((i, (decoded[2 * k], decoded[2 * k + 1])) for k, i in enumerate(group))
         return [stream.commit(*texts.get(i, ("", ""))) for i, (stream, _) in enumerate(work)]
 
+    def replay(self, work: list[tuple[Stream, list[int]]]) -> list[str]:
+        """`step()` for ids streamed before, on another worker, all at once: a window stream commits them only up
+        to their last whole character (what streaming had committed), the rest waits for the next ids as it did."""
+        if self.table is not None:
+            return self.step(work)
+        texts = []
+        for stream, ids in work:
+            shown = self._shown(stream, ids)
+            cut = len(shown)
+            # A split character is at most four byte tokens; a few more for decoders that mark them differently.
+            while cut > 0 and len(shown) - cut < 8 and self._decode([shown[:cut]], stream.skip)[0].endswith("\ufffd"):
+                cut -= 1
+            text = self.step([(stream, shown[:cut])])[0] if cut else ""
+            texts.append(text + (self.step([(stream, shown[cut:])])[0] if cut < len(shown) else ""))
+        return texts
+
     def _shown(self, stream: Stream, ids: list[int]) -> list[int]:
         """End-of-sequence ids are dropped even where special tokens are kept."""
         if not stream.skip and self.hidden and not self.hidden.isdisjoint(ids):

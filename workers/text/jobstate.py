@@ -4,6 +4,10 @@ A choice's new text goes out at most once per stream interval (`stream_interval_
 held and sent with the next delta due, so a fast engine sends (and the API relays) a few tokens per event
 instead of one event per token per step. Its first text and its end never wait; `due()` sends what a choice
 holds once its interval has passed, whether or not this step gave it tokens.
+
+With `record` on (OVQ_WORKER_TAKEOVER), each delta sent also notes the ids it sent the text of
+(`workers/text/progress.py`) in `unrecorded`, for the worker to put in the same outbox: another worker can then
+continue the job (`replay`) if this one dies.
 """
 from __future__ import annotations
 
@@ -16,6 +20,7 @@ from common.jobs import Job
 from workers.engine import protocol
 from workers.text.detokenizer import StopFilter, Stream
 from workers.text.logprobs import LogprobAligner
+from workers.text.progress import end_record, ids_record
 
 
 @dataclass
@@ -35,6 +40,8 @@ class Choice:
     held_tokens: int = 0
     held_entries: list[dict[str, Any]] = field(default_factory=list)
     sent_at: float | None = None  # time.monotonic() of its last delta
+    recorded: int = 0  # of `ids`, how many are in the job's record of generated ids
+    logprob_values: list[float] = field(default_factory=list)  # of `ids`, when recorded with log-probabilities
 
 
 @dataclass
@@ -48,7 +55,11 @@ class RunningJob:
     first_token: float | None = None
     seq: int = 0
     interval: float = 0.0  # seconds: the stream interval
-    streamed: bool = False  # some text has gone to the client: the job can no longer be handed to another worker
+    # Some text has gone to the client: the job can be handed to another worker only to continue it (`record`).
+    streamed: bool = False
+    record: bool = False  # keep a record of the ids sent (`unrecorded`), so another worker can continue the job
+    unrecorded: list[bytes] = field(default_factory=list)  # records not yet in an outbox
+    recorded_once: bool = False  # this worker has put a record in an outbox (the first sets its TTL)
     choices: list[Choice] = field(init=False)
     plain: bool = field(init=False)
 
@@ -67,6 +78,31 @@ class RunningJob:
         self.seq += 1
         return self.seq
 
+    def take_record(self) -> tuple[list[bytes], bool] | None:
+        """The records noted since the last call, and whether they are this worker's first, for the outbox."""
+        if not self.unrecorded:
+            return None
+        records, self.unrecorded = self.unrecorded, []
+        first, self.recorded_once = not self.recorded_once, True
+        return records, first
+
+    def _note(self, choice: Choice, seq: int) -> None:
+        """Record the ids of the text just sent (all of the choice's ids not recorded yet)."""
+        ids = choice.ids[choice.recorded:]
+        logprobs = choice.logprob_values[choice.recorded:] if choice.logprobs is not None else None
+        choice.recorded += len(ids)
+        self.unrecorded.append(ids_record(choice.index, seq, ids, logprobs))
+
+    def replay(self, choice: Choice, ids: list[int], text: str, entries: list[dict[str, Any]] | None) -> None:
+        """Taken over from a dead worker: account for the ids it had sent the text of (`text`: what a new
+        detokenizer makes of them), as if they had just been sent here, so the text goes on from where the client
+        is; what the stop filter or the detokenizer held of them stays held."""
+        self.delta(choice, ids, text, entries, time.monotonic())
+        choice.held, choice.held_entries, choice.held_tokens = [], [], 0
+        choice.recorded = len(choice.ids)
+        self.unrecorded.clear()
+        self.streamed = True
+
     def resume(self) -> dict[str, Any]:
         """What a restarted engine needs to continue this job: each choice's ids, the finished choices."""
         return protocol.resume({c.index: c.ids for c in self.choices if c.finish is None},
@@ -84,6 +120,8 @@ class RunningJob:
             self.first_token = time.time()
         choice.tokens += len(ids)
         choice.ids.extend(ids)
+        if self.record and choice.logprobs is not None and entries:
+            choice.logprob_values.extend(entry["logprob"] for entry in entries)
         if choice.logprobs is not None and entries:
             pieces = choice.detok.pieces
             if len(pieces) != len(entries):  # ids the detokenizer dropped (end of sequence): no text of their own
@@ -100,7 +138,10 @@ class RunningJob:
     def echo(self, choice: Choice, text: str, entries: list[dict[str, Any]] | None) -> dict[str, Any]:
         choice.text.append(text)
         self.streamed = True
-        return delta(self.job.id, self.next_seq(), choice.index, text, 0, entries, echo=True)
+        seq = self.next_seq()
+        if self.record:  # an empty record: a worker that continues the job does not echo again
+            self.unrecorded.append(ids_record(choice.index, seq, [], [] if choice.logprobs is not None else None))
+        return delta(self.job.id, seq, choice.index, text, 0, entries, echo=True)
 
     def finish(self, choice: Choice, reason: str, ended: bool = False) -> dict[str, Any]:
         """The choice's last delta: text held back for a stop string that never came, and its finish reason.
@@ -112,6 +153,8 @@ class RunningJob:
             last = delta(self.job.id, self.next_seq(), choice.index, "", choice.held_tokens)
             choice.held_tokens = 0
         last["finish_reason"] = choice.finish
+        if self.record:
+            self.unrecorded.append(end_record(choice.index, last["seq"], choice.finish, choice.tokens))
         return last
 
     def _emit(self, choice: Choice, text: str, tokens: int, final: bool = False,
@@ -139,7 +182,10 @@ class RunningJob:
         if text:
             choice.text.append(text)
             self.streamed = True
-        return delta(self.job.id, self.next_seq(), choice.index, text, tokens, entries or None)
+        seq = self.next_seq()
+        if self.record:
+            self._note(choice, seq)
+        return delta(self.job.id, seq, choice.index, text, tokens, entries or None)
 
     def due(self, now: float, everything: bool = False) -> list[dict[str, Any]]:
         """Deltas of held text whose stream interval has passed (of all held text: before an error ends it)."""

@@ -1,4 +1,11 @@
-"""The text worker's I/O half: feeds the engine process jobs, turns its token ids into text events."""
+"""The text worker's I/O half: feeds the engine process jobs, turns its token ids into text events.
+
+It also continues the jobs of a dead worker of its model (`workers/queue/reclaim.py` claims them): the ids that
+worker recorded (`workers/text/progress.py`) are replayed through a new detokenizer and stop filter, so the text
+goes on exactly where the client is, and go to the engine as the add's `resume` (prompt + those ids, the rest of
+the budget). Not continued (they end with an error, as before): jobs with images or a structured output (its
+grammar would start over), beam search (it streams nothing before its end, so it is run again anyway), and jobs
+of a stateful servable (its pipeline takes no `resume`)."""
 from __future__ import annotations
 
 import asyncio
@@ -22,8 +29,10 @@ from workers.engine.protocol import IDS, JOB, SHORT, STATE, EngineSpec, Updates
 from workers.ops.tracing import JobTimes
 from workers.queue.admission import Admission
 from workers.queue.publisher import Outbox
+from workers.queue.reclaim import Continued
 from workers.text.detokenizer import ByteTable, Detokenizer
 from workers.text.jobstate import Choice, RunningJob
+from workers.text.progress import Progress
 from workers.text.servable_info import ServableInfo
 
 log = logging.getLogger("ovq.worker")
@@ -117,6 +126,11 @@ class TextWorker(BaseWorker):
             return max(0, self.capacity - len(self.running))
         return self.admission.room(len(self.running))
 
+    def resumable(self, job: Job) -> bool:
+        params = job.params
+        return (self.admission is not None and not job.images and params.structured is None
+                and (params.best_of or 1) <= 1)
+
     def cancel_running(self, job_id: str) -> None:
         if self._restarting:  # the engine is being replaced: the job is nowhere to cancel, end it here
             outbox = Outbox()
@@ -129,11 +143,49 @@ class TextWorker(BaseWorker):
         """Hand the job to the engine; it answers `accepted` (prompt tokens) or an error right away."""
         skip = job.params.skip_special_tokens
         streams = [self.detokenizer.stream(skip) for _ in range(job.params.n)]
-        state = RunningJob(job, entry_id, streams, interval=self.settings.stream_interval_ms / 1000)
+        state = RunningJob(job, entry_id, streams, interval=self.settings.stream_interval_ms / 1000,
+                           record=self.settings.worker_takeover and self.resumable(job))
         self.running[job.id] = state
         if self.admission is not None:
             self.admission.sent(job.id, job.prompt)
+        continued = self._continuing.pop(job.id, None)
+        if continued is not None:
+            self._continue(state, continued, outbox)
+            return
         self._add(state)
+
+    def _continue(self, state: RunningJob, continued: Continued, outbox: Outbox) -> None:
+        """A dead worker's job: replay what it had sent, tell the API this worker has it now (a second `accepted`),
+        and go on from there (or end it, if every choice had ended)."""
+        job = state.job
+        try:
+            progress = Progress.read(continued.generated, job.params.logprobs is not None)
+        except ValueError as exc:
+            log.error("job %s cannot be continued: its record of generated ids is unreadable (%s)", job.id, exc)
+            extra = {"status": 500, "message": "the worker running this job died mid-generation",
+                     "type": "server_error"}
+            self._end(state, JobStatus.ERROR, outbox, extra)
+            return
+        for choice in state.choices:
+            done = progress.choices.get(choice.index)
+            if done is None:
+                continue
+            if done.finish is not None:
+                choice.finish, choice.tokens, choice.ids = done.finish, done.tokens, done.ids
+            elif done.ids:
+                (text,) = self.detokenizer.replay([(choice.detok, done.ids)])
+                entries = self._entries(done.ids, done.logprobs) if choice.logprobs is not None else None
+                state.replay(choice, done.ids, text, entries)
+        state.seq, state.streamed = progress.seq, True
+        self._accepted(state, continued.prompt_tokens, outbox, count=False)
+        if self.admission is not None:
+            self.admission.answered(job.id, job.prompt, continued.prompt_tokens)
+        log.warning("continuing job %s of a dead worker from %d generated tokens", job.id,
+                    sum(len(c.ids) for c in state.choices))
+        if state.finished:
+            self._end(state, JobStatus.DONE, outbox)
+            return
+        self._add(state, state.resume())
 
     def _add(self, state: RunningJob, resume: dict[str, Any] | None = None) -> None:
         job = state.job
@@ -157,16 +209,19 @@ class TextWorker(BaseWorker):
         self.engine.send(protocol.add_command(job.id, job.prompt, job.add_special_tokens, job.params.model_dump(),
                                               images, resume, job.kind))
 
-    def _accepted(self, state: RunningJob, prompt_tokens: int, outbox: Outbox) -> None:
+    def _accepted(self, state: RunningJob, prompt_tokens: int, outbox: Outbox, count: bool = True) -> None:
+        """`count`: into the stats (not when a job is continued here: its worker counted it)."""
         job = state.job
         state.prompt_tokens, state.accepted = prompt_tokens, time.time()
         queue_ms = (state.received - job.created) * 1000
         accepted = Accepted(job=job.id, seq=state.next_seq(), worker=self.id, prompt_tokens=prompt_tokens,
                             queue_ms=queue_ms)
         outbox.publish(job.reply_to, accepted)
-        outbox.set_status(job.id, status=JobStatus.RUNNING, worker=self.id, prompt_tokens=prompt_tokens, streamed=0)
-        outbox.count("prompt_tokens", prompt_tokens)
-        outbox.observe("queue", queue_ms)
+        outbox.set_status(job.id, status=JobStatus.RUNNING, worker=self.id, prompt_tokens=prompt_tokens,
+                          streamed=int(state.streamed))
+        if count:
+            outbox.count("prompt_tokens", prompt_tokens)
+            outbox.observe("queue", queue_ms)
 
     # ---- engine output ---------------------------------------------------------------------------------
     def _on_message(self, outputs: Updates, stats: list[Any] | None) -> None:
@@ -216,6 +271,8 @@ class TextWorker(BaseWorker):
                 delta = state.more(choice, ids, choice.detok.text(ids), clock)  # type: ignore[attr-defined]
                 if delta is not None:
                     outbox.publish(state.job.reply_to, delta)
+                    if state.unrecorded:
+                        outbox.record(job, *state.take_record())  # type: ignore[misc]
                 continue
             rest.append((state, update))
             later.add(job)
@@ -263,6 +320,7 @@ class TextWorker(BaseWorker):
                 if (choice.held or choice.held_entries) and now - (choice.sent_at or 0.0) >= state.interval:
                     for event in state.due(now):
                         outbox.publish(state.job.reply_to, event)
+                    self._record(state, outbox)
                     break
 
     @staticmethod
@@ -297,6 +355,15 @@ class TextWorker(BaseWorker):
             outbox.publish(job.reply_to, state.finish(choice, finish, ended))
             if state.finished:
                 self._end(state, JobStatus.DONE, outbox)
+                return
+        self._record(state, outbox)
+
+    @staticmethod
+    def _record(state: RunningJob, outbox: Outbox) -> None:
+        """The ids of the text this outbox sends, into it too (`RunningJob.record`)."""
+        taken = state.take_record()
+        if taken is not None:
+            outbox.record(state.job.id, *taken)
 
     def _echo(self, state: RunningJob, choice: Choice, ids: list[int], logprobs: list[float] | None,
               outbox: Outbox) -> None:
@@ -310,6 +377,8 @@ class TextWorker(BaseWorker):
         if entries:
             entries[0]["logprob"] = None  # nothing predicts the first token
         outbox.publish(state.job.reply_to, state.echo(choice, text, entries))
+        outbox.set_status(state.job.id, streamed=1)
+        self._record(state, outbox)
 
     def _entries(self, ids: list[int], logprobs: list[float] | None) -> list[dict[str, Any]] | None:
         if logprobs is None:
@@ -352,6 +421,8 @@ class TextWorker(BaseWorker):
 
     def _job_done(self, state: RunningJob, outbox: Outbox) -> None:
         super()._job_done(state, outbox)
+        if state.recorded_once or state.unrecorded or state.streamed:
+            outbox.forget(state.job.id)
         if self.admission is not None:
             self.admission.forget(state.job.id)
             if not self.running:

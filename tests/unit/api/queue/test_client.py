@@ -10,7 +10,9 @@ from typing import Any
 import pytest
 
 from api.queue.client import Generation
+from common.errors import OvqError
 from common.events import ACCEPTED
+from common.settings import Settings
 
 
 class SilentClient:
@@ -94,3 +96,29 @@ def test_the_express_lane_is_there_only_inside_and_only_with_a_direct_write() ->
     assert written == [b"x"] and running.inbox.express is None
     running.inbox.push(delta)  # type: ignore[arg-type]
     assert running.inbox.events == [delta]
+
+
+async def test_a_job_whose_worker_died_waits_for_another_worker_to_continue_it_within_the_queue_timeout() -> None:
+    jobs = Jobs()
+    alive = {"w": False, "w2": True}
+
+    async def workers_alive(workers: list[str]) -> list[bool]:
+        return [alive[w] for w in workers]
+
+    jobs.settings = Settings(first_event_check_s=0, queue_timeout_s=30)  # type: ignore[attr-defined]
+    jobs.workers_alive = workers_alive  # type: ignore[attr-defined]
+    async with generation(jobs) as running:
+        await running._check()  # its worker is dead: no error yet, another may continue the job
+        running.inbox.push({"type": ACCEPTED, "job": "job-1", "seq": 9, "worker": "w2", "prompt_tokens": 1,
+                            "queue_ms": 0.0})
+        assert await running.events() == []  # the second `accepted` is no event for the response
+        assert running.accepted["job-1"]["worker"] == "w2"
+        alive["w2"] = False
+        await running._check()
+        running._orphaned_since -= 29  # type: ignore[operator]
+        await running._check()  # still within the queue timeout
+        running._orphaned_since -= 2  # type: ignore[operator]
+        with pytest.raises(OvqError) as failed:
+            await running._check()
+    assert failed.value.status == 500 and failed.value.body.code == "worker_died"
+    assert jobs.cancelled == ["job-1"]

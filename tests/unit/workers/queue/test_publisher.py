@@ -49,3 +49,31 @@ async def test_one_round_trip_publishes_per_reply_channel_and_acks(redis_url: st
     assert orjson.loads(await redis.hget(KEYS.job("j"), "result")) == {"x": 1}
     assert 0 < await redis.ttl(KEYS.job("j")) <= 60
     await redis.aclose()
+
+
+async def test_records_of_generated_ids_are_appended_before_their_events_and_go_with_their_job(
+        redis_url: str) -> None:
+    redis = aioredis.Redis.from_url(redis_url)
+    keys = Keys(f"t{time.time_ns()}")
+    publisher = Publisher(redis, keys, keys.jobs("m", "CPU"), job_ttl=60)
+    publisher.start()
+    first, second = Outbox(), Outbox()
+    first.record("j", [b"ab"], first=True)
+    first.publish("api1", Delta(job="j", seq=1, text="hi", tokens=1))
+    second.record("j", [b"cd"])
+    first.merge(second)
+    assert first.records == {"j": [b"ab", b"cd"]} and first.fresh == {"j"}
+    sent = []
+    publisher.lane.execute = lambda commands, run=publisher.lane.execute: sent.append(commands) or run(commands)
+    publisher.put(first)
+    await publisher.drain()
+    assert [c[0] for c in sent[0]] == ["APPEND", "EXPIRE", "PUBLISH"]  # the ids before the text they match
+    assert await redis.get(keys.generated("j")) == b"abcd" and 0 < await redis.ttl(keys.generated("j")) <= 60
+    ended = Outbox()
+    ended.record("j", [b"ef"])
+    ended.forget("j")
+    publisher.put(ended)
+    await publisher.drain()
+    await publisher.stop()
+    assert await redis.exists(keys.generated("j")) == 0
+    await redis.aclose()

@@ -64,3 +64,27 @@ async def test_a_pass_takes_only_what_there_is_room_for_and_leaves_the_living_al
     assert [entry_id for entry_id, _ in takeover.rerun] == ids[:2]
     await redis.zadd(keys.workers("m", "CPU"), {"dead": time.time() + 60, "w1": time.time() + 60})  # both beat
     assert await reclaimer(redis, keys, member).reclaim_once() == []
+
+
+async def test_a_job_that_had_streamed_is_continued_where_the_worker_can(dead_worker) -> None:
+    """With its record of generated ids and its prompt tokens: to continue, if this worker can (else an error)."""
+    redis, keys, member, (recorded, unrecorded, _), ids = dead_worker
+    for job in (recorded, unrecorded):
+        await redis.hset(keys.job(job.id), mapping={"streamed": "1", "prompt_tokens": "12"})
+    await redis.set(keys.generated(recorded.id), b"ids")
+    await asyncio.sleep(TTL_S * 3)
+    settings = Settings(worker_ttl_s=TTL_S, max_deliveries=3)
+    [takeover] = await Reclaimer(redis, keys, settings, member, lambda: 10, lambda job: True).reclaim_once()
+    assert [(c.entry_id, c.generated, c.prompt_tokens) for c in takeover.continued] == [(ids[0], b"ids", 12)]
+    assert {job: values["status"] for job, values in takeover.outbox.status.items()} == {unrecorded.id: "error"}
+    assert [entry_id for entry_id, _ in takeover.rerun] == [ids[2]]
+
+
+async def test_a_worker_that_cannot_continue_a_job_ends_it_with_an_error(dead_worker) -> None:
+    redis, keys, member, (job, _, _), ids = dead_worker
+    await redis.hset(keys.job(job.id), mapping={"streamed": "1", "prompt_tokens": "12"})
+    await redis.set(keys.generated(job.id), b"ids")
+    await asyncio.sleep(TTL_S * 3)
+    [takeover] = await reclaimer(redis, keys, member).reclaim_once()  # this worker continues nothing
+    assert takeover.continued == [] and takeover.outbox.status[job.id]["status"] == "error"
+    assert takeover.outbox.forgotten == {job.id}

@@ -143,3 +143,18 @@ def test_stop_string_kept_when_asked() -> None:
 
 def test_no_stops_passes_text_through() -> None:
     assert _feed_all([], ["a", "b"]) == ("ab", False)
+
+
+@pytest.mark.parametrize("text", TEXTS)
+def test_a_replay_holds_what_streaming_held_and_goes_on_exactly(tokenizer, detokenizer: Detokenizer,
+                                                                 text: str) -> None:
+    """Ids streamed on another worker, replayed at once: the same text as they made one by one (a split character
+    still held), and the ids after them go on with no character lost or repeated."""
+    ids = _ids(tokenizer, text)
+    for cut in range(1, len(ids)):
+        streamed = detokenizer.stream()
+        before = "".join(detokenizer.step([(streamed, [i])])[0] for i in ids[:cut])
+        replayed = detokenizer.stream()
+        assert detokenizer.replay([(replayed, ids[:cut])]) == [before], cut
+        after = "".join(detokenizer.step([(replayed, [i])])[0] for i in ids[cut:])
+        assert before + after == tokenizer.decode(ids), cut

@@ -10,6 +10,7 @@ from common.jobs import Job, SamplingParams
 from tests.unit.workers.text.test_logprobs import Pieces, entry
 from workers.text import jobstate
 from workers.text.jobstate import RunningJob
+from workers.text.progress import Progress
 
 
 class Clock:
@@ -131,3 +132,36 @@ def test_a_job_needing_more_than_text_is_not_plain(params: dict[str, Any]) -> No
     for stream in streams:
         stream.skip = job.params.skip_special_tokens
     assert not RunningJob(job, b"0-0", streams).plain  # type: ignore[arg-type]
+
+
+def stopping_state(stop: str) -> tuple[RunningJob, Pieces]:
+    job = Job(model="m", device="CPU", kind="completion", prompt="p", reply_to="r", params=SamplingParams(stop=[stop]))
+    stream = Pieces()
+    return RunningJob(job, b"0-0", [stream], record=True), stream
+
+
+def test_a_replayed_record_goes_on_as_the_job_would_have_across_a_stop_string() -> None:
+    """The record holds the ids of each delta sent; replayed on another worker, what the stop filter held of them
+    (a tail that may be a stop string's start) is held again: the stop string that completes later is cut."""
+    state, stream = stopping_state("END")
+    sent = []
+    for i, token in enumerate(["Hi", " E", "N"]):  # "EN" may become "END": held, not sent
+        stream.pieces = [len(token)]
+        event = state.delta(state.choices[0], [i], token, None)
+        sent += [event["text"]] if event else []
+    assert sent == ["Hi", " "]
+    records, first = state.take_record()  # type: ignore[misc]
+    progress = Progress.read(b"".join(records), logprobs=False)
+    assert first and progress.choices[0].ids == [0, 1] and progress.seq == 2  # the ids of the deltas sent
+
+    taken, stream = stopping_state("END")
+    stream.pieces = [2, 2]
+    taken.replay(taken.choices[0], [0, 1], "Hi E", None)
+    taken.seq = progress.seq
+    assert taken.take_record() is None  # nothing new to record: the record has these already
+    for i, token in [(2, "N"), (3, "D!")]:
+        stream.pieces = [len(token)]
+        event = taken.delta(taken.choices[0], [i], token, None)
+        sent += [event["text"]] if event else []
+    assert "".join(sent) == "Hi " and taken.choices[0].stops.stopped
+    assert taken.choices[0].tokens == 4 and taken.next_seq() == 3
