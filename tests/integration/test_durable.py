@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import signal
 import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,7 +19,7 @@ import redis
 from common.jobs import JobHash
 from common.keys import Keys
 from common.redis.server import EmbeddedRedis
-from tests.conftest import MODEL, MODELS, Tiers, free_port
+from tests.conftest import MODEL, MODELS, ROOT, Tiers, free_port
 from tests.integration import sse
 
 TINY = "tiny-llama"
@@ -126,6 +127,26 @@ def test_background_response_is_retrieved_and_cancelled_from_any_api(shared: tup
     finally:
         other.terminate()
         other.wait(30)
+
+
+def test_operators_list_and_cancel_background_responses(shared: tuple[Tiers, int]) -> None:
+    """`ovq jobs background` and the ops page list them; `ovq jobs cancel` cancels one."""
+    t, survivor = shared
+    body = {**RESPONSE, "model": MODEL, "max_output_tokens": SLOW, "background": True}
+    created = httpx.post(f"{url(survivor)}/responses", json=body, timeout=BOUND_S).json()
+    listed = subprocess.run([sys.executable, "-m", "cli.main", "jobs", "background", "--json"], env=t.env,
+                            capture_output=True, check=True, cwd=ROOT).stdout
+    [mine] = [b for b in orjson.loads(listed) if b["id"] == created["id"]]
+    assert mine["status"] in ("queued", "running")
+    panel = httpx.get(f"http://127.0.0.1:{survivor}/ops/panel", timeout=BOUND_S).text
+    assert created["id"] in panel
+    subprocess.run([sys.executable, "-m", "cli.main", "jobs", "cancel", created["id"]], env=t.env, check=True,
+                   cwd=ROOT, capture_output=True)
+    deadline, current = time.monotonic() + BOUND_S, created
+    while current["status"] in ("queued", "in_progress") and time.monotonic() < deadline:
+        time.sleep(0.2)
+        current = httpx.get(f"{url(survivor)}/responses/{created['id']}", timeout=BOUND_S).json()
+    assert current["status"] == "cancelled"
 
 
 def test_chat_stream_resumes_with_last_event_id(shared: tuple[Tiers, int]) -> None:
