@@ -84,6 +84,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         _log_stop_signals(settings)
         heap.settle()
         yield
+        await app.state.responses.background.stop()
         await heartbeat.stop()
         await hub.stop()
         await registry.close()

@@ -7,6 +7,10 @@ streaming chats of N tokens from a lean asyncio client (benchmarks/sse_client.py
 in-process `ContinuousBatchingPipeline` step loop (64 streams, same threads) gives the yardstick: ratio = ovq tok/s
 / (M x raw tok/s). CPU time of every tier is measured over the run and shown per streamed token.
 
+Each setting runs with the event journal off (plain streams) and on (every stream resumable: `X-Ovq-Resumable`,
+so its worker also XADDs each step to the job's journal), one after the other on the same processes; Redis's CPU
+per token is also read from its own INFO cpu (used_cpu_sys + used_cpu_user).
+
 With enough cores (2 M + A + 2), each worker gets 2 cores, each API process one, and Redis with the client the
 rest (taskset); on a smaller machine nothing is pinned.
 
@@ -28,6 +32,7 @@ from pathlib import Path
 
 import httpx
 import psutil
+import redis
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -107,7 +112,7 @@ def plan(m: int, a: int) -> Plan:
 class Stack:
     def __init__(self, m: int, a: int, work: Path, layout: Plan) -> None:
         self.redis = EmbeddedRedis(work / "redis", port=free_port())
-        url = self.redis.start()
+        url = self.url = self.redis.start()
         if layout.rest:
             os.sched_setaffinity(self.redis.process.pid, layout.rest)
             os.sched_setaffinity(0, layout.rest)
@@ -171,27 +176,49 @@ def bodies(tokens: int) -> list[dict]:
              "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}} for p in PROMPTS]
 
 
-def measure(m: int, a: int, duration: float, tokens: int) -> dict:
+RESUMABLE = {"X-Ovq-Resumable": "true"}  # the journal on: every stream resumable (api/openai/resume.py)
+
+
+def redis_cpu(url: str) -> float:
+    """Redis's own count of its CPU seconds (INFO cpu: used_cpu_sys + used_cpu_user)."""
+    info = redis.Redis.from_url(url).info("cpu")
+    return float(info["used_cpu_sys"]) + float(info["used_cpu_user"])
+
+
+def measure(m: int, a: int, duration: float, tokens: int, journal: list[bool]) -> list[dict]:
+    """One stack; a run per journal setting, in turn, on the same warm processes (A/B on one machine state)."""
     layout = plan(m, a)
+    runs = []
     with tempfile.TemporaryDirectory() as tmp:
         stack = Stack(m, a, Path(tmp), layout)
         try:
-            asyncio.run(closed_loop("127.0.0.1", stack.port, bodies(8), 8 * m, 2.0))  # warm-up
-            processes = stack.tiers()
-            before = cpu(processes)
-            results, wall = asyncio.run(closed_loop("127.0.0.1", stack.port, bodies(tokens), SEQS * m, duration))
-            after = cpu(processes)
+            for on in journal:
+                headers = RESUMABLE if on else None
+                asyncio.run(closed_loop("127.0.0.1", stack.port, bodies(8), 8 * m, 2.0, headers=headers))  # warm-up
+                processes = stack.tiers()
+                before, redis_before = cpu(processes), redis_cpu(stack.url)
+                results, wall = asyncio.run(closed_loop("127.0.0.1", stack.port, bodies(tokens), SEQS * m, duration,
+                                                        headers=headers))
+                after, redis_after = cpu(processes), redis_cpu(stack.url)
+                runs.append((on, results, wall, {k: after[k] - before[k] for k in before}, redis_after - redis_before))
         finally:
             stack.stop()
     raw = raw_tok_s(duration, tokens, layout.workers[0])
-    return summarize(m, a, results, wall, {k: after[k] - before[k] for k in before}, raw)
+    rows = []
+    for on, results, wall, cpu_s, redis_s in runs:
+        row = summarize(m, a, results, wall, cpu_s, raw)
+        row["journal"] = "on" if on else "off"
+        row["redis_info_us_per_token"] = redis_s / max(row["tokens"], 1) * 1e6
+        rows.append(row)
+    return rows
 
 
 def summarize(m: int, a: int, results: list[Result], wall: float, cpu_s: dict[str, float], raw: float) -> dict:
     ok = [r for r in results if r.ok]
     tokens = sum(r.tokens for r in ok)
     ttft = [r.first - r.sent for r in ok if r.first is not None]
-    return {"M": m, "A": a, "tok_s": tokens / wall, "req_s": len(ok) / wall, "failed": len(results) - len(ok),
+    return {"M": m, "A": a, "tokens": tokens, "tok_s": tokens / wall, "req_s": len(ok) / wall,
+            "failed": len(results) - len(ok),
             "ttft_p50_ms": pct(ttft, 50) * 1e3, "ttft_p95_ms": pct(ttft, 95) * 1e3, "raw_tok_s": raw,
             "ratio": tokens / wall / (m * raw), "tokens_per_event": tokens / max(sum(len(r.times) for r in ok), 1),
             "us_per_token": {tier: seconds / max(tokens, 1) * 1e6 for tier, seconds in cpu_s.items()},
@@ -200,14 +227,15 @@ def summarize(m: int, a: int, results: list[Result], wall: float, cpu_s: dict[st
 
 def table(rows: list[dict]) -> str:
     tiers = list(rows[0]["us_per_token"])
-    head = ["M × A", "tok/s", "req/s", "TTFT p50 / p95 ms", "raw tok/s (one engine)", "ratio", "tokens/event",
-            "API CPU % each", *[f"µs/token {t}" for t in tiers], "failed"]
+    head = ["M × A", "journal", "tok/s", "req/s", "TTFT p50 / p95 ms", "raw tok/s (one engine)", "ratio",
+            "tokens/event", "API CPU % each", *[f"µs/token {t}" for t in tiers], "µs/token Redis (INFO cpu)", "failed"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
-        cells = [f"{r['M']} × {r['A']}", f"{r['tok_s']:,.0f}", f"{r['req_s']:.1f}",
+        cells = [f"{r['M']} × {r['A']}", r["journal"], f"{r['tok_s']:,.0f}", f"{r['req_s']:.1f}",
                  f"{r['ttft_p50_ms']:.0f} / {r['ttft_p95_ms']:.0f}", f"{r['raw_tok_s']:,.0f}", f"{r['ratio']:.2f}",
                  f"{r['tokens_per_event']:.1f}",
-                 f"{r['api_cpu_pct_each']:.0f}", *[f"{r['us_per_token'][t]:.1f}" for t in tiers], str(r["failed"])]
+                 f"{r['api_cpu_pct_each']:.0f}", *[f"{r['us_per_token'][t]:.1f}" for t in tiers],
+                 f"{r['redis_info_us_per_token']:.2f}", str(r["failed"])]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
@@ -218,13 +246,17 @@ def main() -> None:
     parser.add_argument("--apis", default="1")
     parser.add_argument("--duration", type=float, default=20.0, help="seconds of closed-loop load per setting")
     parser.add_argument("--max-tokens", type=int, default=128)
+    parser.add_argument("--journal", default="off,on",
+                        help="runs with the event journal off and/or on (resumable streams), in this order")
     parser.add_argument("--out", type=Path, help="also write the rows as JSON")
     args = parser.parse_args()
     rows = []
     for m in (int(x) for x in args.workers.split(",")):
         for a in (int(x) for x in args.apis.split(",")):
-            rows.append(measure(m, a, args.duration, args.max_tokens))
-            print(json.dumps(rows[-1]), file=sys.stderr, flush=True)
+            journal = [setting == "on" for setting in args.journal.split(",")]
+            for row in measure(m, a, args.duration, args.max_tokens, journal):
+                rows.append(row)
+                print(json.dumps(row), file=sys.stderr, flush=True)
     print(table(rows))
     if args.out:
         args.out.write_text(json.dumps(rows, indent=1))

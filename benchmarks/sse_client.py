@@ -73,6 +73,8 @@ class Connection:
 
     @staticmethod
     def _event(event: bytes, now: float, result: Result) -> None:
+        if event.startswith(b"id: "):  # a resumable stream's frame: its id line first
+            event = event.partition(b"\n")[2]
         if not event.startswith(b"data: {"):
             return
         chunk = orjson.loads(event[6:])
@@ -91,7 +93,8 @@ class Connection:
 
 
 async def closed_loop(host: str, port: int, bodies: list[dict], concurrency: int, duration: float,
-                      path: str = "/v3/chat/completions") -> tuple[list[Result], float]:
+                      path: str = "/v3/chat/completions", headers: dict[str, str] | None = None
+                      ) -> tuple[list[Result], float]:
     """`concurrency` streams, each replaced by the next as it ends, for `duration` seconds (those running then
     finish). Returns the results and the wall time."""
     results: list[Result] = []
@@ -105,7 +108,7 @@ async def closed_loop(host: str, port: int, bodies: list[dict], concurrency: int
                 if time.perf_counter() - t0 > duration:
                     return
                 try:
-                    results.append(await connection.stream(path, bodies[i % len(bodies)]))
+                    results.append(await connection.stream(path, bodies[i % len(bodies)], headers))
                 except (ConnectionError, asyncio.IncompleteReadError, ValueError) as exc:
                     results.append(Result(error=repr(exc)))
                     connection.close()

@@ -1,4 +1,5 @@
-"""`ovq jobs show ID`: where a job is and how it went: model, device, worker, API process, status, timings, error."""
+"""`ovq jobs show ID`: where a job is and how it went: model, device, worker, API process, status, timings, error.
+`ovq jobs background` lists the background responses, `ovq jobs cancel RESP_ID` cancels one."""
 from __future__ import annotations
 
 import argparse
@@ -67,6 +68,38 @@ def show(args: argparse.Namespace) -> int:
     return run(lambda redis, keys, settings: _show(redis, keys, settings, args.id, args.json))
 
 
+async def _backgrounds(redis: aioredis.Redis, keys: Keys, as_json: bool) -> int:
+    listed = await control.background_responses(redis, keys, limit=100)
+    if as_json:
+        print_json([b.model_dump(mode="json") for b in listed])
+        return 0
+    table = Table(box=None)
+    for column in ("response", "created", "model", "job", "status"):
+        table.add_column(column)
+    for b in listed:
+        table.add_row(b.id, _when(b.created), b.model, b.job, b.status)
+    console().print(table if listed else "no background responses")
+    return 0
+
+
+async def _cancel(redis: aioredis.Redis, keys: Keys, settings: Settings, response_id: str) -> int:
+    try:
+        job = await control.cancel_background(redis, keys, settings, response_id)
+    except (control.NotFound, control.Refused) as exc:
+        error(str(exc))
+        return 1
+    console().print(f"background response {response_id} cancelled (job {job})")
+    return 0
+
+
+def backgrounds(args: argparse.Namespace) -> int:
+    return run(lambda redis, keys, settings: _backgrounds(redis, keys, args.json))
+
+
+def cancel(args: argparse.Namespace) -> int:
+    return run(lambda redis, keys, settings: _cancel(redis, keys, settings, args.id))
+
+
 def add_parsers(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("jobs", help="look jobs up")
     actions = p.add_subparsers(dest="jobs_command", required=True)
@@ -74,3 +107,10 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     s.add_argument("id", help="the job id (the API's X-Request-Id)")
     s.add_argument("--json", action="store_true")
     s.set_defaults(func=show)
+    b = actions.add_parser("background", help="the background responses (/v1/responses with background: true) "
+                           "and their status: queued, running, done, error, cancelled")
+    b.add_argument("--json", action="store_true")
+    b.set_defaults(func=backgrounds)
+    c = actions.add_parser("cancel", help="cancel a background response (by its resp_... id)")
+    c.add_argument("id", help="the response id")
+    c.set_defaults(func=cancel)

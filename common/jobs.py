@@ -173,6 +173,12 @@ class Job(BaseModel):
     # W3C trace context of the API's request span when tracing is on (common/tracing.py): the worker's spans join
     # the request's trace, on whatever host it runs.
     traceparent: str | None = None
+    # Resumable: the worker also writes its events to the job's journal (Keys.journal), which any API process can
+    # replay, and does not cancel it when its API process goes. Off for plain jobs, which pay nothing for it.
+    journal: bool = False
+    # A background response: it runs whatever its client and API process do (only a cancel stops it). A
+    # journaled job that is not is cancelled once no API process has streamed it for OVQ_RESUME_GRACE_S.
+    background: bool = False
 
     def to_fields(self) -> dict[str, bytes]:
         return {ENTRY_JOB: orjson.dumps(self.model_dump())}

@@ -106,6 +106,31 @@ class Keys:
         at most OVQ_RESPONSES_MAX_BYTES; removed by `DELETE /responses/{id}`."""
         return f"{self.prefix}:response:{response_id}"
 
+    def journal(self, job_id: str) -> str:
+        """Stream: a resumable job's events, one entry per publish round trip (field `e`: that step's events of
+        the job, as an `EventBatch`). Owner: the worker's publisher (workers/queue/publisher.py), which XADDs it in
+        the same round trip as the PUBLISH, capped with MAXLEN ~ OVQ_JOURNAL_MAX_ENTRIES, TTL OVQ_JOURNAL_TTL_S
+        (renewed every few hundred entries and by the last). Read by any API process (api/queue/journal.py)."""
+        return f"{self.prefix}:journal:{job_id}"
+
+    def reader(self, job_id: str) -> str:
+        """String: the API process now streaming a resumable job to a client (its `reply_to`), TTL
+        OVQ_RESUME_GRACE_S, renewed by that stream while it lasts. A worker cancels a resumable (not background)
+        job once this is gone: its client left and did not come back within the grace period."""
+        return f"{self.prefix}:reader:{job_id}"
+
+    def background(self, response_id: str) -> str:
+        """Hash: a background response (`background: true`) as created: `request` (the body, JSON), `job`,
+        `chain`, `prompt`, `created_at`. Owner: the API (api/openai/responses/background.py); TTL
+        OVQ_JOURNAL_TTL_S, the journal's: once the journal is gone, the stored response (Keys.response) says it."""
+        return f"{self.prefix}:bg:{response_id}"
+
+    @property
+    def backgrounds(self) -> str:
+        """Sorted set: background response id -> created (unix s), for the ops page and `ovq jobs`. Trimmed by
+        every creation of entries older than OVQ_JOURNAL_TTL_S; TTL the same."""
+        return f"{self.prefix}:bgs"
+
     # ---- Batch API (common/batch/files.py, common/batch/store.py, workers/batch/runner.py) -------------
     @property
     def batch_queue(self) -> str:

@@ -185,6 +185,19 @@ class Settings(BaseSettings):
     # but not stored (its `store` says false).
     responses_max_bytes: int = 8 * 1024 * 1024
 
+    # ---- Resumable jobs (background responses, streams sent with `X-Ovq-Resumable: true`) --------------------
+    # Their workers also write each step's events to a per-job journal (Keys.journal): any API process can replay
+    # it. It lives journal_ttl_s after its last renewal (renewed every few hundred steps and at the end) and holds at
+    # most journal_max_entries steps (trimmed beyond: a resume from before then fails, and says why).
+    journal_ttl_s: int = 3600
+    journal_max_entries: int = 100_000
+    # A resumable stream whose client is gone is cancelled this long after its last reader left: the client may
+    # reconnect (with Last-Event-ID) to any API process until then.
+    resume_grace_s: float = 30.0
+    # A background response whose journal gains nothing for this long (no worker took it, or its events were lost
+    # with a Redis that restarted) ends `failed` with that reason, instead of waiting forever.
+    background_stall_s: float = 600.0
+
     @model_validator(mode="after")
     def _files_dir_for_directory_backend(self) -> Settings:
         if self.files_backend == "directory" and self.files_dir is None:

@@ -78,7 +78,8 @@ class BaseWorker:
         self.draining = False
         self.redis = connect(settings, max_connections=32)
         accounting = Accounting(self.keys, model.name, device, self.id, settings)
-        self.publisher = Publisher(self.redis, self.keys, self.stream, settings.job_ttl_s, accounting)
+        self.publisher = Publisher(self.redis, self.keys, self.stream, settings.job_ttl_s, accounting,
+                                   settings.journal_ttl_s, settings.journal_max_entries)
         self.intake = Intake(self.redis, self.id, self.stream, self.batch_stream)
         self._orphaned: set[str] = set()  # running jobs cancelled because their API process is gone
         # Jobs of dead workers to continue from what they had streamed, by id, until `_start` takes them.
@@ -129,7 +130,8 @@ class BaseWorker:
             reclaimed=self.reclaimer.reclaimed, tokens_generated=self.tokens_generated,
             engine_restarts=self.engine_restarts,
             listeners=frozenset(state.job.reply_to for state in self.running.values()),
-            port=self.health.port if self.health else 0, redis_silent_s=time.monotonic() - self.heartbeat.last_ok)
+            port=self.health.port if self.health else 0, redis_silent_s=time.monotonic() - self.heartbeat.last_ok,
+            followed=frozenset(s.job.id for s in self.running.values() if s.job.journal and not s.job.background))
 
     # ---- lifecycle -------------------------------------------------------------------------------------
     async def run(self) -> None:
@@ -275,13 +277,17 @@ class BaseWorker:
         cancelled, gone, deaf = await self._screen([j for e, j in jobs if not self._heard_since(e)],
                                                    {j.reply_to for _, j in jobs}, lane or self.publisher.lane)
         for entry_id, job in jobs:
-            if job.id in cancelled or job.reply_to in gone or self._cancelled_early.pop(job.id, None):
+            if job.journal:  # resumable: its events are journaled, whoever listens (or nobody, for a while)
+                outbox.journal(job.id)
+            if job.id in cancelled or (job.reply_to in gone and not job.journal) \
+                    or self._cancelled_early.pop(job.id, None):
                 outbox.publish(job.reply_to, Cancelled(job=job.id, seq=1))
                 outbox.set_status(job.id, status=JobStatus.CANCELLED,
-                                  reason=f"its API process {job.reply_to} is gone" if job.reply_to in gone else None)
+                                  reason=f"its API process {job.reply_to} is gone"
+                                  if job.reply_to in gone and not job.journal else None)
                 outbox.ack(entry_id, self.stream_of(job))
                 continue
-            if job.reply_to in deaf:
+            if job.reply_to in deaf and not job.journal:
                 self._deferred.setdefault(job.id, (entry_id, job, time.monotonic()))
                 continue
             self._deferred.pop(job.id, None)
@@ -371,6 +377,7 @@ class BaseWorker:
 
     def steer(self, steering: Steering) -> None:
         self.cancel_orphans(steering.gone)
+        self.cancel_unread(steering.unread)
         if steering.drain and not self.draining:
             self.stop("an operator asked it to drain")
 
@@ -399,7 +406,8 @@ class BaseWorker:
 
     def cancel_orphans(self, gone: set[str]) -> None:
         """Cancel the running jobs of API processes that are gone: nobody reads what they would generate."""
-        orphans = [s.job for s in self.running.values() if s.job.reply_to in gone and s.job.id not in self._orphaned]
+        orphans = [s.job for s in self.running.values()
+                   if s.job.reply_to in gone and not s.job.journal and s.job.id not in self._orphaned]
         if not orphans:
             return
         log.warning("cancelling %d running jobs: their API process is gone (%s)", len(orphans),
@@ -409,6 +417,19 @@ class BaseWorker:
             self._orphaned.add(job.id)
             outbox.set_status(job.id, reason=f"its API process {job.reply_to} is gone")
             self.cancel(job.id)
+        self.publisher.put(outbox)
+
+    def cancel_unread(self, unread: set[str]) -> None:
+        """Cancel the resumable streams nobody has read for the grace period: their client left for good."""
+        jobs = [job_id for job_id in unread if job_id in self.running and job_id not in self._orphaned]
+        if not jobs:
+            return
+        log.info("cancelling %d resumable streams: no client came back within resume_grace_s", len(jobs))
+        outbox = Outbox()
+        for job_id in jobs:
+            self._orphaned.add(job_id)
+            outbox.set_status(job_id, reason="its client left and did not resume it within resume_grace_s")
+            self.cancel(job_id)
         self.publisher.put(outbox)
 
     async def dead_letter(self, fields: dict[bytes, bytes], reason: str) -> None:

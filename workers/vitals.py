@@ -42,6 +42,8 @@ class Vitals:
     listeners: frozenset[str]
     port: int  # the probes' port; 0 without one
     redis_silent_s: float  # since the last heartbeat Redis took
+    # Resumable, not background, jobs running: the heartbeat asks whether an API process still streams each.
+    followed: frozenset[str] = frozenset()
 
     @property
     def kv_cache_usage(self) -> float:

@@ -22,6 +22,7 @@ from api.openai.guidance import ChatPlan, chat_plan
 from api.openai.limits import check_sampling, require_media_type
 from api.openai.media import load_image
 from api.openai.protocol import ChatCompletionRequest, CompletionRequest, SamplingRequest
+from api.openai.resume import Frames, Resumable, resume_point, wants_resumable
 from api.openai.templates import render, template_message
 from api.ops.metrics import Metrics, Record
 from api.queue.client import REQUEST_ID, ClientGone, Generation, JobClient, deadline, error_of, request_id
@@ -78,6 +79,7 @@ REDIS_AWAY = redis_away()
 class Serving:
     def __init__(self, jobs: JobClient, registry: Registry, metrics: Metrics) -> None:
         self.jobs, self.registry, self.metrics = jobs, registry, metrics
+        self.resumable = Resumable(jobs)
 
     async def _servable(self, body: SamplingRequest) -> Servable:
         check_sampling(body, self.jobs.settings)
@@ -90,9 +92,12 @@ class Serving:
 
     async def chat(self, request: Request) -> Response:
         body = await parse_body(request, ChatCompletionRequest)
-        if body.stream and await self.registry.awaiting(body.model):
+        point = resume_point(request)
+        if body.stream and point is None and await self.registry.awaiting(body.model):
             return after_card(request, body.model, self.chat, self.registry, self.metrics)
         servable, job, plan = await self.chat_job(request, body)
+        if point is not None:
+            job.id = point[0]
         fmt = ChatFormat(f"chatcmpl-{job.id}", body.model, body.include_usage,
                          servable.card.reasoning_parser is not None, body.continuous_usage)
         choices = {(job.id, i): ChoiceState(i, plan.parser(), job.params.logprobs) for i in range(body.n)}
@@ -135,14 +140,15 @@ class Serving:
     async def completions(self, request: Request) -> Response:
         """One job per prompt (OpenAI takes a list of prompts); choice i of prompt p is index p * n + i."""
         body = await parse_body(request, CompletionRequest)
-        if body.stream and await self.registry.awaiting(body.model):
+        point = resume_point(request)
+        if body.stream and point is None and await self.registry.awaiting(body.model):
             return after_card(request, body.model, self.completions, self.registry, self.metrics)
         servable = await self._servable(body)
         if servable.card.servable_type in VISION_SERVABLES:
             raise OvqError(f"The model `{body.model}` is a vision-language model: use /chat/completions",
                            param="model")
         params = sampling_params(body)
-        rid = request_id(request)
+        rid = point[0] if point is not None else request_id(request)
         prompts = body.prompts
         jobs = [self._job(body, servable, "completion", prompt, params, rid if len(prompts) == 1 else f"{rid}-{p}",
                           add_special_tokens=True) for p, prompt in enumerate(prompts)]
@@ -166,8 +172,19 @@ class Serving:
     async def _respond(self, request: Request, body: SamplingRequest, servable: Servable, jobs: list[Job],
                        fmt: Format, choices: dict[tuple[str, int], ChoiceState]) -> Response:
         record: Record = request.state.record
+        point = resume_point(request)
+        if point is not None:  # a resumable stream's client is back: the rest of it, from the job's journal
+            if not body.stream or len(jobs) != 1:
+                raise OvqError("Last-Event-ID resumes a streamed request of one prompt", param="Last-Event-ID")
+            return await self.resumable.resume(request, body.model, Frames(fmt, choices), *point)
+        resumable = wants_resumable(request, body.stream, jobs)
+        if resumable:
+            await self.resumable.hold(jobs[0])
         async with self.open(request, body.model, servable, jobs, body.stream) as generation:
             headers = {"X-Request-Id": record.request_id}
+            if resumable:
+                frames = self.resumable.live(generation, Frames(fmt, choices))
+                return stream_response(generation, frames, record, self.metrics, headers)
             if body.stream:
                 frames = self._stream(generation, fmt, choices, record)
                 return stream_response(generation, frames, record, self.metrics, headers)

@@ -45,7 +45,8 @@ def _base(request: Request) -> str:
 async def _context(request: Request) -> dict[str, Any]:
     redis, keys, settings = _redis(request)
     overview = await cluster.overview(redis, keys, settings)
-    return {"o": overview, "base": _base(request), "refresh_ms": REFRESH_MS,
+    return {"o": overview, "backgrounds": await control.background_responses(redis, keys),
+            "base": _base(request), "refresh_ms": REFRESH_MS,
             "card_minutes": round(settings.model_card_ttl_s / 60)}
 
 
@@ -118,3 +119,14 @@ async def purge(request: Request) -> Response:
     redis, keys, _ = _redis(request)
     count = await control.purge(redis, keys)
     return _done(request, f"purged {count} dead letters")
+
+
+@router.post("/responses/{response_id}/cancel")
+async def cancel_background(request: Request, response_id: str) -> Response:
+    redis, keys, settings = _redis(request)
+
+    async def act() -> str:
+        job = await control.cancel_background(redis, keys, settings, response_id)
+        return f"background response {response_id} cancelled (job {job})"
+
+    return _done(request, await _act(request, act()))

@@ -139,6 +139,7 @@ class Generation:
         self.holds = True  # entering waits for every `accepted`; a stream with no live worker waits after
         self._handed_over = False  # to a stream: its end closes the generation
         self._orphaned_since: float | None = None  # when a job's worker was found dead (none continues it yet)
+        self.detached = False  # a resumable stream's: closing it does not cancel its jobs (their lease lapses)
 
     async def __aenter__(self) -> Generation:
         trace = self.request.state.record.trace if self.request is not None else None
@@ -356,7 +357,7 @@ class Generation:
             self._watcher = None  # its CancelledError's frames hold this generation: no cycle for the GC to find
         for job in self.jobs:
             self.client.hub.unregister(job.id)
-        unfinished = [j for j in self._submitted if j in self.open]
+        unfinished = [j for j in self._submitted if j in self.open and not self.detached]
         self.open.clear()
         if unfinished:
             try:

@@ -162,3 +162,47 @@ async def _entries(redis: aioredis.Redis, stream: str, start: str, page: int = 5
         if len(batch) < page:
             return
         lower = f"({batch[-1][0].decode()}"  # exclusive: after the last one read
+
+
+class BackgroundResponse(BaseModel):
+    """A background response (`POST /responses` with `background: true`) as an operator sees it."""
+
+    id: str
+    job: str
+    model: str
+    created: float
+    status: str  # the job's: queued, running, done, error, cancelled
+
+
+async def background_responses(redis: aioredis.Redis, keys: Keys, limit: int = 50) -> list[BackgroundResponse]:
+    """The newest background responses still recorded (Keys.backgrounds), with their jobs' status."""
+    listed = await redis.zrevrange(keys.backgrounds, 0, limit - 1, withscores=True)
+    pipe = redis.pipeline(transaction=False)
+    for response_id, _ in listed:
+        pipe.hmget(keys.background(response_id.decode()), ["job", "model"])
+    records = await pipe.execute() if listed else []
+    found = [(rid.decode(), created, job.decode(), model.decode())
+             for (rid, created), (job, model) in zip(listed, records, strict=True) if job is not None]
+    pipe = redis.pipeline(transaction=False)
+    for _, _, job, _ in found:
+        pipe.hget(keys.job(job), H.STATUS)
+    statuses = await pipe.execute() if found else []
+    return [BackgroundResponse(id=rid, job=job, model=model, created=created,
+                               status=status.decode() if status else JobStatus.QUEUED)
+            for (rid, created, job, model), status in zip(found, statuses, strict=True)]
+
+
+async def cancel_background(redis: aioredis.Redis, keys: Keys, settings: Settings, response_id: str) -> str:
+    """Cancel a background response's job at its worker (or before one takes it); the response is stored
+    `cancelled` by the next API process that reads it. Returns the job's id."""
+    job = await redis.hget(keys.background(response_id), "job")
+    if job is None:
+        raise NotFound(f"no background response {response_id!r}")
+    status = await redis.hget(keys.job(job.decode()), H.STATUS)
+    if status is not None and status.decode() in (JobStatus.DONE, JobStatus.ERROR, JobStatus.CANCELLED):
+        raise Refused(f"background response {response_id!r} has ended ({status.decode()})")
+    pipe = redis.pipeline(transaction=False)
+    pipe.set(keys.cancel(job.decode()), 1, ex=settings.cancel_ttl_s)
+    pipe.publish(keys.cancel_channel, job)
+    await pipe.execute()
+    return job.decode()

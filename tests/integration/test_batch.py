@@ -40,7 +40,9 @@ def tiny(max_num_seqs: int) -> dict[str, dict]:
 
 
 def line(i: int, endpoint: str = "/v1/chat/completions", model: str = TINY, **body: Any) -> dict[str, Any]:
-    if endpoint.endswith("/chat/completions"):
+    if endpoint.endswith("/responses"):
+        request = {"model": model, "input": f"Count to {i}", "max_output_tokens": 16}
+    elif endpoint.endswith("/chat/completions"):
         request = {"model": model, "messages": [{"role": "user", "content": f"Count to {i}"}], "max_tokens": 4}
     else:
         request = {"model": model, "prompt": f"Count to {i}", "max_tokens": 4}
@@ -414,3 +416,18 @@ def test_two_deployments_on_one_redis_keep_their_rq_keys_apart(tiers, redis_url:
         lasting = [k for k in own if r.ttl(k) == -1]
         assert not [k for k in lasting if not k[len(keys.rq_prefix) + 1:].startswith(RQ_KEYS_OWNED)], lasting
         assert not [k for k in own if f"{other.prefix}:" in k or f"{other.prefix}-" in k]
+
+
+def test_responses_lines_are_answered_as_the_responses_api_answers(stack: Tiers) -> None:
+    client = client_for(stack)
+    lines = [line(i, "/v1/responses") for i in range(3)] + [line(3, "/v1/responses", background=True)]
+    batch = wait(client, start(client, lines, "/v1/responses").id)
+    assert batch.status == "completed", batch
+    outputs, errors = results(client, batch)
+    answered = {o["custom_id"]: o["response"] for o in outputs + errors}
+    for i in range(3):
+        body = answered[f"req-{i}"]["body"]
+        assert answered[f"req-{i}"]["status_code"] == 200, body
+        assert body["object"] == "response" and body["status"] in ("completed", "incomplete")
+    assert answered["req-3"]["status_code"] == 400 and "background" in answered["req-3"]["body"]["error"]["message"]
+    assert batch.usage is not None and batch.usage.output_tokens > 0

@@ -287,6 +287,8 @@ class BatchRunner:
         body = line.body
         if body.get("stream"):
             return _error_answer(line, 400, "stream is not supported in a batch", param="stream")
+        if body.get("background"):  # the line's answer is the response itself, not its queued start
+            return _error_answer(line, 400, "background is not supported in a batch", param="background")
         backoff, tries = Backoff(first=0.5), 0
         content = orjson.dumps(body)
         while True:
@@ -317,7 +319,9 @@ class BatchRunner:
         response = answer.get("response") or {}
         ok = 200 <= response.get("status_code", 0) < 300
         usage = (response.get("body") or {}).get("usage") or {} if ok else {}
-        tokens = (int(usage.get("prompt_tokens") or 0), int(usage.get("completion_tokens") or 0))
+        # A chat or completion counts prompt and completion tokens; a response (/v1/responses), input and output.
+        tokens = (int(usage.get("prompt_tokens") or usage.get("input_tokens") or 0),
+                  int(usage.get("completion_tokens") or usage.get("output_tokens") or 0))
         while True:
             try:
                 recorded = await self.store.record(state, self.token, line.custom_id, orjson.dumps(answer), ok,

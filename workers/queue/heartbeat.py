@@ -43,6 +43,7 @@ class Steering:
 
     drain: bool = False  # an operator asked this worker to drain (`ovq worker drain`)
     gone: set[str] = field(default_factory=set)  # API processes of running jobs that are gone
+    unread: set[str] = field(default_factory=set)  # resumable jobs no API process has streamed for the grace period
 
 
 def gone_apis(reply_tos: list[str], scores: list[float | None], api_ttl_s: float) -> set[str]:
@@ -87,12 +88,17 @@ class Heartbeat:
         # Steering, in the same round trip: an operator's drain request, and whether the API processes of the
         # running jobs still listen.
         pipe.exists(keys.drain(m.id))
+        followed = sorted(v.followed)
+        for job in followed:  # a resumable stream's reader lease: gone once its client stayed away the grace period
+            pipe.exists(keys.reader(job))
         listeners = sorted(v.listeners)
         if listeners:
             pipe.zmscore(keys.apis, listeners)
         replies = await pipe.execute()
         gone = gone_apis(listeners, replies.pop(), settings.api_ttl_s) if listeners else set()
-        return Steering(drain=bool(replies[-1]), gone=gone)
+        read = [replies.pop() for _ in followed][::-1]
+        unread = {job for job, n in zip(followed, read, strict=True) if not n}
+        return Steering(drain=bool(replies[-1]), gone=gone, unread=unread)
 
     async def beats(self) -> AsyncIterator[Steering]:
         """Beat every heartbeat_s, each beat's steering; while Redis is away, retry with backoff, one log line per

@@ -18,7 +18,7 @@ import orjson
 import redis.asyncio as aioredis
 from redis.exceptions import ResponseError
 
-from common.events import pack
+from common.events import TERMINAL, pack
 from common.jobs import JobHash
 from common.keys import GROUP, Keys
 from common.ops.stats import observe
@@ -27,6 +27,7 @@ from common.redis.lane import Command, Lane
 from workers.queue.accounting import STATS_EVERY_S, Accounting
 
 log = logging.getLogger("ovq.publisher")
+RENEW_EVERY = 256  # a journal's TTL is renewed with its first entry, every this many entries, and its last
 
 
 @dataclass
@@ -44,6 +45,8 @@ class Outbox:
     records: dict[str, list[bytes]] = field(default_factory=dict)
     fresh: set[str] = field(default_factory=set)
     forgotten: set[str] = field(default_factory=set)
+    # Jobs whose events from now on also go to their journal (`Job.journal`): set before their first event.
+    journaled: set[str] = field(default_factory=set)
 
     def publish(self, reply_to: str, event: Any) -> None:
         self.events[reply_to].append(event if type(event) is dict else event.model_dump(mode="json"))
@@ -51,6 +54,10 @@ class Outbox:
     def set_status(self, job: str, **values: Any) -> None:
         """Fields of the job's hash, named as `common.jobs.JobHash` names them (a value None: left as it is)."""
         self.status.setdefault(job, {}).update(values)
+
+    def journal(self, job: str) -> None:
+        """The job is resumable: its events go to its journal too (`Keys.journal`), from this outbox on."""
+        self.journaled.add(job)
 
     def ack(self, entry_id: bytes, stream: str | None = None) -> None:
         self.acks.append((stream, entry_id))
@@ -88,15 +95,20 @@ class Outbox:
             self.records.setdefault(job, []).extend(records)
         self.fresh |= other.fresh
         self.forgotten |= other.forgotten
+        self.journaled |= other.journaled
 
     def __bool__(self) -> bool:
-        return bool(self.events or self.status or self.acks or self.stats or self.records or self.forgotten)
+        return bool(self.events or self.status or self.acks or self.stats or self.records or self.forgotten
+                    or self.journaled)
 
 
 class Publisher:
     def __init__(self, redis: aioredis.Redis, keys: Keys, stream: str, job_ttl: int,
-                 accounting: Accounting | None = None) -> None:
+                 accounting: Accounting | None = None, journal_ttl: int = 3600,
+                 journal_max: int = 100_000) -> None:
         self.keys, self.stream, self.job_ttl = keys, stream, job_ttl
+        self.journal_ttl, self.journal_max = journal_ttl, journal_max
+        self._journaled: dict[str, int] = {}  # resumable jobs running -> entries written to their journal
         self.accounting = accounting
         self.lane = Lane(redis)  # one round trip per engine step: no pool checkout, no pipeline object
         self._queue: asyncio.Queue[Outbox] = asyncio.Queue()
@@ -186,6 +198,9 @@ class Publisher:
                     commands.append(["EXPIRE", key, self.job_ttl])
         for reply_to, events in batch.events.items():
             commands.append(["PUBLISH", self.keys.events(reply_to), pack(events)])
+        if batch.journaled:
+            self._journaled.update(dict.fromkeys(batch.journaled - self._journaled.keys(), 0))
+        ended = self._journal(batch, commands) if self._journaled else []  # plain jobs: this is all they cost
         by_stream: dict[str, list[bytes]] = defaultdict(list)
         for stream, entry_id in batch.acks:
             by_stream[stream or self.stream].append(entry_id)
@@ -201,3 +216,27 @@ class Publisher:
             # A command Redis refuses (NOGROUP after Redis lost its data) must not hold up the events behind it.
             if isinstance(result, ResponseError):
                 log.warning("Redis refused a command while publishing: %s", result)
+        for job in ended:  # only once sent: a retried round trip journals its terminal event again
+            self._journaled.pop(job, None)
+
+    def _journal(self, batch: Outbox, commands: list[Command]) -> list[str]:
+        """Each resumable job's events of this round trip as one entry of its journal, in the same round trip as
+        the PUBLISH: a reader of the journal sees them no later than the API process the job answers to."""
+        by_job: dict[str, list[dict[str, Any]]] = {}
+        journaled = self._journaled
+        for events in batch.events.values():
+            for event in events:
+                if event["job"] in journaled:
+                    by_job.setdefault(event["job"], []).append(event)
+        finished = []
+        for job, events in by_job.items():
+            key = self.keys.journal(job)
+            commands.append(["XADD", key, "MAXLEN", "~", self.journal_max, "*", "e", pack(events)])
+            written = journaled[job]
+            ended = any(event["type"] in TERMINAL for event in events)
+            if ended or written % RENEW_EVERY == 0:
+                commands.append(["EXPIRE", key, self.journal_ttl])
+            journaled[job] = written + 1
+            if ended:
+                finished.append(job)
+        return finished

@@ -18,9 +18,10 @@ so a client can resume after the last one it saw.
 """
 from __future__ import annotations
 
+import itertools
 import time
 import uuid
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -54,6 +55,12 @@ TERMINAL = ("completed", "incomplete", "failed", "cancelled")
 
 def new_id(prefix: str) -> str:
     return f"{prefix}_{uuid.uuid4().hex}"
+
+
+def counted_ids(seed: str) -> Callable[[str], str]:
+    """Item ids numbered from `seed` in the order they are made: folding the same events again gives the same ids."""
+    numbers = itertools.count()
+    return lambda prefix: f"{prefix}_{seed}{next(numbers):04x}"
 
 
 def initial_response(body: ResponsesRequest, response_id: str | None = None,
@@ -100,10 +107,13 @@ class _Item:
 class ResponseStream:
     """The state of one response: what has been written, and the events that said so."""
 
-    def __init__(self, response: Response, sequence: int = 0, logprobs: int | None = None) -> None:
+    def __init__(self, response: Response, sequence: int = 0, logprobs: int | None = None,
+                 ids: Callable[[str], str] = new_id) -> None:
         """`sequence`: the next event's number (0, or where a resumed stream left off); `logprobs`: None, or how
-        many alternatives per token the client asked for (the chat request's `top_logprobs`)."""
+        many alternatives per token the client asked for (the chat request's `top_logprobs`); `ids`: makes each
+        item's id from its prefix (`counted_ids`: the same ids whenever a journal is folded again)."""
         self.response = response
+        self.new_id = ids
         self.sequence = sequence
         self.top = logprobs
         self._open: _Item | None = None
@@ -160,7 +170,7 @@ class ResponseStream:
         events: list[StreamEvent] = []
         if not isinstance(self._open.item if self._open else None, Reasoning):
             events += self._close("completed")
-            opened, added = self._add(Reasoning(id=new_id("rs"), content=[], status="in_progress"))
+            opened, added = self._add(Reasoning(id=self.new_id("rs"), content=[], status="in_progress"))
             events += [added, self._part_event("response.content_part.added", opened, ReasoningText(text=""))]
         current = self._open
         assert current is not None
@@ -174,7 +184,7 @@ class ResponseStream:
         current = self._calls.get(delta.index)
         if current is None:
             events += self._close("completed")
-            item = FunctionCall(id=new_id("fc"), call_id=delta.id or new_id("call"), name=delta.name or "",
+            item = FunctionCall(id=self.new_id("fc"), call_id=delta.id or self.new_id("call"), name=delta.name or "",
                                 arguments="", status="in_progress")
             current, added = self._add(item)
             self._calls[delta.index] = current
@@ -258,7 +268,7 @@ class ResponseStream:
         return opened, self._item_event("response.output_item.added", opened)
 
     def _open_message(self) -> list[StreamEvent]:
-        opened, added = self._add(OutputMessage(id=new_id("msg"), status="in_progress", content=[]))
+        opened, added = self._add(OutputMessage(id=self.new_id("msg"), status="in_progress", content=[]))
         return [added, self._part_event("response.content_part.added", opened,
                                         OutputText(text="", logprobs=[] if self.top is not None else None))]
 

@@ -26,8 +26,9 @@ from starlette.responses import JSONResponse, Response
 from api.http.sse import PING, Last
 from api.http.status import CLIENT_CLOSED
 from api.openai.choices import ChoiceState
+from api.openai.responses.background import BackgroundResponses
 from api.openai.responses.convert import stored_items, to_chat
-from api.openai.responses.events import TERMINAL, ResponseStream, initial_response, render
+from api.openai.responses.events import TERMINAL, ResponseStream, initial_response, new_id, render
 from api.openai.responses.protocol import ResponsesRequest, StreamEvent
 from api.openai.responses.store import MAX_LIST, ResponseStore
 from api.openai.serving import PING_S, REDIS_AWAY, Serving, add_usage, finish_choices, parse_body, stream_response
@@ -38,8 +39,6 @@ from common.events import CANCELLED, DELTA, DONE, ERROR, EventDict
 from common.redis.client import UNAVAILABLE
 
 log = logging.getLogger("ovq.api.responses")
-BACKGROUND = OvqError("background mode is not supported yet: leave `background` out (or false)", param="background",
-                      code="unsupported_parameter")
 
 
 # Chat's names for what a Responses request calls otherwise: an error names the field the client sent.
@@ -97,11 +96,10 @@ class Turn:
 class ResponsesServing:
     def __init__(self, serving: Serving, store: ResponseStore) -> None:
         self.serving, self.store = serving, store
+        self.background = BackgroundResponses(serving.jobs, store)
 
     async def create(self, request: Request) -> Response:
         body = await parse_body(request, ResponsesRequest)
-        if body.background:
-            raise BACKGROUND
         self.store.check_input(body)
         chain, history = await self.store.history(body.previous_response_id) if body.previous_response_id else \
             ([], [])
@@ -110,6 +108,8 @@ class ResponsesServing:
         except OvqError as exc:
             raise renamed(exc) from None
         top = job.params.logprobs
+        if body.background:
+            return await self.background.start(request, body, new_id("resp"), chain, servable, job)
         turn = Turn(body, ResponseStream(initial_response(body), logprobs=top), ChoiceState(0, plan.parser(), top),
                     chain)
         record: Record = request.state.record
@@ -223,12 +223,19 @@ def _store(request: Request) -> ResponseStore:
     return request.app.state.responses.store
 
 
+def _background(request: Request) -> BackgroundResponses:
+    return request.app.state.responses.background
+
+
 @router.get("/responses/{response_id}")
 async def retrieve(request: Request, response_id: str) -> Response:
-    if request.query_params.get("stream") in ("true", "1"):
-        raise OvqError("streaming a stored response is not supported yet (background mode)", param="stream",
-                       code="unsupported_parameter")
-    return Response(await _store(request).get(response_id), media_type="application/json")
+    """Stored, or (a background response) as its journal tells it now; `stream`: its events again."""
+    return await _background(request).retrieve(request, response_id)
+
+
+@router.post("/responses/{response_id}/cancel")
+async def cancel(request: Request, response_id: str) -> Response:
+    return await _background(request).cancel(response_id)
 
 
 @router.delete("/responses/{response_id}")

@@ -89,7 +89,8 @@ class ResponseStore:
         return stored
 
     async def delete(self, response_id: str) -> None:
-        if not await self.redis.delete(self.keys.response(response_id)):
+        # A background response's record goes too: its journal must not bring it back (background.py).
+        if not await self.redis.delete(self.keys.response(response_id), self.keys.background(response_id)):
             raise response_not_found(response_id)
 
     async def input_items(self, response_id: str, limit: int = 20, order: Literal["asc", "desc"] = "desc",

@@ -71,3 +71,10 @@ def test_rate_over_the_window() -> None:
     assert rate.update(0.0, 0) == 0.0
     assert rate.update(2.0, 20) == 10.0
     assert rate.update(30.0, 20) == 0.0  # the first sample left the window: nothing generated since 2.0
+
+
+async def test_a_beat_brings_back_the_resumable_jobs_nobody_reads(beat) -> None:
+    redis, keys, heartbeat, now = beat
+    now[0] = replace(VITALS, followed=frozenset({"read", "left"}))
+    await redis.set(keys.reader("read"), "api1", ex=30)
+    assert (await heartbeat.beat()).unread == {"left"}

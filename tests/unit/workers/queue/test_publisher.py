@@ -76,4 +76,25 @@ async def test_records_of_generated_ids_are_appended_before_their_events_and_go_
     await publisher.drain()
     await publisher.stop()
     assert await redis.exists(keys.generated("j")) == 0
+async def test_a_journaled_jobs_events_go_to_its_journal_in_the_same_round_trip(redis_url: str) -> None:
+    redis = aioredis.Redis.from_url(redis_url)
+    keys = Keys(f"j{time.time_ns()}")
+    publisher = Publisher(redis, keys, keys.jobs("m", "CPU"), job_ttl=60, journal_ttl=120, journal_max=1000)
+    publisher.start()
+    first, second = Outbox(), Outbox()
+    first.journal("r")
+    first.publish("api1", Delta(job="r", seq=1, text="a", tokens=1))
+    first.publish("api1", Delta(job="plain", seq=1, text="b", tokens=1))
+    second.publish("api1", Delta(job="r", seq=2, text="c", tokens=1))
+    second.publish("api1", Cancelled(job="r", seq=3))
+    publisher.put(first)
+    await publisher.drain()
+    publisher.put(second)
+    await publisher.drain()
+    await publisher.stop()
+    entries = await redis.xrange(keys.journal("r"))
+    assert [[e["seq"] for e in orjson.loads(fields[b"e"])["events"]] for _, fields in entries] == [[1], [2, 3]]
+    assert not await redis.exists(keys.journal("plain"))
+    assert 0 < await redis.ttl(keys.journal("r")) <= 120
+    assert publisher._journaled == {}  # its terminal event went out: nothing more is journaled for it
     await redis.aclose()

@@ -1,0 +1,187 @@
+"""Resumable chat and completions streams: a client that loses its stream reconnects to any API process, within
+`resume_grace_s`, and gets the rest of the same generation.
+
+Opt-in per request, with the header `X-Ovq-Resumable: true` on a streamed request of one prompt. Not on by default:
+a resumable job's worker writes every step to the job's journal too (`Keys.journal`: one more command in the same
+round trip, Redis CPU and memory per token, measured by `benchmarks/scale.py`), and the stream goes out one frame
+per worker event (no merging, no express lane). The OpenAI SDKs never reconnect, so most clients would pay for
+nothing; the ones that do (an EventSource-style client, a proxy that retries) ask for it.
+
+Every frame of such a stream carries `id: <job id>:<seq>`, the worker event it came from. Reconnecting is sending
+the same request again with `Last-Event-ID` set to the last id seen: the API replays the journal through the same
+formatting (so parsers rebuild their state), and writes only the frames after that event, then follows the job
+live from its journal. While a stream is read its API process holds the job's reader lease (`Keys.reader`); once
+nobody has held it for `resume_grace_s`, the worker cancels the job: a client that left for good still frees it.
+"""
+from __future__ import annotations
+
+import asyncio
+import re
+import time
+from collections.abc import AsyncIterator
+
+import orjson
+from starlette.requests import Request
+
+from api.http.sse import DONE as END
+from api.http.sse import PING, Last, SSEResponse
+from api.openai.choices import ChoiceState
+from api.openai.formats import Format
+from api.queue.client import ClientGone, Generation, JobClient
+from api.queue.journal import Journal
+from common.errors import OvqError
+from common.events import ACCEPTED, DELTA, DONE, ERROR, TERMINAL, EventDict
+from common.jobs import Job, JobHash
+
+RESUMABLE_HEADER = "x-ovq-resumable"
+LAST_EVENT_ID = re.compile(r"([A-Za-z0-9._:-]{1,128}):(\d{1,9})")
+PING_S = 15.0
+
+Choices = dict[tuple[str, int], ChoiceState]
+
+
+def resume_point(request: Request) -> tuple[str, int] | None:
+    """`Last-Event-ID` as (job id, the last event's seq), when the request resumes a stream."""
+    given = request.headers.get("last-event-id")
+    if given is None:
+        return None
+    match = LAST_EVENT_ID.fullmatch(given)
+    if match is None:
+        raise OvqError("Last-Event-ID must be an `id:` this server sent on a resumable stream (`<job>:<n>`)",
+                       param="Last-Event-ID", code="invalid_value")
+    return match.group(1), int(match.group(2))
+
+
+def wants_resumable(request: Request, stream: bool, jobs: list[Job]) -> bool:
+    if request.headers.get(RESUMABLE_HEADER, "").lower() not in ("true", "1"):
+        return False
+    if not stream or len(jobs) != 1:
+        raise OvqError("X-Ovq-Resumable applies to a streamed request of one prompt", param="X-Ovq-Resumable",
+                       code="invalid_value")
+    return True
+
+
+def tagged(out: bytes, job: str, seq: int) -> bytes:
+    """Each SSE frame of `out` with the id of the worker event it came from."""
+    if not out:
+        return out
+    line = b"id: %s:%d\n" % (job.encode(), seq)
+    return line + out.replace(b"\n\ndata: ", b"\n\n" + line + b"data: ")
+
+
+class Frames:
+    """One resumable stream's formatting: a worker event in, its frames (tagged) out; the same whether the events
+    come live or from the journal, so a replay rebuilds the parsers' state exactly."""
+
+    def __init__(self, fmt: Format, choices: Choices) -> None:
+        self.fmt, self.choices = fmt, choices
+        self.usage = {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0}
+        self.ended = False
+
+    def of(self, event: EventDict) -> bytes:
+        kind, fmt = event["type"], self.fmt
+        out = b""
+        if kind == ACCEPTED:
+            fmt.started(event["prompt_tokens"])
+            out = fmt.first(sorted(self.choices.values(), key=lambda c: c.index))
+        elif kind == DELTA:
+            fmt.count(event)
+            out = fmt.chunk(self.choices[event["job"], event.get("index", 0)], event)
+        elif kind == DONE:
+            for name, value in (event.get("usage") or {}).items():
+                self.usage[name] = self.usage.get(name, 0) + value
+            out = (fmt.usage(self.usage) if fmt.include_usage else b"") + END
+        elif kind == ERROR:
+            out = b"data: " + orjson.dumps({"error": event["error"]}) + b"\n\n" + END
+        if kind in TERMINAL:
+            self.ended = True
+        return tagged(out, event["job"], event["seq"])
+
+
+class Resumable:
+    def __init__(self, jobs: JobClient) -> None:
+        self.jobs, self.keys, self.settings = jobs, jobs.keys, jobs.settings
+        self.journal = Journal(jobs.redis, jobs.keys)
+
+    def lease(self, job_id: str) -> tuple[str, str, float]:
+        return self.keys.reader(job_id), self.jobs.hub.reply_to, self.settings.resume_grace_s
+
+    async def hold(self, job: Job) -> None:
+        """Before the job is queued: it is resumable, and this process reads it (the worker checks the lease)."""
+        job.journal = True
+        key, value, ttl = self.lease(job.id)
+        await self.jobs.redis.set(key, value, ex=max(1, round(ttl)))
+
+    async def live(self, generation: Generation, frames: Frames) -> AsyncIterator[bytes]:
+        """The stream as it starts, from the hub: one tagged write per wake-up; the client leaving does not cancel
+        the job (the lease lapses instead), so the generation is detached."""
+        generation.detached = True
+        key, value, ttl = self.lease(generation.job.id)
+        renewed = last = time.monotonic()
+        try:
+            if generation.pending:
+                yield PING
+                while not await generation.starting():
+                    if time.monotonic() - last >= PING_S:
+                        last = time.monotonic()
+                        yield PING
+            out = b"".join(frames.of(event) for event in generation.accepted.values())
+            while True:
+                if out:
+                    last = time.monotonic()
+                    yield out
+                if generation.finished or frames.ended:
+                    break
+                events = await generation.events()
+                out = b"".join(frames.of(event) for event in events)
+                now = time.monotonic()
+                if frames.ended:
+                    yield Last(out)
+                    return
+                if now - renewed >= ttl / 3:
+                    renewed = now
+                    await self.jobs.redis.set(key, value, ex=max(1, round(ttl)))
+                if not out and now - max(last, generation.inbox.last) >= PING_S:
+                    last = now
+                    yield PING
+        except OvqError as exc:
+            yield Last(b"data: " + orjson.dumps({"error": exc.body.model_dump()}) + b"\n\n" + END)
+            return
+        except ClientGone:
+            return
+        yield Last(b"")
+
+    async def resume(self, request: Request, model: str, frames: Frames, job_id: str, after: int) -> SSEResponse:
+        """The rest of the stream after event `after` of job `job_id`, from its journal, on this API process."""
+        redis = self.jobs.redis
+        owner, exists = await asyncio.gather(redis.hget(self.keys.job(job_id), JobHash.MODEL),
+                                             self.journal.exists(job_id))
+        if not exists or (owner is not None and owner.decode() != model):
+            raise OvqError(f"No resumable stream `{job_id}` of `{model}` to resume: it was not resumable, its "
+                           "model differs, or it ended longer ago than its journal is kept", 404,
+                           code="stream_not_found")
+        request.state.record.request_id = job_id
+        return SSEResponse(self._replay(request, frames, job_id, after), _nothing, {"X-Request-Id": job_id})
+
+    async def _replay(self, request: Request, frames: Frames, job_id: str, after: int) -> AsyncIterator[bytes]:
+        last = time.monotonic()
+        try:
+            async for events in self.journal.follow(job_id, self.settings.background_stall_s, self.lease(job_id)):
+                out = b"".join(frame for event in events if (frame := frames.of(event)) and event["seq"] > after)
+                if frames.ended:
+                    yield Last(out)
+                    return
+                if out:
+                    last = time.monotonic()
+                    yield out
+                elif time.monotonic() - last >= PING_S:
+                    last = time.monotonic()
+                    yield PING
+                if await request.is_disconnected():
+                    return
+        except OvqError as exc:
+            yield Last(b"data: " + orjson.dumps({"error": exc.body.model_dump()}) + b"\n\n" + END)
+
+
+async def _nothing() -> None:
+    return None

@@ -1,0 +1,99 @@
+"""A resumable job's events as any API process reads them back: its journal (`Keys.journal`), a Redis stream the
+worker's publisher appends one entry to per round trip (the same events it publishes).
+
+`follow` replays the journal from the start and then waits for more (XREAD, blocking at most a second at a time)
+until the job's terminal event: a stream resumed on another API process, or a background response folded into its
+`Response`, sees exactly the events the worker sent, in order. Each event's `seq` runs 1, 2, 3, ... per job: a gap
+(entries trimmed past the cap, or lost with a Redis that restarted without them) ends the read with an error
+rather than a wrong answer, and so does a journal that gains nothing for `stall_s`.
+"""
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator
+
+import redis.asyncio as aioredis
+
+from common.errors import OvqError
+from common.events import TERMINAL, EventDict, read_batch
+from common.keys import Keys
+from common.redis.client import UNAVAILABLE, Backoff
+
+BLOCK_MS = 1000
+
+
+class JournalBroken(OvqError):
+    """The journal cannot tell the rest of the job: events missing, or nothing new for too long."""
+
+    def __init__(self, message: str, code: str) -> None:
+        super().__init__(message, 500, "server_error", code=code)
+
+
+class Journal:
+    def __init__(self, redis: aioredis.Redis, keys: Keys) -> None:
+        self.redis, self.keys = redis, keys
+
+    async def exists(self, job_id: str) -> bool:
+        return bool(await self.redis.exists(self.keys.journal(job_id)))
+
+    async def read(self, job_id: str) -> tuple[list[EventDict], float | None]:
+        """Everything journaled so far (checked for gaps), and when the last entry was written (unix s)."""
+        entries = await self.redis.xrange(self.keys.journal(job_id))
+        events = _checked(entries, 0)
+        last = int(entries[-1][0].split(b"-")[0]) / 1000 if entries else None
+        return events, last
+
+    async def follow(self, job_id: str, stall_s: float, lease: tuple[str, str, float] | None = None
+                     ) -> AsyncIterator[list[EventDict]]:
+        """The job's events from its first, a batch per entry (an empty one after a quiet second), until its
+        terminal event. `lease`: (key, value,
+        ttl_s) of a reader lease renewed every third of its TTL while this reads (`Keys.reader`)."""
+        key, cursor, seq = self.keys.journal(job_id), b"0-0", 0
+        heard = renewed = time.monotonic()
+        backoff = Backoff()
+        if lease is not None:
+            await self.redis.set(lease[0], lease[1], ex=max(1, round(lease[2])))
+        while True:
+            now = time.monotonic()
+            if lease is not None and now - renewed >= lease[2] / 3:
+                renewed = now
+                try:
+                    await self.redis.set(lease[0], lease[1], ex=max(1, round(lease[2])))
+                except UNAVAILABLE:
+                    pass
+            if now - heard > stall_s:
+                raise JournalBroken(f"No progress for {stall_s:.0f}s (background_stall_s): the job was not "
+                                    "taken by any worker, or its events were lost", "stalled")
+            try:
+                reply = await self.redis.xread({key: cursor}, count=1000, block=BLOCK_MS)
+            except UNAVAILABLE:
+                await backoff.wait()
+                continue
+            backoff.reset()
+            if not reply:
+                yield []  # a quiet second: the reader may ping its client
+                continue
+            entries = reply[0][1]
+            cursor = entries[-1][0]
+            heard = time.monotonic()
+            for entry_id, fields in entries:
+                events = _checked([(entry_id, fields)], seq)
+                if events:
+                    seq = events[-1]["seq"]
+                yield events
+                if any(event["type"] in TERMINAL for event in events):
+                    return
+
+
+def _checked(entries: list[tuple[bytes, dict[bytes, bytes]]], seq: int) -> list[EventDict]:
+    """The entries' events, each the one after `seq` (a gap raises)."""
+    out: list[EventDict] = []
+    for _, fields in entries:
+        for event in read_batch(fields[b"e"]):
+            if event["seq"] != seq + 1:
+                raise JournalBroken(f"The job's journal lost events (after event {seq}, the next is "
+                                    f"{event['seq']}): Redis restarted without them, or they were trimmed "
+                                    "(journal_max_entries)", "events_lost")
+            seq = event["seq"]
+            out.append(event)
+    return out

@@ -1,0 +1,48 @@
+"""A resumable job's journal read back: every event in order up to the terminal one; a gap or a journal that
+stays quiet ends the read with an error instead of a wrong answer."""
+from __future__ import annotations
+
+import time
+
+import pytest
+import redis.asyncio as aioredis
+
+from api.queue.journal import Journal, JournalBroken
+from common.events import delta, pack
+from common.keys import Keys
+
+
+@pytest.fixture()
+async def journal(redis_url: str):
+    redis = aioredis.Redis.from_url(redis_url)
+    keys = Keys(f"jr{time.time_ns()}")
+    yield redis, keys, Journal(redis, keys)
+    await redis.aclose()
+
+
+async def test_follow_replays_then_ends_at_the_terminal_event(journal) -> None:
+    redis, keys, reader = journal
+    key = keys.journal("j")
+    await redis.xadd(key, {"e": pack([{"type": "accepted", "job": "j", "seq": 1}, delta("j", 2, 0, "a", 1)])})
+    await redis.xadd(key, {"e": pack([delta("j", 3, 0, "b", 1), {"type": "cancelled", "job": "j", "seq": 4}])})
+    await redis.xadd(key, {"e": pack([delta("j", 5, 0, "never", 1)])})
+    seen = [event["seq"] async for events in reader.follow("j", stall_s=30) for event in events]
+    assert seen == [1, 2, 3, 4]
+    events, last = await reader.read("j")
+    assert len(events) == 5 and last is not None
+
+
+async def test_a_gap_in_the_journal_is_an_error(journal) -> None:
+    redis, keys, reader = journal
+    await redis.xadd(keys.journal("j"), {"e": pack([{"type": "accepted", "job": "j", "seq": 1}])})
+    await redis.xadd(keys.journal("j"), {"e": pack([delta("j", 3, 0, "b", 1)])})
+    with pytest.raises(JournalBroken, match="lost events"):
+        async for _ in reader.follow("j", stall_s=30):
+            pass
+
+
+async def test_a_journal_that_gains_nothing_is_given_up_on(journal) -> None:
+    _, _, reader = journal
+    with pytest.raises(JournalBroken, match="No progress"):
+        async for _ in reader.follow("nothing", stall_s=0.5):
+            pass

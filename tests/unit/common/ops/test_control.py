@@ -1,0 +1,43 @@
+"""Operator controls on a real redis-server: the background responses listed with their jobs' status, and
+cancelled by their response id."""
+from __future__ import annotations
+
+import time
+
+import pytest
+import redis.asyncio as aioredis
+
+from common.keys import Keys
+from common.ops import control
+from common.settings import Settings
+
+
+@pytest.fixture()
+async def ops(redis_url: str):
+    redis = aioredis.Redis.from_url(redis_url)
+    keys = Keys(f"ctl{time.time_ns()}")
+    for n, (rid, status) in enumerate((("resp_a", None), ("resp_b", "running"), ("resp_c", "done"))):
+        await redis.hset(keys.background(rid), mapping={"job": f"job-{rid}", "model": "m"})
+        await redis.zadd(keys.backgrounds, {rid: 100 + n})
+        if status:
+            await redis.hset(keys.job(f"job-{rid}"), "status", status)
+    await redis.zadd(keys.backgrounds, {"resp_expired": 99})
+    yield redis, keys
+    await redis.aclose()
+
+
+async def test_background_responses_are_listed_newest_first_with_their_status(ops) -> None:
+    redis, keys = ops
+    listed = await control.background_responses(redis, keys)
+    assert [(b.id, b.status) for b in listed] == [("resp_c", "done"), ("resp_b", "running"), ("resp_a", "queued")]
+
+
+async def test_an_operator_cancels_a_running_background_response_not_an_ended_one(ops, redis_url: str) -> None:
+    redis, keys = ops
+    settings = Settings(redis_url=redis_url)
+    assert await control.cancel_background(redis, keys, settings, "resp_b") == "job-resp_b"
+    assert await redis.exists(keys.cancel("job-resp_b"))
+    with pytest.raises(control.Refused):
+        await control.cancel_background(redis, keys, settings, "resp_c")
+    with pytest.raises(control.NotFound):
+        await control.cancel_background(redis, keys, settings, "resp_expired")
