@@ -1,0 +1,94 @@
+"""Replicated Redis under load: the primary of a Sentinel-managed pair SIGKILLed while 32 streams run and 200
+unary requests wait in the queue. Nothing hangs, nothing 5xx but 503, no acknowledged job is lost (each was on
+the replica before its enqueue was acknowledged: WAIT), and the tiers serve again through the new primary
+without a restart. Servers from Debian's packages (redis-server, redis-sentinel >= 7), on loopback ports."""
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import orjson
+import pytest
+import redis
+
+from common.jobs import ENTRY_JOB
+from common.keys import Keys
+from common.redis.client import sync_client
+from tests.conftest import Tiers
+from tests.integration.redis_ha import SentinelSet, missing_for_sentinel
+from tests.integration.test_batch import BATCH_ENV, answered_once, batch_worker, client_for, line, results, start, wait
+from tests.integration.test_faults import HELLO, TINY, Counts, in_threads, join, stream, tiny, unary
+
+pytestmark = pytest.mark.skipif(missing_for_sentinel() is not None, reason=str(missing_for_sentinel()))
+STREAMS, QUEUED = 32, 200
+
+
+@pytest.fixture()
+def sentinel_set(tmp_path: Path) -> Iterator[SentinelSet]:
+    made = SentinelSet(tmp_path / "ha")
+    yield made
+    made.stop()
+
+
+def probe(t: Tiers, counts: Counts, since: float, served: list[float], bound_s: float = 60) -> None:
+    """New requests, one after another, from `since` until one completes: `served` gets the seconds that took."""
+    while time.monotonic() - since < bound_s:
+        before = counts.completed
+        unary(t.base_url, HELLO, counts, timeout=30)
+        if counts.completed > before:
+            served.append(time.monotonic() - since)
+            return
+        time.sleep(0.1)
+
+
+def test_a_killed_sentinel_primary_fails_over_with_nothing_hung_or_lost(
+        tiers: Callable[..., Tiers], sentinel_set: SentinelSet) -> None:
+    t = tiers(tiny(max_num_seqs=STREAMS), url=sentinel_set.url, **BATCH_ENV)
+    api = t.api()
+    worker = t.worker(TINY)
+    t.wait_served(TINY)
+    batcher = batch_worker(t, "bw")
+    sdk = client_for(t)
+    batch = start(sdk, [line(i) for i in range(20)])  # behind the interactive load: it runs across the failover
+    keys = Keys(t.prefix)
+    primary = redis.Redis(port=sentinel_set.primary.port)
+    long = {"model": TINY, "messages": [{"role": "user", "content": "go"}], "max_tokens": 1900, "ignore_eos": True}
+    streams, unaries = Counts(), Counts()
+    started = [threading.Event() for _ in range(STREAMS)]
+    running = in_threads(STREAMS, lambda i: stream(t.base_url, long, streams, started[i]))
+    for event in started:
+        assert event.wait(60)
+    queued = in_threads(QUEUED, lambda i: unary(t.base_url, HELLO, unaries))
+    deadline = time.monotonic() + 60
+    while primary.xlen(keys.jobs(TINY, "CPU")) < STREAMS + QUEUED:
+        assert time.monotonic() < deadline, "the unary requests were not all queued"
+        time.sleep(0.05)
+    waiting = [entry for _, entry in primary.xrange(keys.jobs(TINY, "CPU"))]
+    sentinel_set.primary.kill()
+    again, served = Counts(), []
+    prober = threading.Thread(target=probe, args=(t, again, time.monotonic(), served))
+    prober.start()
+    join([*running, *queued, prober])
+    assert served, f"no new request completed within 60s of the kill: {again}"
+    print(f"sentinel failover: streams {streams}; unary {unaries}; new requests {again}; a new request "
+          f"succeeded {served[0]:.1f}s after the kill; new primary on port {sentinel_set.master_port()}")
+    assert sentinel_set.master_port() == sentinel_set.replica.port
+    new_primary = sync_client(sentinel_set.url)
+    lost = [entry for entry in waiting
+            if not new_primary.exists(keys.job(orjson.loads(entry[ENTRY_JOB.encode()])["id"]))]
+    print(f"acknowledged before the kill: {len(waiting)}, lost: {len(lost)}")
+    assert not lost
+    for counts in (streams, unaries):
+        assert counts.hung == counts.internal == 0, counts
+        assert counts.completed + counts.failed == (STREAMS if counts is streams else QUEUED), counts
+    for counts in (unaries, again):
+        assert all(error.startswith("503 ") for error in counts.errors), counts.errors[:5]
+    ended = wait(sdk, batch.id)
+    outputs, errors = results(sdk, ended)
+    print(f"batch across the failover: {ended.status}, {ended.request_counts}")
+    assert ended.status == "completed"
+    answered_once(outputs, errors, [f"req-{i}" for i in range(20)])
+    assert worker.poll() is None and api.poll() is None and batcher.poll() is None
+    assert "Traceback" not in t.log(worker) + t.log(api) + t.log(batcher)
