@@ -9,7 +9,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-from urllib.parse import parse_qs, unquote, urlparse
+from urllib.parse import parse_qs, unquote, urlencode, urlparse
 
 import redis
 import redis.asyncio as aioredis
@@ -68,6 +68,9 @@ def redis_url(settings: Settings) -> str:
     if scheme in SENTINEL_SCHEMES:
         SentinelURL.parse(url)
         return url
+    if scheme in ("redis+cluster", "rediss+cluster"):
+        raise RedisURLError("REDIS_URL: Redis Cluster is not supported yet (README \"Scaling Redis\"); use one Redis, "
+                            "or redis+sentinel:// for failover")
     if scheme not in ("redis", "rediss", "unix"):
         raise RedisURLError(f"REDIS_URL must start with redis://, rediss://, unix:// or redis+sentinel://, "
                             f"not {url!r}")
@@ -91,6 +94,7 @@ class SentinelURL:
     password: str | None = None
     ssl: bool = False
     sentinel_auth: dict[str, str] = field(default_factory=dict)
+    options: dict[str, Any] = field(default_factory=dict)  # TLS files, timeouts: for the sentinels and the nodes
 
     @classmethod
     def parse(cls, url: str) -> SentinelURL:
@@ -107,17 +111,23 @@ class SentinelURL:
         if not sentinels or not path or len(path) > 2:
             raise RedisURLError(f"REDIS_URL {url!r} is malformed: want redis+sentinel://host:port,.../service[/db]")
         query = {k: v[-1] for k, v in parse_qs(parsed.query).items()}
-        auth = {k.removeprefix("sentinel_"): query[k] for k in ("sentinel_username", "sentinel_password")
+        auth = {k.removeprefix("sentinel_"): query.pop(k) for k in ("sentinel_username", "sentinel_password")
                 if k in query}
-        return cls(sentinels, unquote(path[0]), db, unquote(username) or None, unquote(password) or None,
-                   parsed.scheme.startswith("rediss"), auth)
+        ssl = parsed.scheme.startswith("rediss")
+        try:  # the rest as in a redis:// URL (ssl_ca_certs=..., socket_timeout=...), read by redis-py's own rules
+            options = redis.connection.parse_url(f"{'rediss' if ssl else 'redis'}://localhost/0?{urlencode(query)}")
+        except ValueError as exc:
+            raise RedisURLError(f"REDIS_URL {url!r} is malformed: {exc}") from None
+        options = {k: v for k, v in options.items() if k not in ("host", "port", "db", "connection_class")}
+        return cls(sentinels, unquote(path[0]), db, unquote(username) or None, unquote(password) or None, ssl, auth,
+                   options)
 
     def node_kwargs(self) -> dict[str, Any]:
-        return {"db": self.db, "username": self.username, "password": self.password,
+        return {"db": self.db, "username": self.username, "password": self.password, **self.options,
                 **({"ssl": True} if self.ssl else {})}
 
     def sentinel_kwargs(self, timeout_s: float) -> dict[str, Any]:
-        return {"socket_connect_timeout": timeout_s, "socket_timeout": timeout_s, **self.sentinel_auth,
+        return {"socket_connect_timeout": timeout_s, "socket_timeout": timeout_s, **self.options, **self.sentinel_auth,
                 **({"ssl": True} if self.ssl else {}), **NO_CLIENT_INFO}
 
 
@@ -259,3 +269,17 @@ class Backoff:
         if self.failures:
             logger.warning("%s: Redis is back after %d retries", what, self.failures)
         self.reset()
+
+
+async def node_of(client: aioredis.Redis, key: str) -> str:
+    """The Redis node `key` lives on, HOST:PORT (or a socket path), for operators: the one Redis, or the primary
+    the sentinels name now."""
+    pool = client.connection_pool
+    if isinstance(pool, aiosentinel.SentinelConnectionPool):
+        try:
+            host, port = pool.master_address or await pool.get_master_address()
+        except UNAVAILABLE:
+            return "(no primary)"
+        return f"{host}:{port}"
+    kwargs = pool.connection_kwargs
+    return str(kwargs.get("path") or f"{kwargs.get('host', 'localhost')}:{kwargs.get('port', 6379)}")

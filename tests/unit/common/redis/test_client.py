@@ -68,12 +68,14 @@ async def test_backoff_waits_quietly_or_says_so_once_per_attempt(caplog: pytest.
 
 
 def test_a_sentinel_url_names_its_sentinels_service_db_and_credentials() -> None:
-    url = "rediss+sentinel://app:s%40cret@h1:26379,h2,[::1]:26380/mymaster/2?sentinel_password=sp"
+    url = "rediss+sentinel://app:s%40cret@h1:26379,h2,[::1]:26380/mymaster/2?sentinel_password=sp&ssl_ca_certs=/ca.pem"
     target = SentinelURL.parse(url)
     assert target.sentinels == [("h1", 26379), ("h2", 26379), ("::1", 26380)]
     assert (target.service, target.db, target.username, target.password, target.ssl) == ("mymaster", 2, "app",
                                                                                          "s@cret", True)
     assert target.sentinel_auth == {"password": "sp"}
+    assert target.node_kwargs()["ssl_ca_certs"] == target.sentinel_kwargs(1.0)["ssl_ca_certs"] == "/ca.pem"
+    assert (target.sentinel_kwargs(1.0)["password"], target.node_kwargs()["password"]) == ("sp", "s@cret")
     assert is_sentinel(url) and "s@cret" not in describe(url) and "mymaster" in describe(url)
 
 
@@ -88,3 +90,8 @@ def test_enqueues_wait_for_a_replica_by_default_with_sentinel_only() -> None:
     assert replicas_wanted(Settings(REDIS_URL="redis+sentinel://h:26379/m")) == 1
     assert replicas_wanted(Settings(REDIS_URL="redis://h:6379/0")) == 0
     assert replicas_wanted(Settings(REDIS_URL="redis://h:6379/0", redis_wait_replicas=2)) == 2
+
+
+def test_a_cluster_url_is_refused_saying_what_to_use_instead() -> None:
+    with pytest.raises(RedisURLError, match="redis\\+sentinel://"):
+        redis_url(Settings(REDIS_URL="redis+cluster://h1:7000,h2:7001"))

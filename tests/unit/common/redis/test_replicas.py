@@ -24,7 +24,7 @@ async def lane(redis_url: str) -> AsyncIterator[Lane]:
 async def test_a_primary_without_replicas_is_waited_for_once_then_not_at_all(lane: Lane) -> None:
     wait = ReplicaWait(wanted=1, timeout_ms=50)
     assert await wait.run(lane, SET, ["replicas:a"], ["1"]) == 7
-    assert wait.short == 1 and wait.connected == 0  # WAIT ran out; ROLE said: no replica
+    assert wait.short == 1 and wait.connected == 0  # WAIT ran out; INFO said: no replica
     assert await wait.run(lane, SET, ["replicas:a"], ["2"]) == 7
     assert wait.short == 1  # no WAIT asked for a replica that is not there
 
@@ -32,6 +32,6 @@ async def test_a_primary_without_replicas_is_waited_for_once_then_not_at_all(lan
 async def test_a_script_redis_forgot_is_loaded_and_still_waited_for(lane: Lane) -> None:
     script = Script(f"return '{id(lane)}'")  # one this Redis has never seen
     wait = ReplicaWait(wanted=1, timeout_ms=20)
-    wait._role_at = 1e18  # noqa: SLF001 - ROLE not asked: the replica is assumed there
+    wait._info_at = 1e18  # noqa: SLF001 - INFO not asked: the replica is assumed there
     assert await wait.run(lane, script, [], []) == str(id(lane)).encode()
     assert wait.short == 1
