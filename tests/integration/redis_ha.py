@@ -36,14 +36,14 @@ class Node:
         self.args = [str(binary), *args]
         self.process: subprocess.Popen[bytes] | None = None
 
-    def start(self) -> Node:
+    def start(self, auth: dict[str, str] | None = None) -> Node:
         self.process = subprocess.Popen(self.args, cwd=self.work, stdout=self.log.open("ab"), stderr=subprocess.STDOUT)
         deadline = time.monotonic() + 10
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
                 raise RuntimeError(self.log.read_text()[-2000:])
             try:
-                redis.Redis(port=self.port, socket_connect_timeout=0.5).ping()
+                redis.Redis(port=self.port, socket_connect_timeout=0.5, **(auth or {})).ping()
                 return self
             except redis.ConnectionError:
                 time.sleep(0.05)
@@ -73,9 +73,15 @@ def data_node(work: Path, *args: str) -> Node:
 class SentinelSet:
     """A primary, one replica and three sentinels that fail over one second after the primary stops answering."""
 
-    def __init__(self, work: Path) -> None:
-        self.primary = data_node(work / "primary").start()
-        self.replica = data_node(work / "replica", "--replicaof", "127.0.0.1", str(self.primary.port)).start()
+    def __init__(self, work: Path, acl: Path | None = None) -> None:
+        """With `acl`: the data nodes take that ACL file, link up as `ovq-replica` and are watched as
+        `ovq-sentinel` (deploy/redis/users.acl's users), and the set's own checks log in as `admin`."""
+        secured = ("--aclfile", str(acl), "--masteruser", "ovq-replica", "--masterauth", "change-me-replica") \
+            if acl else ()
+        self.auth = {"username": "admin", "password": "admin-pw"} if acl else {}
+        self.primary = data_node(work / "primary", *secured).start(self.auth)
+        self.replica = data_node(work / "replica", *secured, "--replicaof", "127.0.0.1",
+                                 str(self.primary.port)).start(self.auth)
         self.sentinels: list[Node] = []
         for i in range(3):
             port = free_port()
@@ -85,13 +91,19 @@ class SentinelSet:
                             f"sentinel monitor {SERVICE} 127.0.0.1 {self.primary.port} 2\n"
                             f"sentinel down-after-milliseconds {SERVICE} {DOWN_AFTER_MS}\n"
                             f"sentinel failover-timeout {SERVICE} {FAILOVER_TIMEOUT_MS}\n"
-                            f"sentinel parallel-syncs {SERVICE} 1\n")
+                            f"sentinel parallel-syncs {SERVICE} 1\n"
+                            + (f"sentinel auth-user {SERVICE} ovq-sentinel\n"
+                               f"sentinel auth-pass {SERVICE} change-me-sentinel\n" if acl else ""))
             self.sentinels.append(Node(conf.parent, DEBIAN_SENTINEL, str(conf), port=port).start())
         self._wait_replicated()
 
     @property
     def url(self) -> str:
-        return f"redis+sentinel://{','.join(f'127.0.0.1:{s.port}' for s in self.sentinels)}/{SERVICE}/0"
+        return self.url_for()
+
+    def url_for(self, user: str = "", password: str = "") -> str:
+        login = f"{user}:{password}@" if password else ""
+        return f"redis+sentinel://{login}{','.join(f'127.0.0.1:{s.port}' for s in self.sentinels)}/{SERVICE}/0"
 
     def master_port(self) -> int | None:
         for node in self.sentinels:
@@ -104,7 +116,7 @@ class SentinelSet:
 
     def _wait_replicated(self) -> None:
         deadline = time.monotonic() + 20
-        replica = redis.Redis(port=self.replica.port)
+        replica = redis.Redis(port=self.replica.port, **self.auth)
         while time.monotonic() < deadline:
             info = replica.info("replication")
             known = [redis.Redis(port=s.port).sentinel_master(SERVICE) for s in self.sentinels]

@@ -23,6 +23,7 @@ from tests.conftest import ROOT, Tiers
 from tests.integration.redis_ha import SentinelSet, missing_for_sentinel
 from tests.integration.test_batch import BATCH_ENV, answered_once, batch_worker, client_for, line, results, start, wait
 from tests.integration.test_faults import BOUND_S, HELLO, TINY, Counts, in_threads, join, stream, tiny, unary
+from tests.integration.test_redis_security import denied, serve_and_chat
 
 pytestmark = pytest.mark.skipif(missing_for_sentinel() is not None, reason=str(missing_for_sentinel()))
 STREAMS, QUEUED = 32, 200
@@ -137,3 +138,23 @@ def test_a_killed_sentinel_primary_fails_over_with_nothing_hung_or_lost(
     assert queue["node"] == f"127.0.0.1:{sentinel_set.replica.port}", "ovq status names the new primary"
     assert worker.poll() is None and api.poll() is None and batcher.poll() is None
     assert "Traceback" not in t.log(worker) + t.log(api) + t.log(batcher)
+
+
+def test_the_tiers_run_on_sentinel_with_the_documented_acl_users(tiers: Callable[..., Tiers], tmp_path: Path) -> None:
+    """deploy/redis/users.acl on every data node: the replica links up as `ovq-replica`, the sentinels watch as
+    `ovq-sentinel`, and the tiers, through the sentinels, as `ovq-api` (its enqueues WAIT for the replica) and
+    `ovq-worker`: nothing refused."""
+    acl = (ROOT / "deploy" / "redis" / "users.acl").read_text()
+    acl = acl.replace("~ovq:*", "~ovqacl:*").replace("&ovq:*", "&ovqacl:*") + "user admin on >admin-pw ~* &* +@all\n"
+    acl = acl.replace(" +client|setinfo", "")  # Debian's Redis 7.0 has no CLIENT SETINFO (6.2 lets it pass, 7.2 has it)
+    (tmp_path / "users.acl").write_text(acl)
+    made = SentinelSet(tmp_path / "ha", acl=tmp_path / "users.acl")
+    try:
+        t = tiers(tiny(), url=made.url_for("admin", "admin-pw"), OVQ_KEY_PREFIX="ovqacl")
+        t.prefix = "ovqacl"
+        serve_and_chat(t, made.url_for("ovq-api", "change-me-api"), made.url_for("ovq-worker", "change-me-worker"))
+        admin = sync_client(made.url_for("admin", "admin-pw"))
+        assert denied(admin) == [], denied(admin)
+        assert admin.info("replication")["connected_slaves"] == 1
+    finally:
+        made.stop()
