@@ -199,8 +199,8 @@ def connect(settings: Settings, max_connections: int | None = None) -> aioredis.
         target = SentinelURL.parse(url)
         sentinel = aiosentinel.Sentinel(target.sentinels, sentinel_kwargs=target.sentinel_kwargs(
             settings.redis_timeout_s))
-        pool: aioredis.ConnectionPool = BlockingSentinelPool(target.service, sentinel, **target.node_kwargs(),
-                                                             **options)
+        pool: aioredis.ConnectionPool = BlockingSentinelPool(target.service, sentinel,
+                                                             **{**target.node_kwargs(), **options})
     else:
         pool = aioredis.BlockingConnectionPool.from_url(url, **options)
     return aioredis.Redis(connection_pool=pool, retry=Retry(ExponentialBackoff(cap=0.5, base=0.05), 1),
@@ -214,7 +214,7 @@ def sync_client(url: str, **options: Any) -> redis.Redis:
         target = SentinelURL.parse(url)
         timeout = options.get("socket_connect_timeout") or 5.0
         sentinel = redis.sentinel.Sentinel(target.sentinels, sentinel_kwargs=target.sentinel_kwargs(timeout))
-        return sentinel.master_for(target.service, **target.node_kwargs(), **options)
+        return sentinel.master_for(target.service, **{**target.node_kwargs(), **options})
     return redis.Redis.from_url(url, **options)
 
 
@@ -273,7 +273,7 @@ class Backoff:
 
 async def node_of(client: aioredis.Redis, key: str) -> str:
     """The Redis node `key` lives on, HOST:PORT (or a socket path), for operators: the one Redis, or the primary
-    the sentinels name now."""
+    the sentinels named when this client last connected (one node holds every key: no Cluster yet)."""
     pool = client.connection_pool
     if isinstance(pool, aiosentinel.SentinelConnectionPool):
         try:
