@@ -13,10 +13,9 @@ import socket
 import time
 
 import httpx
-import redis
 
 from common.keys import Keys
-from common.redis.client import NO_CLIENT_INFO, UNAVAILABLE
+from common.redis.client import UNAVAILABLE, sync_client
 from common.settings import Settings
 
 START_SLACK_S = 60.0
@@ -52,8 +51,7 @@ class Announcements:
     """Reads what the workers write to Redis about themselves."""
 
     def __init__(self, url: str, settings: Settings) -> None:
-        self.client = redis.Redis.from_url(url, socket_connect_timeout=PROBE_TIMEOUT_S,
-                                           socket_timeout=PROBE_TIMEOUT_S, **NO_CLIENT_INFO)
+        self.client = sync_client(url, socket_connect_timeout=PROBE_TIMEOUT_S, socket_timeout=PROBE_TIMEOUT_S)
         self.keys = Keys(settings.key_prefix)
         self.worker_ttl_s = settings.worker_ttl_s
         self.host = socket.gethostname()

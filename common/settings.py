@@ -32,6 +32,10 @@ class Settings(BaseSettings):
     redis_max_connections: int = 256
     redis_pool_timeout_s: float = 5.0
     redis_timeout_s: float = 5.0
+    # An enqueue is acknowledged once this many replicas have it (WAIT, up to redis_wait_timeout_ms; only as many as
+    # the primary has connected). Unset: 1 with a redis+sentinel:// REDIS_URL, else 0 (no WAIT).
+    redis_wait_replicas: int | None = None
+    redis_wait_timeout_ms: int = 500
     key_prefix: str = "ovq"
     config: Path | None = None
     # An OVMS repository's config.json (or its directory), served as is; excludes `config`.

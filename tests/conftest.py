@@ -17,6 +17,7 @@ import redis
 
 from common.keys import Keys
 from common.models.sources import default_model
+from common.redis.client import sync_client
 from common.redis.server import EmbeddedRedis
 from common.settings import Settings
 
@@ -237,7 +238,7 @@ class Tiers:
     def wait_served(self, *models: str, workers: int = 1, timeout: float = 120) -> None:
         """Until the API is up and each model has `workers` live workers."""
         keys = Keys(self.prefix)
-        r = redis.Redis.from_url(self.redis_url)
+        r = sync_client(self.redis_url)  # any REDIS_URL, a redis+sentinel:// one too
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             for proc in self.procs:

@@ -15,8 +15,9 @@ from common.errors import OvqError, not_found, unavailable
 from common.jobs import ENTRY_JOB, Job, JobHash, JobStatus
 from common.keys import Keys
 from common.modelcard import ModelCard
-from common.redis.client import UNAVAILABLE
+from common.redis.client import UNAVAILABLE, replicas_wanted
 from common.redis.lane import Lane, Script
+from common.redis.replicas import ReplicaWait
 from common.settings import Settings
 
 CARD_CACHE_S = 1.0
@@ -103,6 +104,8 @@ class Registry:
         # Every request's enqueue, on a connection of its own: those made in one event-loop turn go out in one
         # write (a burst of requests costs Redis and this process a few writes).
         self._lane = Lane(redis)
+        wanted = replicas_wanted(settings)
+        self._replicas = ReplicaWait(wanted, settings.redis_wait_timeout_ms) if wanted else None
 
     async def cards(self, model: str) -> dict[str, ModelCard]:
         """Device -> card, as the model's workers last announced it (cached for a second; concurrent misses
@@ -207,7 +210,9 @@ class Registry:
         since = time.time() - self.settings.worker_ttl_s
         args = [since, self.settings.max_queue_depth, self.settings.job_ttl_s, job.created, job.reply_to,
                 servable.model, job.priority, *(part for pair in jobs for part in pair)]
-        reply = await self._enqueue(self._lane, keys=[self.keys.job(job.id), *keys], args=args)
+        touched = [self.keys.job(job.id), *keys]
+        reply = await (self._enqueue(self._lane, touched, args) if self._replicas is None
+                       else self._replicas.run(self._lane, self._enqueue, touched, args))
         if reply[0] < 0:
             raise OvqError(f"The model `{servable.model}` is overloaded; retry later", 429, "rate_limit_error",
                            code="queue_full")

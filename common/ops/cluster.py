@@ -16,6 +16,7 @@ from common.jobs import ENTRY_REASON, ENTRY_WORKER, Job
 from common.keys import GROUP, Keys
 from common.ops.stats import Summary
 from common.ops.stats import read as read_stats
+from common.redis.client import node_of
 from common.settings import Settings
 
 
@@ -31,6 +32,7 @@ class StreamState(BaseModel):
     batch_waiting: int = 0
     batch_in_flight: int = 0
     stats: Summary | None = None
+    node: str = ""  # the Redis node the stream lives on (HOST:PORT): the primary, or its cluster shard's master
 
 
 class WorkerState(BaseModel):
@@ -139,7 +141,8 @@ async def streams(redis: aioredis.Redis, keys: Keys, settings: Settings,
                                   waiting=max(length - in_flight, 0), in_flight=in_flight,
                                   workers=int(live), consumers=consumers,
                                   batch_waiting=max(_length(batch_length) - batch_in_flight, 0),
-                                  batch_in_flight=batch_in_flight))
+                                  batch_in_flight=batch_in_flight,
+                                  node=await node_of(redis, keys.jobs(model, device))))
     return states
 
 

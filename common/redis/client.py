@@ -6,11 +6,15 @@ import inspect
 import logging
 import re
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
-from urllib.parse import urlparse
+from typing import Any
+from urllib.parse import parse_qs, unquote, urlencode, urlparse
 
 import redis
 import redis.asyncio as aioredis
+import redis.asyncio.sentinel as aiosentinel
+import redis.sentinel
 from redis.backoff import ExponentialBackoff
 from redis.exceptions import ResponseError
 from redis.retry import Retry
@@ -54,12 +58,22 @@ def embedded_socket(settings: Settings) -> Path:
     return settings.cache_dir / "redis" / "redis.sock"
 
 
+SENTINEL_SCHEMES = ("redis+sentinel", "rediss+sentinel")
+
+
 def redis_url(settings: Settings) -> str:
     """REDIS_URL, else the embedded Redis's socket; a malformed URL is a RedisURLError with a one-line reason."""
     url = settings.redis_url or f"unix://{embedded_socket(settings)}?db=0"
     scheme = urlparse(url).scheme
+    if scheme in SENTINEL_SCHEMES:
+        SentinelURL.parse(url)
+        return url
+    if scheme in ("redis+cluster", "rediss+cluster"):
+        raise RedisURLError("REDIS_URL: Redis Cluster is not supported yet (README \"Scaling Redis\"); use one Redis, "
+                            "or redis+sentinel:// for failover")
     if scheme not in ("redis", "rediss", "unix"):
-        raise RedisURLError(f"REDIS_URL must start with redis://, rediss:// or unix://, not {url!r}")
+        raise RedisURLError(f"REDIS_URL must start with redis://, rediss://, unix:// or redis+sentinel://, "
+                            f"not {url!r}")
     try:
         redis.connection.parse_url(url)
     except ValueError as exc:
@@ -67,11 +81,75 @@ def redis_url(settings: Settings) -> str:
     return url
 
 
+@dataclass(frozen=True)
+class SentinelURL:
+    """`redis+sentinel://[[user]:password@]host:port[,host:port...]/service[/db][?sentinel_password=...]`
+    (`rediss+sentinel://` for TLS to the sentinels and the data nodes). The credentials are the data nodes' (as
+    in a redis:// URL); sentinels that want their own give `sentinel_username` / `sentinel_password`."""
+
+    sentinels: list[tuple[str, int]]
+    service: str
+    db: int = 0
+    username: str | None = None
+    password: str | None = None
+    ssl: bool = False
+    sentinel_auth: dict[str, str] = field(default_factory=dict)
+    options: dict[str, Any] = field(default_factory=dict)  # TLS files, timeouts: for the sentinels and the nodes
+
+    @classmethod
+    def parse(cls, url: str) -> SentinelURL:
+        parsed = urlparse(url)
+        userinfo, _, hosts = parsed.netloc.rpartition("@")
+        username, _, password = userinfo.partition(":")
+        try:
+            sentinels = [(host.rpartition(":")[0].strip("[]") or "localhost", int(host.rpartition(":")[2] or 26379))
+                         if ":" in host else (host, 26379) for host in hosts.split(",") if host]
+            path = [part for part in parsed.path.split("/") if part]
+            db = int(path[1]) if len(path) > 1 else 0
+        except ValueError:
+            raise RedisURLError(f"REDIS_URL {url!r} is malformed: want host:port,.../service[/db]") from None
+        if not sentinels or not path or len(path) > 2:
+            raise RedisURLError(f"REDIS_URL {url!r} is malformed: want redis+sentinel://host:port,.../service[/db]")
+        query = {k: v[-1] for k, v in parse_qs(parsed.query).items()}
+        auth = {k.removeprefix("sentinel_"): query.pop(k) for k in ("sentinel_username", "sentinel_password")
+                if k in query}
+        ssl = parsed.scheme.startswith("rediss")
+        try:  # the rest as in a redis:// URL (ssl_ca_certs=..., socket_timeout=...), read by redis-py's own rules
+            options = redis.connection.parse_url(f"{'rediss' if ssl else 'redis'}://localhost/0?{urlencode(query)}")
+        except ValueError as exc:
+            raise RedisURLError(f"REDIS_URL {url!r} is malformed: {exc}") from None
+        options = {k: v for k, v in options.items() if k not in ("host", "port", "db", "connection_class")}
+        return cls(sentinels, unquote(path[0]), db, unquote(username) or None, unquote(password) or None, ssl, auth,
+                   options)
+
+    def node_kwargs(self) -> dict[str, Any]:
+        return {"db": self.db, "username": self.username, "password": self.password, **self.options,
+                **({"ssl": True} if self.ssl else {})}
+
+    def sentinel_kwargs(self, timeout_s: float) -> dict[str, Any]:
+        return {"socket_connect_timeout": timeout_s, "socket_timeout": timeout_s, **self.options, **self.sentinel_auth,
+                **({"ssl": True} if self.ssl else {}), **NO_CLIENT_INFO}
+
+
+def is_sentinel(url: str) -> bool:
+    return urlparse(url).scheme in SENTINEL_SCHEMES
+
+
+def replicas_wanted(settings: Settings) -> int:
+    """How many replicas must have an enqueued job before the API acknowledges it (`common/redis/replicas.py`)."""
+    if settings.redis_wait_replicas is not None:
+        return max(settings.redis_wait_replicas, 0)
+    return 1 if is_sentinel(redis_url(settings)) else 0
+
+
 def describe(url: str) -> str:
-    """HOST:PORT (or the socket path) without credentials, for log lines."""
+    """HOST:PORT (or the socket path, or the sentinels and the service) without credentials, for log lines."""
     parsed = urlparse(url)
     if parsed.scheme == "unix":
         return parsed.path
+    if parsed.scheme in SENTINEL_SCHEMES:
+        target = SentinelURL.parse(url)
+        return f"{target.service} via sentinels {','.join(f'{h}:{p}' for h, p in target.sentinels)}"
     return f"{parsed.hostname or 'localhost'}:{parsed.port or 6379}"
 
 
@@ -103,21 +181,45 @@ def _no_client_info() -> dict[str, object]:
 NO_CLIENT_INFO = _no_client_info()
 
 
+class BlockingSentinelPool(aiosentinel.SentinelConnectionPool, aioredis.BlockingConnectionPool):
+    """The primary a Sentinel names, through a pool that blocks (bounded) as `connect`'s does. Each new connection
+    asks the sentinels where the primary is (redis-py's SentinelManagedConnection), so after a failover the next
+    connection reaches the new one; while none is known, connecting fails as with Redis down (MasterNotFoundError
+    is a ConnectionError); a connection to a primary demoted to replica is dropped on its first READONLY."""
+
+
 def connect(settings: Settings, max_connections: int | None = None) -> aioredis.Redis:
     """A client whose pool blocks (bounded) instead of failing when every connection is busy, and which
     retries a command once on a fresh connection (a stale pooled one after a Redis restart is not an error)."""
     url = redis_url(settings)
-    pool = aioredis.BlockingConnectionPool.from_url(
-        url, max_connections=max_connections or settings.redis_max_connections,
-        timeout=settings.redis_pool_timeout_s, socket_connect_timeout=settings.redis_timeout_s,
-        health_check_interval=30, **NO_CLIENT_INFO,
-    )
+    options = {"max_connections": max_connections or settings.redis_max_connections,
+               "timeout": settings.redis_pool_timeout_s, "socket_connect_timeout": settings.redis_timeout_s,
+               "health_check_interval": 30, **NO_CLIENT_INFO}
+    if is_sentinel(url):
+        target = SentinelURL.parse(url)
+        sentinel = aiosentinel.Sentinel(target.sentinels, sentinel_kwargs=target.sentinel_kwargs(
+            settings.redis_timeout_s))
+        pool: aioredis.ConnectionPool = BlockingSentinelPool(target.service, sentinel,
+                                                             **{**target.node_kwargs(), **options})
+    else:
+        pool = aioredis.BlockingConnectionPool.from_url(url, **options)
     return aioredis.Redis(connection_pool=pool, retry=Retry(ExponentialBackoff(cap=0.5, base=0.05), 1),
                           retry_on_error=[redis.ConnectionError, redis.TimeoutError])
 
 
+def sync_client(url: str, **options: Any) -> redis.Redis:
+    """A blocking client for `url` (any scheme `redis_url` accepts), with `options` for its connections."""
+    options = {**NO_CLIENT_INFO, **options}
+    if is_sentinel(url):
+        target = SentinelURL.parse(url)
+        timeout = options.get("socket_connect_timeout") or 5.0
+        sentinel = redis.sentinel.Sentinel(target.sentinels, sentinel_kwargs=target.sentinel_kwargs(timeout))
+        return sentinel.master_for(target.service, **{**target.node_kwargs(), **options})
+    return redis.Redis.from_url(url, **options)
+
+
 def connect_sync(settings: Settings) -> redis.Redis:
-    return redis.Redis.from_url(redis_url(settings), socket_connect_timeout=settings.redis_timeout_s, **NO_CLIENT_INFO)
+    return sync_client(redis_url(settings), socket_connect_timeout=settings.redis_timeout_s)
 
 
 async def wait_until_up(client: aioredis.Redis, url: str, max_wait_s: float, who: str) -> None:
@@ -167,3 +269,17 @@ class Backoff:
         if self.failures:
             logger.warning("%s: Redis is back after %d retries", what, self.failures)
         self.reset()
+
+
+async def node_of(client: aioredis.Redis, key: str) -> str:
+    """The Redis node `key` lives on, HOST:PORT (or a socket path), for operators: the one Redis, or the primary
+    the sentinels named when this client last connected (one node holds every key: no Cluster yet)."""
+    pool = client.connection_pool
+    if isinstance(pool, aiosentinel.SentinelConnectionPool):
+        try:
+            host, port = pool.master_address or await pool.get_master_address()
+        except UNAVAILABLE:
+            return "(no primary)"
+        return f"{host}:{port}"
+    kwargs = pool.connection_kwargs
+    return str(kwargs.get("path") or f"{kwargs.get('host', 'localhost')}:{kwargs.get('port', 6379)}")

@@ -33,7 +33,7 @@ import redis
 import redis.asyncio as aioredis
 from hiredis import pack_command
 from redis._parsers.base import BaseParser
-from redis.exceptions import NoScriptError, ResponseError
+from redis.exceptions import NoScriptError, ReadOnlyError, ResponseError
 
 Command = Sequence[Any]
 RETRIED = (redis.ConnectionError, redis.TimeoutError, ConnectionError, OSError)
@@ -111,8 +111,12 @@ class Replies(asyncio.Protocol):
                     reply = gets()
                     if reply is False:
                         return
-                    replies.append(BaseParser.parse_error(str(reply)) if isinstance(reply, hiredis.ReplyError)
-                                   else reply)
+                    if isinstance(reply, hiredis.ReplyError):
+                        reply = BaseParser.parse_error(str(reply))
+                        if isinstance(reply, ReadOnlyError):  # a primary demoted by a failover: find the new one
+                            self.abort(redis.ConnectionError("the primary became a replica"))
+                            return
+                    replies.append(reply)
                 calls.popleft()
                 if not call.future.done():  # its caller may have given up
                     call.future.set_result(replies)

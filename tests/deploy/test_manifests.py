@@ -186,6 +186,23 @@ def test_compose_redis_is_append_only_on_a_volume() -> None:
     assert target == "/data" and volume in compose["volumes"]
 
 
+def test_compose_sentinel_profile_adds_a_replica_and_three_sentinels_the_tiers_can_be_pointed_at() -> None:
+    """Off by default (no profile: one Redis); `--profile sentinel` adds a replica of `redis` and three sentinels
+    monitoring it, and every tier takes REDIS_URL from the environment, one Redis by default."""
+    services = _compose()["services"]
+    profiled = {name for name, service in services.items() if service.get("profiles")}
+    assert profiled == {"redis-replica", "sentinel-1", "sentinel-2", "sentinel-3"}
+    assert all(services[name]["profiles"] == ["sentinel"] for name in profiled)
+    replica = services["redis-replica"]["command"]
+    assert replica[replica.index("--replicaof") + 1:replica.index("--replicaof") + 3] == ["redis", "6379"]
+    for name in ("sentinel-1", "sentinel-2", "sentinel-3"):
+        script = services[name]["command"][-1]
+        assert "sentinel monitor ovq redis 6379 2" in script and "exec redis-sentinel" in script
+    for name in ("api", "worker", "batch"):
+        assert services[name]["environment"]["REDIS_URL"] == "${REDIS_URL:-redis://redis:6379/0}", name
+    assert "sync_client(os.environ['REDIS_URL'])" in services["batch"]["healthcheck"]["test"][-1]
+
+
 def test_compose_worker_drains_within_its_stop_grace_and_shares_prepared_models() -> None:
     compose = _compose()
     for name in ("api", "worker"):

@@ -21,6 +21,7 @@ from openai import OpenAI
 
 from common.jobs import Job, SamplingParams
 from common.keys import GROUP, Keys
+from common.redis.client import describe
 from tests.conftest import MODEL, Tiers
 
 CHROMIUM = "/usr/bin/chromium"
@@ -160,6 +161,7 @@ def test_the_ops_page_shows_what_redis_holds_and_steers_the_queue(
     page.goto(f"{origin}/ops")
     assert page.title() == "ovq · operations"
     assert page.locator(f'tr[data-stream="{MODEL}:CPU"]').count() == 1
+    assert page.locator(f'tr[data-stream="{MODEL}:CPU"] [data-k="node"]').inner_text() == describe(t.redis_url)
     assert page.locator('[data-k="dead-total"]').inner_text() == "2"
 
     # A job the worker refuses (its prompt is longer than the model's context): a failure with its error.

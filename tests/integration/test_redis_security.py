@@ -16,6 +16,7 @@ import redis
 from openai import OpenAI
 
 from common.keys import GROUP, Keys
+from common.redis.client import sync_client
 from common.redis.server import redis_binary
 from tests.conftest import MODELS, ROOT, Tiers, free_port
 
@@ -74,7 +75,7 @@ def serve_and_chat(t: Tiers, api_url: str, worker_url: str) -> None:
                                             extra_body={"ignore_eos": True})
     next(iter(stream))
     stream.close()
-    r = redis.Redis.from_url(t.redis_url)
+    r = sync_client(t.redis_url)
     stream_key = Keys(t.prefix).jobs(TINY, "CPU")
     deadline = time.monotonic() + 20
     while r.xpending(stream_key, GROUP)["pending"] and time.monotonic() < deadline:

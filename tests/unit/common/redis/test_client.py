@@ -8,7 +8,19 @@ import pytest
 import redis.asyncio as aioredis
 from redis.exceptions import ResponseError
 
-from common.redis.client import Backoff, is_busygroup, is_nogroup, redis_away
+from common.redis.client import (
+    Backoff,
+    RedisURLError,
+    SentinelURL,
+    describe,
+    is_busygroup,
+    is_nogroup,
+    is_sentinel,
+    redis_away,
+    redis_url,
+    replicas_wanted,
+)
+from common.settings import Settings
 
 
 async def test_a_lost_and_an_existing_group_are_told_apart(redis_url: str) -> None:
@@ -53,3 +65,33 @@ async def test_backoff_waits_quietly_or_says_so_once_per_attempt(caplog: pytest.
     assert [r.getMessage() for r in caplog.records] == [
         "reader: Redis unavailable (connection refused); retry 2 in 0.0s", "reader: Redis is back after 2 retries"]
     assert (backoff.delay, backoff.failures) == (0.001, 0)
+
+
+def test_a_sentinel_url_names_its_sentinels_service_db_and_credentials() -> None:
+    url = "rediss+sentinel://app:s%40cret@h1:26379,h2,[::1]:26380/mymaster/2?sentinel_password=sp&ssl_ca_certs=/ca.pem"
+    target = SentinelURL.parse(url)
+    assert target.sentinels == [("h1", 26379), ("h2", 26379), ("::1", 26380)]
+    assert (target.service, target.db, target.username, target.password, target.ssl) == ("mymaster", 2, "app",
+                                                                                         "s@cret", True)
+    assert target.sentinel_auth == {"password": "sp"}
+    assert target.node_kwargs()["ssl_ca_certs"] == target.sentinel_kwargs(1.0)["ssl_ca_certs"] == "/ca.pem"
+    assert (target.sentinel_kwargs(1.0)["password"], target.node_kwargs()["password"]) == ("sp", "s@cret")
+    assert is_sentinel(url) and "s@cret" not in describe(url) and "mymaster" in describe(url)
+
+
+@pytest.mark.parametrize("url", ["redis+sentinel://h1:26379", "redis+sentinel://h1:x/m", "redis+sentinel:///m",
+                                 "redis+sentinel://h1/m/0/extra"])
+def test_a_malformed_sentinel_url_is_refused_in_one_line(url: str) -> None:
+    with pytest.raises(RedisURLError):
+        redis_url(Settings(REDIS_URL=url))
+
+
+def test_enqueues_wait_for_a_replica_by_default_with_sentinel_only() -> None:
+    assert replicas_wanted(Settings(REDIS_URL="redis+sentinel://h:26379/m")) == 1
+    assert replicas_wanted(Settings(REDIS_URL="redis://h:6379/0")) == 0
+    assert replicas_wanted(Settings(REDIS_URL="redis://h:6379/0", redis_wait_replicas=2)) == 2
+
+
+def test_a_cluster_url_is_refused_saying_what_to_use_instead() -> None:
+    with pytest.raises(RedisURLError, match="redis\\+sentinel://"):
+        redis_url(Settings(REDIS_URL="redis+cluster://h1:7000,h2:7001"))
