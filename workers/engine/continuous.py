@@ -120,6 +120,8 @@ class Adapters:
         import openvino as ov
         import openvino_genai as g
 
+        while pipe.has_non_finished_requests():  # cancelled requests leave at a step; generate() needs none
+            pipe.step()
         config = g.GenerationConfig(max_new_tokens=1)
         config.adapters = (g.AdapterConfig(self._adapters[adapter], float(self.declared[adapter].get("alpha", 1.0)))
                            if adapter is not None else g.AdapterConfig())
@@ -298,7 +300,7 @@ class Engine:
 
     def cancel(self, job: str, out: Updates, index: int | None = None) -> None:
         """Cancel a job (answered `cancelled`), or silently one choice the I/O half has finished already."""
-        if self.adapters.waiting.pop(job, None) is not None:  # never added: nothing generated
+        if index is None and self.adapters.waiting.pop(job, None) is not None:  # never added: nothing generated
             out.append(protocol.cancelled(job, []))
             return
         request = self.requests.get(job)
@@ -349,16 +351,15 @@ class Engine:
 
     def _next_adapter(self, out: Updates) -> None:
         """Once the batch has drained, the jobs waiting for another adapter set go in, the longest waiting first."""
-        if self.requests or not self.adapters.waiting:
-            return
-        first = next(iter(self.adapters.waiting.values()))
-        adapter = first[3].get("adapter")
-        if adapter != self.adapters.active:
-            self.adapters.switch(self.pipe, adapter, self.eos)
-        for job, args in list(self.adapters.waiting.items()):
-            if args[3].get("adapter") == adapter:
-                del self.adapters.waiting[job]
-                self._add(*args[:6], out, args[6])
+        while not self.requests and self.adapters.waiting:  # a group refused whole: on to the next
+            first = next(iter(self.adapters.waiting.values()))
+            adapter = first[3].get("adapter")
+            if adapter != self.adapters.active:
+                self.adapters.switch(self.pipe, adapter, self.eos)
+            for job, args in list(self.adapters.waiting.items()):
+                if args[3].get("adapter") == adapter:
+                    del self.adapters.waiting[job]
+                    self._add(*args[:6], out, args[6])
 
     def release(self) -> None:
         """Let the scheduler free what cancelled requests hold (it does so at a step), so the pipeline is destroyed

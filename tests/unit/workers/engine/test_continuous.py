@@ -190,3 +190,21 @@ def test_lora_jobs_run_in_groups_and_match_genais_own_output() -> None:
     refused: list[list] = []
     engine.add("nope", "hi", True, {"max_tokens": 2, "adapter": "other"}, [], None, refused)
     assert refused[0][2] == "error" and refused[0][3]["status"] == 400
+
+
+def test_cancelling_the_batch_lets_the_waiting_adapter_group_in() -> None:
+    """A job waiting for another adapter is cancelled without having run; cancelling the running one lets the next
+    group in at once (the pipeline frees what the cancelled job held before it switches adapters)."""
+    models = Path(__file__).resolve().parents[3] / "models"
+    lora = str(models / "tiny-llama-lora" / "adapter_model.safetensors")
+    engine = Engine(EngineSpec(str(models / "tiny-llama"), "CPU", {"cache_size": 0}, {}, 2048,
+                               adapters={"tiny": {"path": lora, "alpha": 1.0}}))
+    out: list[list] = []
+    for job, adapter in (("base", None), ("gone", "tiny"), ("next", "tiny")):
+        engine.add(job, "hello", True, {"max_tokens": 50, "temperature": 0, "adapter": adapter}, [], None, out)
+    engine.step(out)
+    engine.cancel("gone", out)
+    assert ["gone", [], "cancelled", None] in [u[:4] for u in out]
+    engine.cancel("base", out)
+    assert set(engine.requests) == {"next"} and engine.adapters.active == "tiny"
+    engine.stop(out)
