@@ -8,7 +8,8 @@ Two one-way pipes, one frame of JSON per message (`workers.engine.pipe` frames i
       ["add", job, prompt, add_special_tokens, sampling params, images, resume, kind]
           images: base64 image files for vision-language models, in prompt order
           resume: null, or {"generated": {index: [ids]}, "done": [index, ...]}: the job ran on an engine that
-          failed; each unfinished choice goes on from its generated ids (prompt + ids, budget less them)
+          failed, or on a worker that died (its I/O half replays what that one recorded); each unfinished choice
+          goes on from its generated ids (prompt + ids, budget less them)
           kind: the job's ("chat" or "completion"), which names the field a refusal of the prompt points at;
           resume and kind may be left off (null, "chat").
       ["cancel", job] | ["cancel", job, index] (the I/O half ended choice `index` itself: drop it, no answer)

@@ -3,6 +3,9 @@ a connection of the publisher's own (`common.redis.lane`).
 
 Batches are sent strictly in order by one task, so a job's events reach the API in sequence; when Redis is
 slower than the engine, the batches waiting are merged into one round trip.
+
+A streaming text job's generated ids (`Outbox.record`) are appended to its `Keys.generated` in the same round trip,
+just before the events whose text they made, so another worker can continue the job if this one dies.
 """
 from __future__ import annotations
 
