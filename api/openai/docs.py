@@ -16,6 +16,7 @@ from pydantic import BaseModel
 from starlette.responses import HTMLResponse
 from starlette.staticfiles import StaticFiles
 
+from api.openai.encoder_protocol import EmbeddingRequest, RerankRequest
 from api.openai.protocol import ChatCompletionRequest, CompletionRequest, ImageEditRequest, ImageRequest
 from api.openai.responses.protocol import ResponsesRequest
 
@@ -25,6 +26,8 @@ JSON_BODIES: dict[str, type[BaseModel]] = {
     "/completions": CompletionRequest,
     "/responses": ResponsesRequest,
     "/images/generations": ImageRequest,
+    "/embeddings": EmbeddingRequest,
+    "/rerank": RerankRequest,
 }
 
 

@@ -159,19 +159,23 @@ class EncoderWorker(BaseWorker):
                 self._end(state, error=error, status=400)
 
     def _prepared(self, state: EncoderJob) -> str | None:
+        """Runs in a thread: the job's texts and token counts; the reason it cannot run, if so."""
         params = state.params
-        texts = [text if isinstance(text, str) else self.pipes.decode(text) for text in params.inputs]
         try:
+            texts = [text if isinstance(text, str) else self.pipes.decode(text) for text in params.inputs]
             if params.query is not None:  # a pair counts the query's tokens and the document's
                 query = self.pipes.lengths([params.query])[0]
-                state.lengths = [min(query + n, self.limits.max_length) for n in self.pipes.lengths(texts)]
+                lengths = [min(query + n, self.limits.max_length) for n in self.pipes.lengths(texts)]
             else:
-                state.lengths = self.pipes.check(self.pipes.lengths(texts))
+                lengths = self.pipes.check(self.pipes.lengths(texts))
         except TooLong as exc:
-            state.texts = texts
-            return str(exc)
-        state.texts = texts
-        return None
+            error: str | None = str(exc)
+        except Exception as exc:  # a token id the tokenizer cannot decode, say: this job's fault only
+            error = f"the input could not be tokenized: {error_message(exc)}"
+        else:
+            state.lengths, error = lengths, None
+        state.texts = [] if error else texts
+        return error
 
     async def _run(self, batch: list[EncoderJob]) -> None:
         live = [s for s in batch if not s.cancelled]

@@ -133,3 +133,15 @@ async def test_rerank_batches_by_query_and_scores_each_document() -> None:
     scores = {e["job"]: e["scores"] for e in sent(worker) if e["type"] == "done"}
     assert scores == {"j1": worker.pipes.rerank("cat", ["a cat", "the sky"]),
                       "j2": worker.pipes.rerank("dog", ["a dog"]), "j3": worker.pipes.rerank("cat", ["the sun"])}
+
+
+async def test_an_input_the_tokenizer_cannot_take_fails_only_its_job() -> None:
+    worker = worker_for("tiny-embed")
+    await asyncio.to_thread(worker.pipes.load)
+    worker._start(b"1-0", job(1, [[2**70]]), Outbox())
+    worker._start(b"2-0", job(2, ["the cat"]), Outbox())
+    await worker._prepare(list(worker.waiting))
+    await worker._run(take_batch(worker.waiting, worker.budget))
+    events = {e["job"]: e for e in sent(worker)}
+    assert events["j1"]["status"] == 400 and "could not be tokenized" in events["j1"]["error"]["message"]
+    assert events["j2"]["type"] == "done" and len(events["j2"]["embeddings"]) == 1
