@@ -41,6 +41,30 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def text_of(i: int) -> str:
+    return f"{i} " + " ".join(WORDS[j % len(WORDS)] for j in range(i % 7, i % 7 + 8))
+
+
+def direct(model_dir: Path, concurrency: int, rounds: int) -> tuple[float, float]:
+    """The pipeline alone, in this process: texts/s of `concurrency` texts one call each, and in one call (the
+    ceiling batching can reach, before any queue or HTTP cost)."""
+    import openvino_genai as g
+
+    pipe = g.TextEmbeddingPipeline(str(model_dir), "CPU")
+    texts = [text_of(i) for i in range(concurrency)]
+    pipe.embed_documents(texts)
+    single, batched = [], []
+    for _ in range(rounds):
+        started = time.perf_counter()
+        for text in texts:
+            pipe.embed_documents([text])
+        single.append(len(texts) / (time.perf_counter() - started))
+        started = time.perf_counter()
+        pipe.embed_documents(texts)
+        batched.append(len(texts) / (time.perf_counter() - started))
+    return statistics.median(batched), statistics.median(single)
+
+
 class Connection:
     """One kept-alive HTTP/1.1 connection posting JSON (httpx would cost the client more CPU than the server)."""
 
@@ -77,9 +101,7 @@ async def round_of(port: int, model: str, requests: int, concurrency: int) -> fl
 
     async def client(connection: Connection) -> None:
         while left:
-            i = left.pop()
-            text = " ".join(WORDS[j % len(WORDS)] for j in range(i % 7, i % 7 + 8))
-            answer = await connection.post("/v3/embeddings", {"model": model, "input": f"{i} {text}"})
+            answer = await connection.post("/v3/embeddings", {"model": model, "input": text_of(left.pop())})
             assert len(answer["data"]) == 1
 
     started = time.perf_counter()
@@ -150,10 +172,11 @@ def main() -> None:
         finally:
             stack.stop()
     batched, single = statistics.median(rates["batched"]), statistics.median(rates["single"])
-    print("| model | clients | requests/round | batched req/s | one call per request req/s | batched/single |\n"
-          + "|---" * 6 + "|\n"
+    alone_batched, alone_single = direct(args.model, args.concurrency, args.rounds * 3)
+    print("| model | clients | requests/round | batched req/s | one call per request req/s | batched/single "
+          "| pipeline alone: one call / one per text (texts/s) |\n" + "|---" * 7 + "|\n"
           f"| {args.model.name} | {args.concurrency} | {args.requests} | {batched:.0f} | {single:.0f} "
-          f"| {batched / single:.2f} |")
+          f"| {batched / single:.2f} | {alone_batched:.0f} / {alone_single:.0f} = {alone_batched / alone_single:.2f} |")
 
 
 if __name__ == "__main__":

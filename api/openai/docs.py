@@ -17,6 +17,7 @@ from starlette.responses import HTMLResponse
 from starlette.staticfiles import StaticFiles
 
 from api.openai.audio_protocol import SpeechRequest, TranscriptionRequest, TranslationRequest
+from api.openai.encoder_protocol import EmbeddingRequest, RerankRequest
 from api.openai.protocol import ChatCompletionRequest, CompletionRequest, ImageEditRequest, ImageRequest
 from api.openai.responses.protocol import ResponsesRequest
 
@@ -27,6 +28,8 @@ JSON_BODIES: dict[str, type[BaseModel]] = {
     "/responses": ResponsesRequest,
     "/images/generations": ImageRequest,
     "/audio/speech": SpeechRequest,
+    "/embeddings": EmbeddingRequest,
+    "/rerank": RerankRequest,
 }
 AUDIO_FORMS: dict[str, type[BaseModel]] = {"/audio/transcriptions": TranscriptionRequest,
                                            "/audio/translations": TranslationRequest}

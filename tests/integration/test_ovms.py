@@ -18,13 +18,22 @@ from openai import OpenAI
 from PIL import Image
 
 from tests.conftest import ROOT, _wait_ready, free_port
-from tests.ovms_repository import image_graph, link_model, llm_graph, write_repository
+from tests.ovms_repository import (
+    embeddings_graph,
+    image_graph,
+    link_model,
+    llm_graph,
+    rerank_graph,
+    write_repository,
+)
 
 MODELS = ROOT / "tests" / "models"
 LLM = "HuggingFaceTB/SmolLM2-135M-Instruct"  # OVMS names are often Hugging Face ids, slash included
 STATEFUL = "OpenVINO/tiny-llama-npu-style"
 VLM = "tiny-llava"
 IMAGE = "tiny-sd"
+EMBED = "BAAI/tiny-embed"
+RERANK = "BAAI/tiny-rerank"
 PROMPT = "<|im_start|>user\n{}<|im_end|>\n<|im_start|>assistant\n"
 
 
@@ -32,6 +41,8 @@ def repository(root: Path, model_dir: Path) -> Path:
     """The seeds' graphs over the test models, with absolute and relative models_path."""
     link_model(MODELS / "tiny-llava", root / "vlm")
     link_model(MODELS / "tiny-sd", root / "sd")
+    link_model(MODELS / "tiny-embed", root / "embed")
+    link_model(MODELS / "tiny-rerank", root / "rerank")
     stateful_base = root / "stateful"
     stateful_base.mkdir(parents=True)
     return write_repository(root, {
@@ -41,8 +52,12 @@ def repository(root: Path, model_dir: Path) -> Path:
         "vlm": llm_graph('models_path: "./"', "cache_size: 0", "max_num_seqs: 4"),
         "sd": image_graph('models_path: "./"', 'device: "CPU"', 'max_resolution: "128x128"',
                           "default_num_inference_steps: 2", "max_num_inference_steps: 8"),
+        "embed": embeddings_graph('models_path: "./"', "normalize_embeddings: false", "pooling: MEAN",
+                                  "truncate: true", 'target_device: "CPU"'),
+        "rerank": rerank_graph('models_path: "./"', "max_allowed_chunks: 3", 'target_device: "CPU"'),
     }, [{"name": LLM, "base_path": "llm"}, {"name": STATEFUL, "base_path": "stateful"},
-        {"name": VLM, "base_path": "vlm"}, {"name": IMAGE, "base_path": "sd"}])
+        {"name": VLM, "base_path": "vlm"}, {"name": IMAGE, "base_path": "sd"},
+        {"name": EMBED, "base_path": "embed"}, {"name": RERANK, "base_path": "rerank"}])
 
 
 @pytest.fixture(scope="module")
@@ -58,7 +73,7 @@ def client(model_dir: Path, redis_url: str, tmp_path_factory: pytest.TempPathFac
     serve = subprocess.Popen(command, env=env, cwd=ROOT, stdout=(work / "serve.log").open("wb"),
                              stderr=subprocess.STDOUT)
     try:
-        _wait_ready(f"http://127.0.0.1:{port}/health", [serve], work, {LLM, STATEFUL, VLM, IMAGE})
+        _wait_ready(f"http://127.0.0.1:{port}/health", [serve], work, {LLM, STATEFUL, VLM, IMAGE, EMBED, RERANK})
         yield OpenAI(base_url=f"http://127.0.0.1:{port}/v3", api_key="unused", max_retries=0, timeout=120)
     finally:
         children = psutil.Process(serve.pid).children(recursive=True)
@@ -74,7 +89,7 @@ def client(model_dir: Path, redis_url: str, tmp_path_factory: pytest.TempPathFac
 
 
 def test_every_servable_is_listed_under_its_ovms_name(client: OpenAI) -> None:
-    assert {m.id for m in client.models.list()} >= {LLM, STATEFUL, VLM, IMAGE}
+    assert {m.id for m in client.models.list()} >= {LLM, STATEFUL, VLM, IMAGE, EMBED, RERANK}
 
 
 def test_continuous_batching_llm_with_its_graph_limits(client: OpenAI) -> None:
@@ -128,3 +143,26 @@ def test_image_generation_servable_with_its_graph_limits(client: OpenAI) -> None
         client.images.generate(model=IMAGE, prompt="a red square", size="256x256")
     with pytest.raises(openai.BadRequestError, match=r"max_num_inference_steps \(8\)"):
         client.images.generate(model=IMAGE, prompt="a red square", size="64x64", extra_body={"num_inference_steps": 9})
+
+
+def test_embeddings_graph_with_its_pooling_and_normalization(client: OpenAI) -> None:
+    import numpy as np
+    import openvino_genai as g
+
+    texts = ["the cat", "the quick brown fox jumps over the lazy dog " * 30]  # the second is truncated
+    got = client.embeddings.create(model=EMBED, input=texts, encoding_format="float")
+    config = g.TextEmbeddingPipeline.Config(pooling_type=g.TextEmbeddingPipeline.PoolingType.MEAN, normalize=False,
+                                            max_length=128)
+    own = g.TextEmbeddingPipeline(str(MODELS / "tiny-embed"), "CPU", config).embed_documents(texts)
+    np.testing.assert_allclose([d.embedding for d in got.data], own, atol=1e-6)
+    assert abs(np.linalg.norm(got.data[0].embedding) - 1.0) > 1e-3  # not normalised, as the graph says
+
+
+def test_rerank_graph_with_its_document_limit(client: OpenAI) -> None:
+    import httpx
+
+    url = f"{client.base_url}rerank"
+    ranked = httpx.post(url, json={"model": RERANK, "query": "cat", "documents": ["a cat", "a dog"]}, timeout=60)
+    assert ranked.status_code == 200 and sorted(r["index"] for r in ranked.json()["results"]) == [0, 1]
+    too_many = httpx.post(url, json={"model": RERANK, "query": "cat", "documents": ["a"] * 4}, timeout=60)
+    assert too_many.status_code == 400 and "max_allowed_chunks" in too_many.json()["error"]["message"]

@@ -677,6 +677,24 @@ def build_embed(output: Path, workdir: Path) -> None:
     prune(output, lambda rel: str(rel) in BERT_KEEP)
 
 
+def build_embed_minilm(output: Path, workdir: Path) -> None:
+    """Not tiny, not committed: BertModel in all-MiniLM-L6-v2's shape (6 layers, hidden 384, 12 heads, 22M
+    parameters; the tiny vocabulary), random weights, for benchmarks/embeddings.py, where a pipeline call must cost
+    what a real embedder's does. Build it elsewhere: ``--only embed-minilm --output-dir /tmp/ovq-bench-models``."""
+    from transformers import BertConfig, BertModel
+
+    seed_everything()
+    tokenizer = bert_tokenizer()
+    config = BertConfig(vocab_size=len(tokenizer), hidden_size=384, num_hidden_layers=6, num_attention_heads=12,
+                        intermediate_size=1536, max_position_embeddings=512, pad_token_id=tokenizer.pad_token_id)
+    model = BertModel(config, add_pooling_layer=False).eval()
+    checkpoint = workdir / "embed-minilm-torch"
+    model.save_pretrained(checkpoint)
+    tokenizer.save_pretrained(checkpoint)
+    optimum_export(checkpoint, output, "feature-extraction")
+    prune(output, lambda rel: str(rel) in BERT_KEEP)
+
+
 def build_rerank(output: Path, workdir: Path) -> None:
     """Tiny BERT cross-encoder (one logit per query/document pair) -> ``text-classification`` IR (for
     TextRerankPipeline)."""
@@ -756,9 +774,12 @@ BUILDERS: dict[str, Callable[[Path, Path], None]] = {
     "speecht5": build_speecht5,
     "embed": build_embed,
     "rerank": build_rerank,
+    "embed-minilm": build_embed_minilm,
 }
 BUILDERS["llama-draft"] = build_llama_draft
 BUILDERS["llama-lora"] = build_llama_lora
+# Built only when asked for by name (`--only`): too big for the repository.
+NOT_BY_DEFAULT = {"embed-minilm"}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -768,7 +789,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="where tiny-llama/, tiny-llava/ and tiny-sd/ go (default: next to this script)")
     args = parser.parse_args(argv)
 
-    names = [args.only] if args.only else list(BUILDERS)
+    names = [args.only] if args.only else [name for name in BUILDERS if name not in NOT_BY_DEFAULT]
     for name in names:
         output = args.output_dir / f"tiny-{name}"
         if output.exists():

@@ -159,19 +159,23 @@ class EncoderWorker(BaseWorker):
                 self._end(state, error=error, status=400)
 
     def _prepared(self, state: EncoderJob) -> str | None:
+        """Runs in a thread: the job's texts and token counts; the reason it cannot run, if so."""
         params = state.params
-        texts = [text if isinstance(text, str) else self.pipes.decode(text) for text in params.inputs]
         try:
+            texts = [text if isinstance(text, str) else self.pipes.decode(text) for text in params.inputs]
             if params.query is not None:  # a pair counts the query's tokens and the document's
                 query = self.pipes.lengths([params.query])[0]
-                state.lengths = [min(query + n, self.limits.max_length) for n in self.pipes.lengths(texts)]
+                lengths = [min(query + n, self.limits.max_length) for n in self.pipes.lengths(texts)]
             else:
-                state.lengths = self.pipes.check(self.pipes.lengths(texts))
+                lengths = self.pipes.check(self.pipes.lengths(texts))
         except TooLong as exc:
-            state.texts = texts
-            return str(exc)
-        state.texts = texts
-        return None
+            error: str | None = str(exc)
+        except Exception as exc:  # a token id the tokenizer cannot decode, say: this job's fault only
+            error = f"the input could not be tokenized: {error_message(exc)}"
+        else:
+            state.lengths, error = lengths, None
+        state.texts = [] if error else texts
+        return error
 
     async def _run(self, batch: list[EncoderJob]) -> None:
         live = [s for s in batch if not s.cancelled]
@@ -187,8 +191,10 @@ class EncoderWorker(BaseWorker):
         self.batches += 1
         log.debug("batch of %d jobs, %d texts in %.1f ms", len(live), sum(len(s.lengths) for s in live),
                   (time.monotonic() - started) * 1000)
+        outbox = Outbox()  # the whole batch's answers in one round trip
         for state, result in zip(live, results, strict=True):
-            self._end(state, result=result)
+            self._end(state, result=result, outbox=outbox)
+        self.publisher.put(outbox)
 
     def _compute(self, batch: list[EncoderJob]) -> list[list[str] | list[float]]:
         """Runs in a thread: one embed call for the whole batch, or one rerank call per distinct query."""
@@ -221,8 +227,10 @@ class EncoderWorker(BaseWorker):
         return [scores[state.job.id] for state in batch]
 
     def _end(self, state: EncoderJob, result: list[str] | list[float] | None = None, error: str | None = None,
-             status: int = 400) -> None:
-        job, outbox = state.job, Outbox()
+             status: int = 400, outbox: Outbox | None = None) -> None:
+        """The job's one terminal event; into `outbox` when given (the caller sends it), else sent now."""
+        job, own = state.job, outbox is None
+        outbox = Outbox() if outbox is None else outbox  # an empty Outbox is falsy
         if job.id not in self.running:
             return
         self._job_done(state, outbox)
@@ -249,4 +257,5 @@ class EncoderWorker(BaseWorker):
             # The result itself stays out of the job's hash: vectors are large and the caller has them.
             outbox.set_status(job.id, status=JobStatus.DONE, **summary)
             outbox.count("prompt_tokens", tokens)
-        self.publisher.put(outbox)
+        if own:
+            self.publisher.put(outbox)
