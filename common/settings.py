@@ -68,9 +68,11 @@ class Settings(BaseSettings):
     max_upload_bytes: int = 20 * 1024 * 1024
     max_upload_pixels: int = 4096 * 4096
     # /audio/transcriptions and /audio/translations: the largest upload (413 above it; OpenAI's limit) and the
-    # longest audio (400); /audio/speech: the longest input text (OpenAI's limit).
+    # longest audio (400): WhisperPipeline's binding copies the samples holding the GIL (1.8 s for 590 s of audio
+    # on this project's CPU), which stalls the worker's heartbeat; keep it well inside OVQ_WORKER_TTL_S.
+    # /audio/speech: the longest input text (OpenAI's limit).
     max_audio_bytes: int = 25 * 1024 * 1024
-    max_audio_seconds: float = 1200.0
+    max_audio_seconds: float = 600.0
     max_speech_chars: int = 4096
     # Chat images (`image_url` parts): http(s) only from these exact hosts, files only under this directory.
     allowed_media_domains: list[str] = Field(default_factory=list)

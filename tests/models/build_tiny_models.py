@@ -578,7 +578,15 @@ def speecht5_tokenizer(workdir: Path):
         vocab_size=len(set(CORPUS.replace("\n", ""))) + 4, bos_id=0, pad_id=1, eos_id=2, unk_id=3,
         character_coverage=1.0, minloglevel=2, num_threads=1, normalization_rule_name="identity",
     )
-    return SpeechT5Tokenizer(vocab_file=f"{prefix}.model")
+    # The model records where it was trained (a temporary directory): name it plainly, for byte-identical rebuilds.
+    from sentencepiece import sentencepiece_model_pb2
+
+    model_file = Path(f"{prefix}.model")
+    proto = sentencepiece_model_pb2.ModelProto()
+    proto.ParseFromString(model_file.read_bytes())
+    proto.trainer_spec.model_prefix = "spm_char"
+    model_file.write_bytes(proto.SerializeToString())
+    return SpeechT5Tokenizer(vocab_file=str(model_file))
 
 
 def build_speecht5(output: Path, workdir: Path) -> None:

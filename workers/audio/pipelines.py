@@ -97,6 +97,8 @@ class SpeechPipelines:
         kwargs: dict[str, Any] = {}
         if params.speed is not None:
             kwargs["speed"] = params.speed
+        if params.voice and params.voice not in self.voices:  # the API checked the card; this worker may differ
+            raise ValueError(f"voice {params.voice!r} is not one of this model's voices")
         voice = self.voices.get(params.voice) if params.voice else None
         result = self.pipe.generate(text, voice, **kwargs) if voice is not None else self.pipe.generate(text, **kwargs)
         samples = np.array(result.speeches[0].data, dtype=np.float32, copy=True).ravel()

@@ -160,6 +160,7 @@ class SpeechWorker(BaseWorker):
         if not state.streamed:
             state.streamed, state.first = True, time.time()
             outbox.set_status(state.job.id, streamed=1)
+            outbox.observe("ttft", (state.first - state.job.created) * 1000)
         self.publisher.put(outbox)
 
     def _end(self, state: SpeechJob, outcome: Outcome) -> None:

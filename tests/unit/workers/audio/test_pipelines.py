@@ -62,6 +62,8 @@ def test_speech_with_and_without_a_voice() -> None:
     assert not np.array_equal(plain, voiced)
     again, _ = pipes.speak("Hi.", SpeechParams(task="speak"))
     assert np.abs(again - plain).max() < 1e-3  # a copy: the next call did not overwrite it
+    with pytest.raises(ValueError, match="not one of this model's voices"):
+        pipes.speak("Hi.", SpeechParams(task="speak", voice="b"))
 
 
 def test_a_voice_file_is_raw_float32(tmp_path: Path) -> None:
