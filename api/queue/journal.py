@@ -9,6 +9,7 @@ rather than a wrong answer, and so does a journal that gains nothing for `stall_
 """
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import AsyncIterator
 
@@ -43,10 +44,12 @@ class Journal:
         last = int(entries[-1][0].split(b"-")[0]) / 1000 if entries else None
         return events, last
 
-    async def follow(self, job_id: str, stall_s: float, lease: tuple[str, str, float] | None = None
-                     ) -> AsyncIterator[list[EventDict]]:
+    async def follow(self, job_id: str, stall_s: float, lease: tuple[str, str, float] | None = None,
+                     block: bool = True) -> AsyncIterator[list[EventDict]]:
         """The job's events from its first, a batch per entry (an empty one after a quiet second), until its
-        terminal event. `lease`: (key, value,
+        terminal event. `block`: wait for new entries in Redis (a pooled connection held up to a second at a
+        time: for a client's stream), else poll once a second (for a background keeper, which nobody waits on).
+        `lease`: (key, value,
         ttl_s) of a reader lease renewed every third of its TTL while this reads (`Keys.reader`)."""
         key, cursor, seq = self.keys.journal(job_id), b"0-0", 0
         heard = renewed = time.monotonic()
@@ -65,12 +68,14 @@ class Journal:
                 raise JournalBroken(f"No progress for {stall_s:.0f}s (background_stall_s): the job was not "
                                     "taken by any worker, or its events were lost", "stalled")
             try:
-                reply = await self.redis.xread({key: cursor}, count=1000, block=BLOCK_MS)
+                reply = await self.redis.xread({key: cursor}, count=1000, block=BLOCK_MS if block else None)
             except UNAVAILABLE:
                 await backoff.wait()
                 continue
             backoff.reset()
             if not reply:
+                if not block:
+                    await asyncio.sleep(BLOCK_MS / 1000)
                 yield []  # a quiet second: the reader may ping its client
                 continue
             entries = reply[0][1]

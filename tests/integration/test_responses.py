@@ -277,8 +277,8 @@ def test_errors_are_openais(stack: Stack, client: OpenAI) -> None:
     with pytest.raises(openai.BadRequestError) as caught:  # the worker's refusal
         client.responses.create(model=MODEL, input="word " * 9000, max_output_tokens=16)
     assert (caught.value.body["code"], caught.value.body["param"]) == ("context_length_exceeded", "input")
-    with pytest.raises(openai.BadRequestError, match="background mode is not supported"):
-        client.responses.create(model=MODEL, input=QUESTION, background=True)
+    with pytest.raises(openai.BadRequestError, match="background mode requires store"):
+        client.responses.create(model=MODEL, input=QUESTION, background=True, store=False)
     with pytest.raises(openai.BadRequestError, match="web_search"):
         client.responses.create(model=MODEL, input=QUESTION, tools=[{"type": "web_search"}])
     with pytest.raises(openai.NotFoundError):
@@ -289,6 +289,20 @@ def test_errors_are_openais(stack: Stack, client: OpenAI) -> None:
     assert reply.status_code == 404 and set(reply.json()["error"]) == {"message", "type", "param", "code"}
     reply = httpx.post(stack.url("/v1/responses"), content=b"{", headers={"content-type": "application/json"})
     assert reply.status_code == 400 and "error" in reply.json()
+
+
+def test_a_background_response_through_the_sdk_is_the_same_answer(client: OpenAI) -> None:
+    """`background=True` answers `queued` at once; `retrieve` then shows it to its end; `cancel` on an ended one
+    gives it as it is."""
+    created = client.responses.create(input=QUESTION, background=True, **GREEDY)
+    assert created.status == "queued" and created.background
+    deadline, current = time.monotonic() + 60, created
+    while current.status in ("queued", "in_progress") and time.monotonic() < deadline:
+        time.sleep(0.1)
+        current = client.responses.retrieve(created.id)
+    assert current.status == "completed"
+    assert current.output_text == client.responses.create(input=QUESTION, **GREEDY).output_text
+    assert client.responses.cancel(created.id).status == "completed"
 
 
 async def test_an_agent_runs_a_function_tool_to_completion(stack: Stack) -> None:

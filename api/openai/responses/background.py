@@ -45,6 +45,9 @@ from common.keys import Keys
 from common.redis.client import UNAVAILABLE
 
 log = logging.getLogger("ovq.api.responses")
+# The reply channel of background jobs: no API process subscribes to it or announces it (so no worker takes it for
+# gone); every reader follows the job's journal instead.
+REPLY_TO = "background"
 CANCEL_WAIT_S = 5.0  # how long `cancel` waits for the worker's word before it records the response cancelled
 
 
@@ -127,6 +130,7 @@ class BackgroundResponses:
                     servable: Servable, job: Job) -> Response:
         """Record and queue the response's job; answer at once: the response `queued`, or its stream."""
         job.journal = job.background = True
+        job.reply_to = REPLY_TO  # its journal is read, not its events: no API process parses them for nothing
         job.priority = priority_of(request)
         assert isinstance(job.prompt, str)
         record = Background(response_id, body, job.id, chain, job.prompt, int(time.time()), job.params.logprobs)
@@ -158,7 +162,7 @@ class BackgroundResponses:
         """Follow the job to its end and store the response (another API process does if this one dies first)."""
         fold = self._fold(record, servable)
         try:
-            async for events in self.journal.follow(record.job, self.settings.background_stall_s):
+            async for events in self.journal.follow(record.job, self.settings.background_stall_s, block=False):
                 fold.feed(events)
         except JournalBroken as exc:
             await self._broken(fold, exc)
