@@ -77,11 +77,15 @@ class Frames:
         self.fmt, self.choices = fmt, choices
         self.usage = {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0}
         self.ended = False
+        self.started: set[str] = set()  # jobs whose `accepted` went out
 
     def of(self, event: EventDict) -> bytes:
         kind, fmt = event["type"], self.fmt
         out = b""
         if kind == ACCEPTED:
+            if event["job"] in self.started:  # another worker took the job over: the stream just goes on
+                return out
+            self.started.add(event["job"])
             fmt.started(event["prompt_tokens"])
             out = fmt.first(sorted(self.choices.values(), key=lambda c: c.index))
         elif kind == DELTA:

@@ -101,7 +101,8 @@ class Fold:
         for event in events:
             kind = event["type"]
             if kind == ACCEPTED:
-                out += state.in_progress()
+                if state.response.status != "in_progress":  # a second one: another worker took the job over
+                    out += state.in_progress()
             elif kind == DELTA:
                 out += state.feed(self.choice.feed(event), event.get("logprobs"))
             elif kind == DONE:
