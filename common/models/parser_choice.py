@@ -4,6 +4,12 @@ from __future__ import annotations
 
 # (tool parser, strings the template must all contain), the most specific format first.
 _SIGNS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("gptoss", ("<|channel|>", "<|message|>")),
+    ("onyx", ("<atem:function_calls>",)),
+    ("lfm2", ("<|tool_call_start|>",)),
+    ("lfm2", ("<|tool_list_start|>",)),
+    ("gemma4", ("<|tool_call>",)),
+    ("minicpm5", ("<function name=", "<param name=")),
     ("qwen3coder", ("<function=", "<parameter=")),
     ("devstral", ("[TOOL_CALLS]", "[ARGS]")),
     ("mistral", ("[TOOL_CALLS]",)),
