@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from common.models.parser_choice import tool_parser_for
+from common.models.parser_choice import reasoning_parser_for, tool_parser_for
 
 QWEN3_CODER = ("{%- for tool in tools %}<function>{{ tool.name }}</function>{%- endfor %}If you choose to call a "
                "function ONLY reply in the following format:\n<tool_call>\n<function=example_function_name>\n"
@@ -32,3 +32,8 @@ CHATML = ("{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ me
 ])
 def test_the_template_names_its_call_format(template: str, parser: str | None) -> None:
     assert tool_parser_for(template) == parser
+
+
+def test_only_harmony_implies_a_reasoning_parser() -> None:
+    assert reasoning_parser_for(GPTOSS) == "gptoss"
+    assert reasoning_parser_for(QWEN3) is None and reasoning_parser_for("") is None
