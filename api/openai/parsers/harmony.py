@@ -51,7 +51,7 @@ class Header:
     @classmethod
     def read(cls, text: str) -> Header:
         recipient = _RECIPIENT.search(text)
-        if recipient is not None:
+        if recipient is not None and recipient.group(1) != "user":  # `to=user` is a message for the user
             target = recipient.group(1)
             if target.startswith(FUNCTIONS) and len(target) > len(FUNCTIONS):
                 return cls("call", target[len(FUNCTIONS):])

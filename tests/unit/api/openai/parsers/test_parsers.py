@@ -248,6 +248,7 @@ TOOL_CASES = [
     case("gptoss", "Plain text from a model that wrote no header.", "Plain text from a model that wrote no header.",
          [], "no-harmony"),
     case("gptoss", "<|channel|>final", None, [], "header-cut"),
+    case("gptoss", "<|channel|>final to=user<|message|>Hi.<|end|>", "Hi.", [], "to-user-is-content"),
 
     case("lfm2", "<|tool_call_start|>[get_weather(location=\"Paris, France\", unit='celsius')]<|tool_call_end|>",
          None, [("get_weather", WEATHER)], "one"),
