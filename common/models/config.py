@@ -40,7 +40,8 @@ class Voice(BaseModel):
     name: str = Field(min_length=1)
     path: Path
 class LoraAdapter(BaseModel):
-    """A LoRA adapter of a text model: a safetensors file (peft's adapter_model.safetensors) and its weight."""
+    """A LoRA adapter: a safetensors file (a text model's: peft's adapter_model.safetensors; an image model's:
+    kohya-named, as GenAI reads them) and its weight."""
 
     model_config = ConfigDict(extra="forbid")
 
