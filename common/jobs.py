@@ -117,6 +117,8 @@ class ImageParams(BaseModel):
     mask_key: str | None = None
     # Whether the client streams: then each denoising step sends a progress event with a preview image.
     previews: bool = False
+    # LoRA adapters' weights by name for this request (those not named weigh 0); None: the models file's alphas.
+    lora_weights: dict[str, float] | None = None
 
 
 class SpeechParams(BaseModel):

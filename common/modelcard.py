@@ -14,6 +14,7 @@ class ImageLimits(BaseModel):
     max_num_inference_steps: int
     pipeline: str = ""  # model_index.json's _class_name
     edits: bool = True
+    lora_adapters: list[str] = []  # LoRA adapters a request may weigh (`lora_weights`)
 
 
 class SpeechInfo(BaseModel):

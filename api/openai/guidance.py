@@ -98,6 +98,10 @@ class ChatPlan:
             return None
         return output_parser(self.tool_parser, self.reasoning_parser, self.prompt, self.forced)
 
+    def keeps_special_tokens(self) -> bool:
+        """Whether the reasoning parser reads special tokens (Harmony's), so the text must be decoded with them."""
+        return self.reasoning_parser is not None and REASONING_PARSERS[self.reasoning_parser].needs_special_tokens
+
     def opened(self, prompt: str) -> None:
         """Note whether the template left the prompt inside a reasoning block (thinking on, `<think>` written).
 

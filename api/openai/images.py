@@ -6,6 +6,7 @@ the keys; this process reads them once and deletes them).
 from __future__ import annotations
 
 import base64
+import math
 import time
 from collections.abc import AsyncIterator
 from typing import Any
@@ -55,6 +56,17 @@ def check_limits(body: ImageRequest, limits: ImageLimits) -> tuple[int | None, i
     if width > max_width or height > max_height:
         raise OvqError(f"size {body.size} exceeds max_resolution {limits.max_resolution}", param="size")
     return width, height
+
+
+def check_lora_weights(body: ImageRequest, adapters: list[str]) -> None:
+    """Weights only for the adapters the model serves, and finite."""
+    for name, weight in (body.lora_weights or {}).items():
+        if name not in adapters:
+            served = ", ".join(adapters) or "none"
+            raise OvqError(f"lora_weights: `{body.model}` serves no LoRA adapter {name!r} (it serves: {served})",
+                           param="lora_weights")
+        if not math.isfinite(weight):
+            raise OvqError(f"lora_weights: the weight of {name!r} is not a finite number", param="lora_weights")
 
 
 class ImageServing:
@@ -124,6 +136,7 @@ class ImageServing:
 
     def _job(self, body: ImageRequest, limits: ImageLimits, job_id: str) -> Job:
         check_image_prompts(body, self.settings)
+        check_lora_weights(body, limits.lora_adapters)
         width, height = check_limits(body, limits)
         fields = body.model_dump(include=set(ImageParams.model_fields) - {"width", "height"}, exclude_none=True)
         params = ImageParams(**fields, width=width, height=height, previews=body.stream)

@@ -1,6 +1,7 @@
 """OpenAI wire formats: requests as the API accepts them, responses and stream chunks as it sends them."""
 from __future__ import annotations
 
+import json
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator, model_validator
@@ -505,6 +506,18 @@ class ImageRequest(BaseModel):
     negative_prompt_3: str | None = None
     max_sequence_length: int | None = Field(default=None, ge=1)
     rng_seed: int | None = Field(default=None, ge=0)
+    # ovq: the served LoRA adapters' weights for this image, by name (an edit's form field holds it as JSON text)
+    lora_weights: dict[str, float] | None = None
+
+    @field_validator("lora_weights", mode="before")
+    @classmethod
+    def _weights_from_form(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            try:
+                return json.loads(value)
+            except ValueError as exc:
+                raise ValueError("must be a JSON object of adapter names and weights") from exc
+        return value
 
 
 class ImageEditRequest(ImageRequest):

@@ -118,7 +118,7 @@ class Serving:
         prompt = render(card.chat_template, messages, card.bos_token, card.eos_token, kwargs)
         plan.opened(prompt)
         # Tool-call markers are often special tokens (<|python_tag|>, [TOOL_CALLS]): the parser must see them.
-        skip = False if plan.tool_parser else None
+        skip = False if plan.tool_parser or plan.keeps_special_tokens() else None
         params = sampling_params(body, plan.structure, skip)
         job = self._job(body, servable, "chat", prompt, params, request_id(request))
         job.images = await self._store_images(job.id, urls)

@@ -40,7 +40,8 @@ class Voice(BaseModel):
     name: str = Field(min_length=1)
     path: Path
 class LoraAdapter(BaseModel):
-    """A LoRA adapter of a text model: a safetensors file (peft's adapter_model.safetensors) and its weight."""
+    """A LoRA adapter: a safetensors file (a text model's: peft's adapter_model.safetensors; an image model's:
+    kohya-named, as GenAI reads them) and its weight."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -78,8 +79,9 @@ class ModelConfig(BaseModel):
     # A Jinja file used instead of the model directory's own chat template (for models whose template lacks
     # something, such as tools); relative paths are relative to the models file.
     chat_template: Path | None = None
-    tool_parser: Literal["hermes3", "llama3", "phi4", "mistral", "qwen3coder", "devstral"] | None = None
-    reasoning_parser: Literal["qwen3"] | None = None
+    tool_parser: Literal["hermes3", "llama3", "phi4", "mistral", "qwen3coder", "devstral", "gptoss", "lfm2", "gemma4",
+                         "onyx", "minicpm5"] | None = None
+    reasoning_parser: Literal["qwen3", "gptoss"] | None = None
     enable_tool_guided_generation: bool = False
     # ovq: after a step that ended jobs, wait up to this long for new ones before the next step
     # (workers/engine/arrivals.py)

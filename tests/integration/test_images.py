@@ -59,6 +59,7 @@ def test_same_seed_same_bytes_and_n_images(client: OpenAI) -> None:
         ({"response_format": "url"}, "response_format", ""),
         ({"style": "vivid"}, "style", "unsupported field"),
         ({"prompt": ""}, "prompt", ""),
+        ({"lora_weights": {"style": 0.5}}, "lora_weights", "serves no LoRA adapter 'style' (it serves: none)"),
     ],
 )
 def test_limit_violations_are_400s(stack: Stack, extra: dict, param: str, text: str) -> None:

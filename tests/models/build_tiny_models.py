@@ -39,7 +39,8 @@ Then::
     /tmp/ovq-builder-venv/bin/python tests/models/build_tiny_models.py --only sd  # one of them
 
 ``--only llama-draft`` and ``--only llama-lora`` build the tiny Llama's draft model and LoRA adapter (the
-adapter needs ``peft`` in the venv: ``/tmp/ovq-builder-venv/bin/pip install peft``).
+adapter needs ``peft`` in the venv: ``/tmp/ovq-builder-venv/bin/pip install peft``); ``--only sd-lora`` a LoRA
+adapter for tiny-sd's UNet.
 
 Check the result with the project's own interpreter:
 ``python3 tests/models/check_tiny_models.py``.
@@ -774,6 +775,35 @@ def build_llama_lora(output: Path, workdir: Path) -> None:
     prune(output, lambda rel: str(rel) in ("adapter_model.safetensors", "adapter_config.json"))
 
 
+def build_sd_lora(output: Path, workdir: Path) -> None:
+    """A LoRA adapter for tiny-sd's UNet: rank 4 on the attention projections, random both ways, in the kohya
+    naming (``lora_unet_..._to_q.lora_down.weight``, float32 ``alpha``) that GenAI's image pipelines read: they
+    leave peft/diffusers names (``unet....lora_A.weight``) unused."""
+    import torch
+    from diffusers import UNet2DConditionModel
+    from diffusers.utils import convert_state_dict_to_kohya
+    from peft import LoraConfig, get_peft_model_state_dict
+    from safetensors.torch import save_file
+
+    seed_everything(SEED + 2)
+    unet = UNet2DConditionModel(  # tiny-sd's UNet layout: the adapter's names and shapes must match it
+        sample_size=32, in_channels=4, out_channels=4, block_out_channels=(32, 64), layers_per_block=1,
+        down_block_types=("DownBlock2D", "CrossAttnDownBlock2D"), up_block_types=("CrossAttnUpBlock2D", "UpBlock2D"),
+        cross_attention_dim=32, attention_head_dim=8, norm_num_groups=32,
+    ).eval()
+    unet.add_adapter(LoraConfig(r=LORA_RANK, lora_alpha=LORA_RANK, init_lora_weights=False,
+                                target_modules=["to_q", "to_k", "to_v", "to_out.0"]))
+    with torch.no_grad():
+        for name, weight in unet.named_parameters():
+            if "lora_" in name:
+                weight.copy_(torch.randn_like(weight) * 0.1)  # enough to change the image, not to saturate it
+    state = get_peft_model_state_dict(unet)
+    kohya = convert_state_dict_to_kohya({f"unet.{name}": weight for name, weight in state.items()})
+    output.mkdir(parents=True, exist_ok=True)
+    save_file({name: torch.as_tensor(value, dtype=torch.float32).contiguous() for name, value in kohya.items()},
+              output / "tiny_sd_lora.safetensors")
+
+
 BUILDERS: dict[str, Callable[[Path, Path], None]] = {
     "llama": build_llama,
     "llava": build_llava,
@@ -788,6 +818,7 @@ BUILDERS["llama-draft"] = build_llama_draft
 BUILDERS["llama-lora"] = build_llama_lora
 # Built only when asked for by name (`--only`): too big for the repository.
 NOT_BY_DEFAULT = {"embed-minilm"}
+BUILDERS["sd-lora"] = build_sd_lora
 
 
 def main(argv: list[str] | None = None) -> int:

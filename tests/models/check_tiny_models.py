@@ -255,10 +255,28 @@ def check_llama_lora() -> None:
     log(f"llama-lora: base {texts[0]!r}, adapted {texts[1]!r}")
 
 
+def check_sd_lora() -> None:
+    """The adapter loads in GenAI's image pipeline, every tensor used, and changes tiny-sd's image."""
+    import numpy as np
+
+    sd, lora = MODELS_DIR / "tiny-sd", MODELS_DIR / "tiny-sd-lora" / "tiny_sd_lora.safetensors"
+    adapter = ov_genai.Adapter(str(lora))
+    dynamic = ov_genai.AdapterConfig.Mode.MODE_DYNAMIC
+    pipe = ov_genai.Text2ImagePipeline(str(sd), DEVICE, adapters=ov_genai.AdapterConfig(adapter, 1.0, dynamic))
+    # np.array copies: the result's tensor is a view of a buffer the pipeline's next generate() overwrites.
+    images = [np.array(pipe.generate("a red cat", width=64, height=64, num_inference_steps=2, rng_seed=1,
+                                     adapters=ov_genai.AdapterConfig([(adapter, alpha)], dynamic)).data)
+              for alpha in (0.0, 1.0)]
+    change = float(np.abs(images[0].astype(int) - images[1]).mean())
+    assert change > 0.1, change
+    log(f"sd-lora: mean pixel change {change:.2f}")
+
+
 CHECKS: dict[str, Callable[[], None]] = {"llama": check_llama, "llava": check_llava, "sd": check_sd,
                                          "whisper": check_whisper, "speecht5": check_speecht5,
                                          "embed": check_embed, "rerank": check_rerank,
-                                         "llama-draft": check_llama_draft, "llama-lora": check_llama_lora}
+                                         "llama-draft": check_llama_draft, "llama-lora": check_llama_lora,
+                                         "sd-lora": check_sd_lora}
 
 
 def main(argv: list[str]) -> int:

@@ -38,6 +38,7 @@ def image_limits(model: ModelConfig, path: Path) -> ImageLimits:
         max_num_inference_steps=model.max_num_inference_steps,
         pipeline=str(index.get("_class_name", "")),
         edits=(path / "vae_encoder").exists(),
+        lora_adapters=sorted(model.lora_adapters),
     )
 
 
@@ -82,6 +83,21 @@ class ImagePipelines:
         self.default_steps = model.default_num_inference_steps
         self._pipes: dict[str, Any] = {}
         self._lock = threading.Lock()
+        self._adapters: dict[str, Any] = {}  # name -> openvino_genai.Adapter, loaded once
+        self._alphas = {name: adapter.alpha for name, adapter in model.lora_adapters.items()}
+        self._paths = {name: str(adapter.path) for name, adapter in model.lora_adapters.items()}
+
+    def adapter_config(self, weights: dict[str, float] | None) -> Any:
+        """All the adapters with these weights (unnamed ones 0; None: the models file's alphas). Dynamic mode:
+        GenAI's default for image pipelines fuses the adapters into the weights at construction, after which a
+        generate() call's own weights are silently ignored."""
+        import openvino_genai as g
+
+        if not self._adapters:
+            self._adapters = {name: g.Adapter(path) for name, path in self._paths.items()}
+        chosen = self._alphas if weights is None else {name: weights.get(name, 0.0) for name in self._alphas}
+        pairs = [(self._adapters[name], float(weight)) for name, weight in chosen.items()]
+        return g.AdapterConfig(pairs, g.AdapterConfig.Mode.MODE_DYNAMIC)
 
     def pipe(self, kind: str) -> Any:
         """The pipeline of a kind, built once (edits build theirs on the first edit)."""
@@ -91,7 +107,8 @@ class ImagePipelines:
             if kind not in self._pipes:
                 factory = {"text": g.Text2ImagePipeline, "image": g.Image2ImagePipeline,
                            "inpaint": g.InpaintingPipeline}[kind]
-                self._pipes[kind] = factory(self.path, self.device, **self.properties)
+                adapters = {"adapters": self.adapter_config(None)} if self._paths else {}
+                self._pipes[kind] = factory(self.path, self.device, **adapters, **self.properties)
             return self._pipes[kind]
 
     def generate(self, prompt: str, params: ImageParams, image: np.ndarray | None, mask: np.ndarray | None,
@@ -102,6 +119,8 @@ class ImagePipelines:
         kwargs: dict[str, Any] = {k: getattr(params, k) for k in GENERATE_FIELDS if getattr(params, k) is not None}
         kwargs.setdefault("num_inference_steps", self.default_steps)
         kwargs["num_images_per_prompt"] = params.n
+        if self._paths and params.lora_weights is not None:
+            kwargs["adapters"] = self.adapter_config(params.lora_weights)
         size = (params.width, params.height) if params.width and params.height else self.default_size
         if image is None:
             kwargs.pop("strength", None)
@@ -113,4 +132,4 @@ class ImagePipelines:
         else:
             result = self.pipe("inpaint").generate(prompt, ov.Tensor(image), ov.Tensor(mask), callback=callback,
                                                    **kwargs)
-        return np.asarray(result.data)
+        return np.array(result.data)  # a copy: the pipeline reuses its buffer on the next generate

@@ -8,7 +8,7 @@ from typing import Any
 
 from common.modelcard import ModelCard
 from common.models.config import ModelConfig
-from common.models.parser_choice import tool_parser_for
+from common.models.parser_choice import reasoning_parser_for, tool_parser_for
 from common.servable import (
     ServableType,
     chat_template,
@@ -69,7 +69,7 @@ class ServableInfo:
             created=int(path.stat().st_mtime) if path.exists() else int(time.time()),
             preference=model.devices.index(device) if device in model.devices else len(model.devices),
             tool_parser=model.tool_parser or tool_parser_for(template),
-            reasoning_parser=model.reasoning_parser,
+            reasoning_parser=model.reasoning_parser or reasoning_parser_for(template),
             enable_tool_guided_generation=model.enable_tool_guided_generation,
             prompt_lookup=bool(model.plugin_config.get("prompt_lookup")),
             speculative=model.draft_models_path is not None and servable in CONTINUOUS,

@@ -14,9 +14,14 @@ from .base import (
     ToolParser,
 )
 from .devstral import DevstralToolParser
+from .gemma4 import Gemma4ToolParser
+from .harmony import GptOssReasoningParser, GptOssToolParser
 from .hermes3 import Hermes3ToolParser
+from .lfm2 import Lfm2ToolParser
 from .llama3 import Llama3ToolParser
+from .minicpm5 import Minicpm5ToolParser
 from .mistral import MistralToolParser
+from .onyx import OnyxToolParser
 from .output import OutputParser
 from .phi4 import Phi4ToolParser
 from .qwen3 import Qwen3ReasoningParser
@@ -24,9 +29,12 @@ from .qwen3coder import Qwen3CoderToolParser
 
 TOOL_PARSERS: dict[str, type[ToolParser]] = {
     parser.name: parser for parser in (Hermes3ToolParser, Llama3ToolParser, Phi4ToolParser, MistralToolParser,
-                                       Qwen3CoderToolParser, DevstralToolParser)
+                                       Qwen3CoderToolParser, DevstralToolParser, GptOssToolParser, Lfm2ToolParser,
+                                       Gemma4ToolParser, OnyxToolParser, Minicpm5ToolParser)
 }
-REASONING_PARSERS: dict[str, type[ReasoningParser]] = {Qwen3ReasoningParser.name: Qwen3ReasoningParser}
+REASONING_PARSERS: dict[str, type[ReasoningParser]] = {
+    parser.name: parser for parser in (Qwen3ReasoningParser, GptOssReasoningParser)
+}
 
 
 def output_parser(tool_parser: str | None, reasoning_parser: str | None, prompt: str = "",
@@ -43,6 +51,12 @@ def output_parser(tool_parser: str | None, reasoning_parser: str | None, prompt:
 __all__ = [
     "REASONING_PARSERS",
     "DevstralToolParser",
+    "Gemma4ToolParser",
+    "GptOssReasoningParser",
+    "GptOssToolParser",
+    "Lfm2ToolParser",
+    "Minicpm5ToolParser",
+    "OnyxToolParser",
     "Qwen3CoderToolParser",
     "TOOL_PARSERS",
     "Function",

@@ -200,6 +200,7 @@ class ReasoningParser(Stepper):
 
     name: ClassVar[str]
     end_tag: ClassVar[str]  # what closes the reasoning: constraints on the answer start after it
+    needs_special_tokens: ClassVar[bool] = False  # its markers are special tokens the decoder must keep
 
     def __init__(self, prompt_opened: bool = False) -> None:
         super().__init__()

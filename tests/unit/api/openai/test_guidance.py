@@ -109,3 +109,10 @@ def test_a_parser_without_guided_generation_answers_auto_unguided_and_refuses_fo
     with pytest.raises(OvqError, match="qwen3coder tool parser does not offer") as caught:
         plan(options, tools=[TOOL], tool_choice="required")
     assert caught.value.body.param == "tool_choice"
+
+
+def test_harmony_reasoning_keeps_special_tokens_even_without_tools() -> None:
+    """gpt-oss's channels are special tokens: the `gptoss` reasoning parser needs them decoded, tools or not."""
+    assert plan({"tool_parser": "gptoss", "reasoning_parser": "gptoss"}).keeps_special_tokens()
+    assert not plan({"reasoning_parser": "qwen3"}).keeps_special_tokens()
+    assert not plan({}).keeps_special_tokens()

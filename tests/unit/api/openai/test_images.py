@@ -32,3 +32,19 @@ def test_limits_follow_ovms_node_options() -> None:
         with pytest.raises(OvqError) as caught:
             check_limits(request(**fields), LIMITS)
         assert caught.value.status == 400 and caught.value.body.param == param
+
+
+def test_lora_weights_name_served_adapters_and_come_as_json_in_forms() -> None:
+    from api.openai.images import check_lora_weights
+
+    check_lora_weights(request(lora_weights={"style": 0.5}), ["style"])
+    check_lora_weights(request(), [])
+    assert request(lora_weights='{"style": 0.25}').lora_weights == {"style": 0.25}  # an edit's form field
+    for weights, adapters, message in (({"other": 1.0}, ["style"], "serves no LoRA adapter 'other'"),
+                                       ({"style": 1.0}, [], "it serves: none"),
+                                       ({"style": float("nan")}, ["style"], "not a finite number")):
+        with pytest.raises(OvqError, match=message) as caught:
+            check_lora_weights(request(lora_weights=weights), adapters)
+        assert caught.value.body.param == "lora_weights"
+    with pytest.raises(ValueError, match="JSON object"):
+        request(lora_weights="{nope")

@@ -81,6 +81,20 @@ def hermes(name: str, arguments: str) -> str:
     return f'<tool_call>\n{{"name": "{name}", "arguments": {arguments}}}\n</tool_call>'
 
 
+def harmony(channel: str, text: str) -> str:
+    """One gpt-oss message (the first one of an answer: the prompt wrote its `<|start|>assistant`)."""
+    return f"<|channel|>{channel}<|message|>{text}<|end|>"
+
+
+def harmony_call(name: str, arguments: str) -> str:
+    return f"<|channel|>commentary to=functions.{name} <|constrain|>json<|message|>{arguments}<|call|>"
+
+
+def onyx(name: str, *parameters: tuple[str, str]) -> str:
+    written = "".join(f'<atem:parameter name="{key}">{value}</atem:parameter>\n' for key, value in parameters)
+    return f'<atem:function_calls>\n<atem:invoke name="{name}">\n{written}</atem:invoke>\n</atem:function_calls>'
+
+
 TOOL_CASES = [
     case("hermes3", hermes("get_weather", WEATHER), None, [("get_weather", WEATHER)], "one"),
     case("hermes3", f"I'll check both cities.\n{hermes('get_weather', WEATHER)}\n{hermes('get_weather', LONDON)}\n"
@@ -210,6 +224,92 @@ TOOL_CASES = [
          "Let me see.", [("get_weather", WEATHER), ("get_time", TIME_UTC)], "two"),
     case("devstral", f'[TOOL_CALLS][{{"name": "get_weather", "arguments": {WEATHER}}}]', None,
          [("get_weather", WEATHER)], "list-form"),
+
+    # gpt-oss (Harmony), decoded with special tokens kept; without a reasoning parser the analysis is dropped.
+    case("gptoss", harmony("analysis", "User asks the weather in Paris. Use get_weather.")
+         + "<|start|>assistant" + harmony_call("get_weather", '{"location":"Paris, France","unit":"celsius"}'),
+         None, [("get_weather", '{"location":"Paris, France","unit":"celsius"}')], "analysis-then-call"),
+    case("gptoss", harmony("analysis", "Simple.") + "<|start|>assistant<|channel|>final<|message|>2 + 2 = 4.<|return|>",
+         "2 + 2 = 4.", [], "final"),
+    case("gptoss", "<|channel|>final<|message|>It is sunny in São Paulo ☔", "It is sunny in São Paulo ☔", [],
+         "final-no-terminator"),
+    case("gptoss", harmony("commentary", "Checking both cities.") + "<|start|>assistant"
+         + harmony_call("get_weather", WEATHER) + "<|start|>assistant" + harmony_call("get_time", TIME_UTC),
+         "Checking both cities.", [("get_weather", WEATHER), ("get_time", TIME_UTC)], "preamble-two-calls"),
+    case("gptoss", '<|start|>assistant to=functions.get_time<|channel|>commentary json<|message|>{"tz": "UTC"}',
+         None, [("get_time", TIME_UTC)], "recipient-in-role-no-call-token"),
+    case("gptoss", "<|channel|>commentary to=functions.ping <|constrain|>json<|message|><|call|>", None,
+         [("ping", "{}")], "no-arguments"),
+    case("gptoss", harmony_call("search", TRICKY), None, [("search", TRICKY)], "tricky-strings"),
+    case("gptoss", '<|channel|>analysis to=browser.search code<|message|>{"query": "x"}<|call|>', None, [],
+         "builtin-tool-dropped"),
+    case("gptoss", "<|channel|>commentary to=functions.f <|constrain|>json<|message|>not json<|call|>",
+         "<|channel|>commentary to=functions.f <|constrain|>json<|message|>not json<|call|>", [], "bad-arguments"),
+    case("gptoss", "Plain text from a model that wrote no header.", "Plain text from a model that wrote no header.",
+         [], "no-harmony"),
+    case("gptoss", "<|channel|>final", None, [], "header-cut"),
+    case("gptoss", "<|channel|>final to=user<|message|>Hi.<|end|>", "Hi.", [], "to-user-is-content"),
+
+    case("lfm2", "<|tool_call_start|>[get_weather(location=\"Paris, France\", unit='celsius')]<|tool_call_end|>",
+         None, [("get_weather", WEATHER)], "one"),
+    case("lfm2", "Let me check.<|tool_call_start|>[get_weather(location=\"Paris, France\", unit=\"celsius\"), "
+         "get_time(tz='UTC')]<|tool_call_end|>I called both.", "Let me check.I called both.",
+         [("get_weather", WEATHER), ("get_time", TIME_UTC)], "two-with-text"),
+    case("lfm2", "<|tool_call_start|>[set_alarm(hour=7, repeat=True, days=['mon', \"tue\"], note=None, "
+         "opts={'loud': false, 'level': -2.5})]", None,
+         [("set_alarm", '{"hour": 7, "repeat": true, "days": ["mon", "tue"], "note": null, '
+                        '"opts": {"loud": false, "level": -2.5}}')], "typed-values-no-end-tag"),
+    case("lfm2", "<|tool_call_start|>[get_time()]<|tool_call_end|>", None, [("get_time", "{}")], "no-arguments"),
+    case("lfm2", "<|tool_call_start|>[get_weather(location=\"São Paulo 東京 ☔ ) ] , x\")]<|tool_call_end|>", None,
+         [("get_weather", '{"location": "São Paulo 東京 ☔ ) ] , x"}')], "unicode-tricky"),
+    case("lfm2", "<|tool_call_start|>[get_weather(\"Paris\")]<|tool_call_end|>",
+         "<|tool_call_start|>[get_weather(\"Paris\")]<|tool_call_end|>", [], "positional-not-a-call"),
+    case("lfm2", "<|tool_call_start|>[os.system(cmd=open('x').read())]<|tool_call_end|>",
+         "<|tool_call_start|>[os.system(cmd=open('x').read())]<|tool_call_end|>", [], "not-a-literal"),
+    case("lfm2", "<|tool_call_start|>[get_weather(location=\"Par", "<|tool_call_start|>[get_weather(location=\"Par",
+         [], "truncated"),
+
+    case("gemma4", "<|tool_call>call:get_weather{location:<|\"|>Paris, France<|\"|>,unit:<|\"|>celsius<|\"|>}"
+         "<tool_call|>", None, [("get_weather", WEATHER)], "one"),
+    case("gemma4", "I'll look.\n<|tool_call>call:get_weather{location:<|\"|>Paris, France<|\"|>,unit:<|\"|>celsius"
+         "<|\"|>}<tool_call|><|tool_call>call:get_time{tz:<|\"|>UTC<|\"|>}<tool_call|>", "I'll look.",
+         [("get_weather", WEATHER), ("get_time", TIME_UTC)], "two-blocks"),
+    case("gemma4", "<|tool_call>call:get_time{tz:<|\"|>UTC<|\"|>},call:ping{}<tool_call|>", None,
+         [("get_time", TIME_UTC), ("ping", "{}")], "two-in-one-block"),
+    case("gemma4", "<|tool_call>call:set_alarm{hour:7,repeat:true,days:[<|\"|>mon<|\"|>,<|\"|>tue<|\"|>],"
+         "opts:{note:<|\"|>at 7:30, {really}<|\"|>,level:null}}", None,
+         [("set_alarm", '{"hour": 7, "repeat": true, "days": ["mon", "tue"], "opts": {"note": "at 7:30, {really}", '
+                        '"level": null}}')], "typed-values-no-end-tag"),
+    case("gemma4", "<|tool_call>call:get_weather{location:Paris}<tool_call|>",
+         "<|tool_call>call:get_weather{location:Paris}<tool_call|>", [], "bare-string-not-json"),
+    case("gemma4", "<|tool_call>get_weather{}<tool_call|>", "<|tool_call>get_weather{}<tool_call|>", [],
+         "no-call-prefix"),
+
+    case("onyx", onyx("get_weather", ("location", "Paris, France"), ("unit", "celsius")), None,
+         [("get_weather", WEATHER)], "one"),
+    case("onyx", "Checking.\n<atem:function_calls>\n<atem:invoke name=\"get_weather\">\n<atem:parameter "
+         "name=\"location\">Paris, France</atem:parameter>\n<atem:parameter name=\"unit\">celsius</atem:parameter>"
+         "\n</atem:invoke>\n<atem:invoke name=\"get_time\">\n<atem:parameter name=\"tz\">UTC</atem:parameter>\n"
+         "</atem:invoke>\n</atem:function_calls>\nDone.", "Checking.\n\nDone.",
+         [("get_weather", WEATHER), ("get_time", TIME_UTC)], "two-invokes-with-text"),
+    case("onyx", onyx("set_alarm", ("hour", "7"), ("days", '["mon"]'), ("note", "a < b </x>")), None,
+         [("set_alarm", '{"hour": 7, "days": ["mon"], "note": "a < b </x>"}')], "typed-values"),
+    case("onyx", '<atem:function_calls>\n<atem:invoke name="f">\n<atem:parameter name="a">1',
+         '<atem:function_calls>\n<atem:invoke name="f">\n<atem:parameter name="a">1', [], "truncated"),
+    case("onyx", "<atem:function_calls></atem:function_calls>", "<atem:function_calls></atem:function_calls>", [],
+         "empty-block"),
+
+    case("minicpm5", '<function name="get_weather"><param name="location">Paris, France</param>'
+         '<param name="unit">celsius</param></function>', None, [("get_weather", WEATHER)], "one"),
+    case("minicpm5", 'Sure.\n<function name="get_weather">\n<param name="location">Paris, France</param>\n'
+         '<param name="unit">celsius</param>\n</function>\n<function name="get_time"><param name="tz">UTC</param>'
+         "</function>", "Sure.", [("get_weather", WEATHER), ("get_time", TIME_UTC)], "two-with-text"),
+    case("minicpm5", "<function name=\"f\"><param name=\"tags\">['a', 'b']</param><param name=\"n\">3</param>"
+         '<param name="ok">true</param></function>', None, [("f", '{"tags": ["a", "b"], "n": 3, "ok": true}')],
+         "python-list-and-typed"),
+    case("minicpm5", '<function name="get_time"></function>', None, [("get_time", "{}")], "no-parameters"),
+    case("minicpm5", '<function name="f"><param name="a">1</function>',
+         '<function name="f"><param name="a">1</function>', [], "unclosed-param"),
 ]
 
 
@@ -294,7 +394,11 @@ def test_calls_and_reasoning_are_sent_before_the_end() -> None:
 PIECES = ["<tool_call>", "</tool_call>", "\n", " ", "{", "}", "[", "]", '"', "\\", ";", ",", "functools",
           '{"name": "f", "arguments": {"a": "}"}}', '{"name": "g", "parameters": {}}',
           '[{"name": "h", "arguments": {}}]', "[TOOL_CALLS]",
-          "get", "[ARGS]", "<|python_tag|>", "<think>", "</think>", "hello", "é", "</"]
+          "get", "[ARGS]", "<|python_tag|>", "<think>", "</think>", "hello", "é", "</",
+          "<|channel|>", "commentary to=functions.f ", "<|message|>", "<|end|>", "<|call|>", "<|start|>", "final",
+          "<|tool_call_start|>", "[f(a=1)]", "<|tool_call_end|>", "<|tool_call>", "call:f{a:<|\"|>x<|\"|>}",
+          "<tool_call|>", "<atem:function_calls>", '<atem:invoke name="f">', "</atem:invoke>",
+          "</atem:function_calls>", '<function name="f">', '<param name="a">', "</param>", "</function>"]
 
 
 def test_random_outputs_stream_like_whole() -> None:
@@ -338,8 +442,9 @@ def test_qwen3_opens() -> None:
 
 
 def test_registries() -> None:
-    assert set(TOOL_PARSERS) == {"hermes3", "llama3", "phi4", "mistral", "qwen3coder", "devstral"}
-    assert set(REASONING_PARSERS) == {"qwen3"}
+    assert set(TOOL_PARSERS) == {"hermes3", "llama3", "phi4", "mistral", "qwen3coder", "devstral", "gptoss", "lfm2",
+                                 "gemma4", "onyx", "minicpm5"}
+    assert set(REASONING_PARSERS) == {"qwen3", "gptoss"}
     assert all(kind.name == name for name, kind in {**TOOL_PARSERS, **REASONING_PARSERS}.items())
 
 
@@ -447,6 +552,13 @@ CUT_CASES = [  # (parser, forced, output cut by the token limit, content, calls)
     ("qwen3coder", False, "Sure.\n<tool_call>\n<function=get_weather>\n<parameter=loc", "Sure.", []),
     ("qwen3coder", False, "Sure. <tool_", "Sure.", []),
     ("devstral", False, "Sure.[TOOL_CALLS]get_wea", "Sure.", []),
+    ("gptoss", False, '<|channel|>commentary<|message|>Let me check.<|end|><|start|>assistant<|channel|>commentary '
+     'to=functions.get_weather <|constrain|>json<|message|>{"location": "Pa', "Let me check.", []),
+    ("gptoss", False, "<|channel|>final<|message|>Half an ans", "Half an ans", []),
+    ("lfm2", False, 'Sure.<|tool_call_start|>[get_weather(location="Pa', "Sure.", []),
+    ("gemma4", False, "Sure.<|tool_call>call:get_weather{location:<|\"|>Pa", "Sure.", []),
+    ("onyx", False, 'Sure.\n<atem:function_calls>\n<atem:invoke name="get_w', "Sure.", []),
+    ("minicpm5", False, 'Sure. <function name="get_weather"><param name="loc', "Sure.", []),
 ]
 
 
