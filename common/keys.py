@@ -14,14 +14,10 @@ class Keys:
     prefix: str = "ovq"
     cluster: bool = False
 
-    def _m(self, model: str) -> str:
-        """The model's part of a key: a hash tag in cluster mode, so its queue scripts touch one slot."""
-        return "{m:" + model + "}" if self.cluster else model
-
-    def _of(self, model: str) -> str:
-        """`{m:MODEL}:` before a job's id in cluster mode (its keys then live in its model's slot), else nothing."""
-        if not self.cluster:
-            return ""
+    @staticmethod
+    def _of(model: str) -> str:
+        """`{m:MODEL}:` before a job's id in cluster mode: its keys then live in its model's slot. (Single-Redis
+        names are built without calling this: no work added per key there.)"""
         if not model:
             raise ValueError("in cluster mode a job's keys need its model (they live in the model's slot)")
         return "{m:" + model + "}:"
@@ -32,28 +28,32 @@ class Keys:
 
     def jobs(self, model: str, device: str) -> str:
         """The queue of one model on one device (a stream with consumer group `workers`)."""
-        return f"{self.prefix}:jobs:{self._m(model)}:{device}"
+        return f"{self.prefix}:jobs:{{m:{model}}}:{device}" if self.cluster else f"{self.prefix}:jobs:{model}:{device}"
 
     def batch_jobs(self, model: str, device: str) -> str:
         """The lower-priority queue of one model on one device: Batch API lines (a stream with consumer group
         `workers`). Workers read it only when `jobs(model, device)` has nothing waiting."""
-        return f"{self.prefix}:batchjobs:{self._m(model)}:{device}"
+        if self.cluster:
+            return f"{self.prefix}:batchjobs:{{m:{model}}}:{device}"
+        return f"{self.prefix}:batchjobs:{model}:{device}"
 
     def awaiting(self, model: str, device: str) -> str:
         """Requests waiting for the first card of a model no worker has announced (a list of tokens, each removed
         when its wait ends; the key expires after the longest wait): what wakes a scaled-to-zero model's workers
         before any job of it can be queued (KEDA's `redis` scaler reads its length)."""
-        return f"{self.prefix}:awaiting:{self._m(model)}:{device}"
+        if self.cluster:
+            return f"{self.prefix}:awaiting:{{m:{model}}}:{device}"
+        return f"{self.prefix}:awaiting:{model}:{device}"
 
     def events(self, reply_to: str) -> str:
         """Pub/sub channel a job's events go to (`reply_to` names the API process that waits for them)."""
         return f"{self.prefix}:ev:{{a:{reply_to}}}" if self.cluster else f"{self.prefix}:ev:{reply_to}"
 
     def job(self, job_id: str, model: str = "") -> str:
-        return f"{self.prefix}:job:{self._of(model)}{job_id}"
+        return f"{self.prefix}:job:{self._of(model)}{job_id}" if self.cluster else f"{self.prefix}:job:{job_id}"
 
     def cancel(self, job_id: str, model: str = "") -> str:
-        return f"{self.prefix}:cancel:{self._of(model)}{job_id}"
+        return f"{self.prefix}:cancel:{self._of(model)}{job_id}" if self.cluster else f"{self.prefix}:cancel:{job_id}"
 
     @property
     def cancel_channel(self) -> str:
@@ -69,11 +69,13 @@ class Keys:
 
     def workers(self, model: str, device: str) -> str:
         """Sorted set of the ids of the workers serving a model on a device, scored by last heartbeat (unix s)."""
-        return f"{self.prefix}:workers:{self._m(model)}:{device}"
+        if self.cluster:
+            return f"{self.prefix}:workers:{{m:{model}}}:{device}"
+        return f"{self.prefix}:workers:{model}:{device}"
 
     def model(self, model: str) -> str:
         """Hash: device -> JSON model card, written by that device's workers."""
-        return f"{self.prefix}:model:{self._m(model)}"
+        return f"{self.prefix}:model:{{m:{model}}}" if self.cluster else f"{self.prefix}:model:{model}"
 
     @property
     def models(self) -> str:
@@ -83,7 +85,9 @@ class Keys:
 
     def blob(self, job_id: str, name: str, model: str = "") -> str:
         """Bytes a job needs or made (uploads, PNGs), with a short TTL: never in the stream or on pub/sub."""
-        return f"{self.prefix}:blob:{self._of(model)}{job_id}:{name}"
+        if self.cluster:
+            return f"{self.prefix}:blob:{self._of(model)}{job_id}:{name}"
+        return f"{self.prefix}:blob:{job_id}:{name}"
 
     @property
     def dead(self) -> str:
@@ -93,7 +97,9 @@ class Keys:
     def stats(self, model: str, device: str, window: int) -> str:
         """Hash of one model on one device over one stats window starting at `window` (unix s): counters and
         latency histogram buckets that its workers HINCRBY (TTL OVQ_STATS_TTL_S). Fields: `common/ops/stats.py`."""
-        return f"{self.prefix}:stats:{self._m(model)}:{device}:{window}"
+        if self.cluster:
+            return f"{self.prefix}:stats:{{m:{model}}}:{device}:{window}"
+        return f"{self.prefix}:stats:{model}:{device}:{window}"
 
     @property
     def failed(self) -> str:
@@ -120,7 +126,7 @@ class Keys:
         time it sends text (`workers/text/progress.py`), so that another worker can continue the job if this one
         dies (OVQ_WORKER_TAKEOVER). Owned by the worker running the job: TTL OVQ_JOB_TTL_S from its first record,
         deleted when the job ends."""
-        return f"{self.prefix}:gen:{self._of(model)}{job_id}"
+        return f"{self.prefix}:gen:{self._of(model)}{job_id}" if self.cluster else f"{self.prefix}:gen:{job_id}"
 
     # ---- Responses API (api/openai/responses/store.py) ------------------------------------------------------
     def response(self, response_id: str) -> str:
@@ -136,13 +142,13 @@ class Keys:
         the job, as an `EventBatch`). Owner: the worker's publisher (workers/queue/publisher.py), which XADDs it in
         the same round trip as the PUBLISH, capped with MAXLEN ~ OVQ_JOURNAL_MAX_ENTRIES, TTL OVQ_JOURNAL_TTL_S
         (renewed every few hundred entries and by the last). Read by any API process (api/queue/journal.py)."""
-        return f"{self.prefix}:journal:{self._of(model)}{job_id}"
+        return f"{self.prefix}:journal:{self._of(model)}{job_id}" if self.cluster else f"{self.prefix}:journal:{job_id}"
 
     def reader(self, job_id: str, model: str = "") -> str:
         """String: the API process now streaming a resumable job to a client (its `reply_to`), TTL
         OVQ_RESUME_GRACE_S, renewed by that stream while it lasts. A worker cancels a resumable (not background)
         job once this is gone: its client left and did not come back within the grace period."""
-        return f"{self.prefix}:reader:{self._of(model)}{job_id}"
+        return f"{self.prefix}:reader:{self._of(model)}{job_id}" if self.cluster else f"{self.prefix}:reader:{job_id}"
 
     def background(self, response_id: str) -> str:
         """Hash: a background response (`background: true`) as created: `request` (the body, JSON), `job`,
