@@ -184,7 +184,10 @@ class ClusterSet:
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
             infos = [redis.Redis(port=n.port).cluster("info") for n in self.nodes]
-            if all(i.get("cluster_state") == "ok" and int(i.get("cluster_known_nodes", 0)) == 6 for i in infos):
+            links = [redis.Redis(port=n.port).info("replication") for n in self.nodes]
+            replicas = [r for r in links if r.get("role") == "slave"]
+            if all(i.get("cluster_state") == "ok" and int(i.get("cluster_known_nodes", 0)) == 6 for i in infos) \
+                    and len(replicas) == 3 and all(r.get("master_link_status") == "up" for r in replicas):
                 return
             time.sleep(0.1)
         raise RuntimeError("the cluster did not come up")
