@@ -1,7 +1,8 @@
 """The Redis Cluster key layout on a real 3-master cluster with one replica each (Debian's redis-server >= 7 on
-loopback ports): every Lua script ovq runs finds all its keys in one slot when they are named by
-`Keys(cluster=True)` (a cross-slot script is refused: CROSSSLOT), and the queues of different models spread
-over the masters. The tiers themselves do not run on a Cluster yet (`redis+cluster://` is refused)."""
+loopback ports): the queue and Batch API scripts find all their keys in one slot when they are named by
+`Keys(cluster=True)` (a cross-slot script is refused: CROSSSLOT), the dead-letter retry works across slots, and
+the queues of different models spread over the masters. The tiers themselves do not run on a Cluster yet
+(`redis+cluster://` is refused)."""
 from __future__ import annotations
 
 import time
@@ -9,10 +10,14 @@ from collections.abc import Iterator
 
 import pytest
 import redis
+from redis.asyncio.cluster import RedisCluster
 
 from api.queue.registry import ENQUEUE, WITHDRAW
 from common.batch.store import CANCEL, END, RECORD, RENEW, UPDATE
+from common.jobs import Job
 from common.keys import GROUP, Keys
+from common.ops import control
+from common.settings import Settings
 from tests.integration.redis_ha import ClusterSet, missing_for_sentinel
 from workers.queue.intake import READ
 from workers.queue.reclaim import FORGET
@@ -94,3 +99,20 @@ def test_queues_of_different_models_land_on_different_masters(client: redis.Redi
         node = client.get_node_from_key(KEYS.jobs(m, "CPU")).name
         assert {client.get_node_from_key(k).name for k in (KEYS.model(m), KEYS.job("j", m), KEYS.journal("j", m))} \
             == {node}
+
+
+async def test_a_dead_letter_is_retried_across_slots(cluster: ClusterSet) -> None:
+    """The dead-letter stream and a job's model are in different slots: the retry claims the letter, then queues
+    the job in its model's slot."""
+    client = RedisCluster(host="127.0.0.1", port=cluster.nodes[0].port)
+    job = Job(model=MODELS[3], device="CPU", kind="completion", prompt="hi", reply_to="api1")
+    assert client.keyslot(KEYS.dead) != client.keyslot(KEYS.jobs(job.model, job.device))
+    entry = (await client.xadd(KEYS.dead, job.to_fields())).decode()
+    await client.hset(KEYS.job(job.id, job.model), mapping={"status": "failed", "error": "boom"})
+    await control.retry(client, KEYS, Settings(), entry)
+    [(_, fields)] = await client.xrange(KEYS.jobs(job.model, job.device))
+    assert Job.from_fields(fields).id == job.id
+    assert await client.hget(KEYS.job(job.id, job.model), "status") == b"queued"
+    with pytest.raises(control.NotFound):
+        await control.retry(client, KEYS, Settings(), entry)
+    await client.aclose()
