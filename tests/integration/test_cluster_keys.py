@@ -1,10 +1,11 @@
 """The Redis Cluster key layout on a real 3-master cluster with one replica each (Debian's redis-server >= 7 on
 loopback ports): the queue and Batch API scripts find all their keys in one slot when they are named by
-`Keys(cluster=True)` (a cross-slot script is refused: CROSSSLOT), the dead-letter retry works across slots, and
-the queues of different models spread over the masters. The tiers themselves do not run on a Cluster yet
-(`redis+cluster://` is refused)."""
+`Keys(cluster=True)` (a cross-slot script is refused: CROSSSLOT), the dead-letter retry and the reclaimer's
+cleanup work across slots, and the queues of different models spread over the masters. The tiers themselves do
+not run on a Cluster yet (`redis+cluster://` is refused)."""
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Iterator
 
@@ -20,7 +21,8 @@ from common.ops import control
 from common.settings import Settings
 from tests.integration.redis_ha import ClusterSet, missing_for_sentinel
 from workers.queue.intake import READ
-from workers.queue.reclaim import FORGET
+from workers.queue.reclaim import FORGET, Reclaimer
+from workers.vitals import Member
 
 pytestmark = pytest.mark.skipif(missing_for_sentinel() is not None, reason=str(missing_for_sentinel()))
 KEYS = Keys("ovq", cluster=True)
@@ -115,4 +117,22 @@ async def test_a_dead_letter_is_retried_across_slots(cluster: ClusterSet) -> Non
     assert await client.hget(KEYS.job(job.id, job.model), "status") == b"queued"
     with pytest.raises(control.NotFound):
         await control.retry(client, KEYS, Settings(), entry)
+    await client.aclose()
+
+
+async def test_dead_consumers_are_forgotten_but_not_a_live_workers(cluster: ClusterSet) -> None:
+    """The reclaimer's cleanup reads worker hashes in other slots than the stream's: they are checked first, then
+    the stream's script removes the dead consumers that hold nothing."""
+    client = RedisCluster(host="127.0.0.1", port=cluster.nodes[0].port)
+    model = MODELS[4]
+    member = Member("w1", model, "CPU", KEYS.jobs(model, "CPU"), KEYS.batch_jobs(model, "CPU"), started=time.time())
+    await client.xgroup_create(member.stream, GROUP, id="0", mkstream=True)
+    for consumer in ("gone", "alive"):
+        await client.xgroup_createconsumer(member.stream, GROUP, consumer)
+    await client.hset(KEYS.worker("alive"), "host", "h")  # a worker hash, but not (yet) in the model's live set
+    assert client.keyslot(KEYS.worker("alive")) != client.keyslot(member.stream)
+    await asyncio.sleep(0.1)
+    reclaimer = Reclaimer(client, KEYS, Settings(worker_ttl_s=0.05), member, lambda: 10)
+    assert await reclaimer.forget_dead_consumers(member.stream, set()) == 1
+    assert [c["name"] for c in await client.xinfo_consumers(member.stream, GROUP)] == [b"alive"]
     await client.aclose()
