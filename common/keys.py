@@ -10,7 +10,8 @@ GROUP = "workers"
 class Keys:
     """Key names. With `cluster` (Redis Cluster) keys carry hash tags so that what one script touches shares a slot:
     a model's queues, workers, card, stats and jobs' own keys `{m:MODEL}`, an API's event channel `{a:REPLY_TO}`,
-    the whole Batch API `{PREFIX:batch}`; other keys are single-key and untagged. Without it names are unchanged."""
+    a stored response and its background record `{r:ID}`, the whole Batch API `{PREFIX:batch}`; other keys are
+    single-key and untagged. Without it names are unchanged."""
     prefix: str = "ovq"
     cluster: bool = False
 
@@ -135,6 +136,8 @@ class Keys:
         it through previous_response_id, oldest first, JSON). Owned by the API's response store: written once when
         the response ends, with TTL OVQ_RESPONSES_TTL_S (renewed for a whole chain when a turn chains onto it),
         at most OVQ_RESPONSES_MAX_BYTES; removed by `DELETE /responses/{id}`."""
+        if self.cluster:  # beside its background record (Keys.background): deleted together
+            return f"{self.prefix}:response:{{r:{response_id}}}"
         return f"{self.prefix}:response:{response_id}"
 
     def journal(self, job_id: str, model: str = "") -> str:
@@ -154,6 +157,8 @@ class Keys:
         """Hash: a background response (`background: true`) as created: `request` (the body, JSON), `job`,
         `chain`, `prompt`, `created_at`. Owner: the API (api/openai/responses/background.py); TTL
         OVQ_JOURNAL_TTL_S, the journal's: once the journal is gone, the stored response (Keys.response) says it."""
+        if self.cluster:
+            return f"{self.prefix}:bg:{{r:{response_id}}}"
         return f"{self.prefix}:bg:{response_id}"
 
     @property

@@ -1,8 +1,8 @@
 """The Redis Cluster key layout on a real 3-master cluster with one replica each (Debian's redis-server >= 7 on
 loopback ports): the queue and Batch API scripts find all their keys in one slot when they are named by
-`Keys(cluster=True)` (a cross-slot script is refused: CROSSSLOT), the dead-letter retry and the reclaimer's
-cleanup work across slots, and the queues of different models spread over the masters. The tiers themselves do
-not run on a Cluster yet (`redis+cluster://` is refused)."""
+`Keys(cluster=True)` (a cross-slot script is refused: CROSSSLOT); the dead-letter retry and the reclaimer's cleanup work
+across slots; the queues of different models spread over the masters. The tiers themselves do not run on a
+Cluster yet (`redis+cluster://` is refused)."""
 from __future__ import annotations
 
 import asyncio
@@ -136,3 +136,4 @@ async def test_dead_consumers_are_forgotten_but_not_a_live_workers(cluster: Clus
     assert await reclaimer.forget_dead_consumers(member.stream, set()) == 1
     assert [c["name"] for c in await client.xinfo_consumers(member.stream, GROUP)] == [b"alive"]
     await client.aclose()
+

@@ -54,6 +54,11 @@ def test_a_jobs_keys_need_its_model_in_cluster_mode() -> None:
         CLUSTER.job("j1")
 
 
+def test_a_stored_response_and_its_background_record_share_a_slot() -> None:
+    assert PLAIN.response("r1") == "ovq:response:r1" and PLAIN.background("r1") == "ovq:bg:r1"
+    assert slot(CLUSTER.response("r1")) == slot(CLUSTER.background("r1")) != slot(CLUSTER.response("r2"))
+
+
 def test_event_channels_are_tagged_by_api() -> None:
     assert CLUSTER.events("api1") == "ovq:ev:{a:api1}"
     assert slot(CLUSTER.events("api1")) == slot("{a:api1}")
