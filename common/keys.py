@@ -8,47 +8,75 @@ GROUP = "workers"
 
 @dataclass(frozen=True)
 class Keys:
+    """Key names. With `cluster` (Redis Cluster) keys carry hash tags so that what one script touches shares a slot:
+    a model's queues, workers, card, stats and jobs' own keys `{m:MODEL}`, an API's event channel `{a:REPLY_TO}`,
+    a stored response and its background record `{r:ID}`, the whole Batch API `{PREFIX:batch}`; other keys are
+    single-key and untagged. Without it names are unchanged."""
     prefix: str = "ovq"
+    cluster: bool = False
+
+    @staticmethod
+    def _of(model: str) -> str:
+        """`{m:MODEL}:` before a job's id in cluster mode: its keys then live in its model's slot. (Single-Redis
+        names are built without calling this: no work added per key there.)"""
+        if not model:
+            raise ValueError("in cluster mode a job's keys need its model (they live in the model's slot)")
+        return "{m:" + model + "}:"
+
+    def _b(self) -> str:
+        """The Batch API's part of a key in cluster mode: every Batch API and rq key in one slot."""
+        return "{" + self.prefix + ":batch}:" if self.cluster else ""
 
     def jobs(self, model: str, device: str) -> str:
         """The queue of one model on one device (a stream with consumer group `workers`)."""
-        return f"{self.prefix}:jobs:{model}:{device}"
+        return f"{self.prefix}:jobs:{{m:{model}}}:{device}" if self.cluster else f"{self.prefix}:jobs:{model}:{device}"
 
     def batch_jobs(self, model: str, device: str) -> str:
         """The lower-priority queue of one model on one device: Batch API lines (a stream with consumer group
         `workers`). Workers read it only when `jobs(model, device)` has nothing waiting."""
+        if self.cluster:
+            return f"{self.prefix}:batchjobs:{{m:{model}}}:{device}"
         return f"{self.prefix}:batchjobs:{model}:{device}"
 
     def awaiting(self, model: str, device: str) -> str:
         """Requests waiting for the first card of a model no worker has announced (a list of tokens, each removed
         when its wait ends; the key expires after the longest wait): what wakes a scaled-to-zero model's workers
         before any job of it can be queued (KEDA's `redis` scaler reads its length)."""
+        if self.cluster:
+            return f"{self.prefix}:awaiting:{{m:{model}}}:{device}"
         return f"{self.prefix}:awaiting:{model}:{device}"
 
     def events(self, reply_to: str) -> str:
         """Pub/sub channel a job's events go to (`reply_to` names the API process that waits for them)."""
-        return f"{self.prefix}:ev:{reply_to}"
+        return f"{self.prefix}:ev:{{a:{reply_to}}}" if self.cluster else f"{self.prefix}:ev:{reply_to}"
 
-    def job(self, job_id: str) -> str:
-        return f"{self.prefix}:job:{job_id}"
+    def job(self, job_id: str, model: str = "") -> str:
+        return f"{self.prefix}:job:{self._of(model)}{job_id}" if self.cluster else f"{self.prefix}:job:{job_id}"
 
-    def cancel(self, job_id: str) -> str:
-        return f"{self.prefix}:cancel:{job_id}"
+    def cancel(self, job_id: str, model: str = "") -> str:
+        return f"{self.prefix}:cancel:{self._of(model)}{job_id}" if self.cluster else f"{self.prefix}:cancel:{job_id}"
 
     @property
     def cancel_channel(self) -> str:
         return f"{self.prefix}:cancel"
+
+    def model_cancel_channel(self, model: str) -> str:
+        """The channel cancels of one model's jobs go to: `cancel_channel` on one Redis; per model, in its slot, on a
+        Cluster (sharded pub/sub delivers a channel only on the node that owns its slot)."""
+        return f"{self.prefix}:cancel:{{m:{model}}}" if self.cluster else self.cancel_channel
 
     def worker(self, worker_id: str) -> str:
         return f"{self.prefix}:worker:{worker_id}"
 
     def workers(self, model: str, device: str) -> str:
         """Sorted set of the ids of the workers serving a model on a device, scored by last heartbeat (unix s)."""
+        if self.cluster:
+            return f"{self.prefix}:workers:{{m:{model}}}:{device}"
         return f"{self.prefix}:workers:{model}:{device}"
 
     def model(self, model: str) -> str:
         """Hash: device -> JSON model card, written by that device's workers."""
-        return f"{self.prefix}:model:{model}"
+        return f"{self.prefix}:model:{{m:{model}}}" if self.cluster else f"{self.prefix}:model:{model}"
 
     @property
     def models(self) -> str:
@@ -56,8 +84,10 @@ class Keys:
         than the card TTL are trimmed by the heartbeats, so retired models leave the list."""
         return f"{self.prefix}:models:seen"
 
-    def blob(self, job_id: str, name: str) -> str:
+    def blob(self, job_id: str, name: str, model: str = "") -> str:
         """Bytes a job needs or made (uploads, PNGs), with a short TTL: never in the stream or on pub/sub."""
+        if self.cluster:
+            return f"{self.prefix}:blob:{self._of(model)}{job_id}:{name}"
         return f"{self.prefix}:blob:{job_id}:{name}"
 
     @property
@@ -68,6 +98,8 @@ class Keys:
     def stats(self, model: str, device: str, window: int) -> str:
         """Hash of one model on one device over one stats window starting at `window` (unix s): counters and
         latency histogram buckets that its workers HINCRBY (TTL OVQ_STATS_TTL_S). Fields: `common/ops/stats.py`."""
+        if self.cluster:
+            return f"{self.prefix}:stats:{{m:{model}}}:{device}:{window}"
         return f"{self.prefix}:stats:{model}:{device}:{window}"
 
     @property
@@ -90,12 +122,12 @@ class Keys:
         listening; one not in the set at all (an API without heartbeats) counts as listening."""
         return f"{self.prefix}:apis"
 
-    def generated(self, job_id: str) -> str:
+    def generated(self, job_id: str, model: str = "") -> str:
         """String: a streaming text job's token ids so far, packed records appended by its worker's publisher each
         time it sends text (`workers/text/progress.py`), so that another worker can continue the job if this one
         dies (OVQ_WORKER_TAKEOVER). Owned by the worker running the job: TTL OVQ_JOB_TTL_S from its first record,
         deleted when the job ends."""
-        return f"{self.prefix}:gen:{job_id}"
+        return f"{self.prefix}:gen:{self._of(model)}{job_id}" if self.cluster else f"{self.prefix}:gen:{job_id}"
 
     # ---- Responses API (api/openai/responses/store.py) ------------------------------------------------------
     def response(self, response_id: str) -> str:
@@ -104,25 +136,29 @@ class Keys:
         it through previous_response_id, oldest first, JSON). Owned by the API's response store: written once when
         the response ends, with TTL OVQ_RESPONSES_TTL_S (renewed for a whole chain when a turn chains onto it),
         at most OVQ_RESPONSES_MAX_BYTES; removed by `DELETE /responses/{id}`."""
+        if self.cluster:  # beside its background record (Keys.background): deleted together
+            return f"{self.prefix}:response:{{r:{response_id}}}"
         return f"{self.prefix}:response:{response_id}"
 
-    def journal(self, job_id: str) -> str:
+    def journal(self, job_id: str, model: str = "") -> str:
         """Stream: a resumable job's events, one entry per publish round trip (field `e`: that step's events of
         the job, as an `EventBatch`). Owner: the worker's publisher (workers/queue/publisher.py), which XADDs it in
         the same round trip as the PUBLISH, capped with MAXLEN ~ OVQ_JOURNAL_MAX_ENTRIES, TTL OVQ_JOURNAL_TTL_S
         (renewed every few hundred entries and by the last). Read by any API process (api/queue/journal.py)."""
-        return f"{self.prefix}:journal:{job_id}"
+        return f"{self.prefix}:journal:{self._of(model)}{job_id}" if self.cluster else f"{self.prefix}:journal:{job_id}"
 
-    def reader(self, job_id: str) -> str:
+    def reader(self, job_id: str, model: str = "") -> str:
         """String: the API process now streaming a resumable job to a client (its `reply_to`), TTL
         OVQ_RESUME_GRACE_S, renewed by that stream while it lasts. A worker cancels a resumable (not background)
         job once this is gone: its client left and did not come back within the grace period."""
-        return f"{self.prefix}:reader:{job_id}"
+        return f"{self.prefix}:reader:{self._of(model)}{job_id}" if self.cluster else f"{self.prefix}:reader:{job_id}"
 
     def background(self, response_id: str) -> str:
         """Hash: a background response (`background: true`) as created: `request` (the body, JSON), `job`,
         `chain`, `prompt`, `created_at`. Owner: the API (api/openai/responses/background.py); TTL
         OVQ_JOURNAL_TTL_S, the journal's: once the journal is gone, the stored response (Keys.response) says it."""
+        if self.cluster:
+            return f"{self.prefix}:bg:{{r:{response_id}}}"
         return f"{self.prefix}:bg:{response_id}"
 
     @property
@@ -154,53 +190,53 @@ class Keys:
           `:workers`, `:workers:{queue}` (sets): pruned of dead workers by rq's cleaning.
         - `:scheduler:{queue}`, `:scheduler-lock:{queue}`, `:suspended`, `:pubsub:{worker}` (channel): rq's
           scheduler (unused by ovq: no job is scheduled), `rq suspend`, `rq`'s commands to a worker."""
-        return f"{self.prefix}:rq"
+        return f"{self.prefix}:{self._b()}rq"
 
     @property
     def files(self) -> str:
         """Hash: file id -> the file's metadata (JSON). Entries past their `expires_at` are trimmed by the file
         store on every listing and upload; a deleted file's entry is removed by the delete."""
-        return f"{self.prefix}:files"
+        return f"{self.prefix}:{self._b()}files"
 
     def file_data(self, file_id: str) -> str:
         """List of a file's chunks (Redis storage), with the file's TTL; removed by a delete."""
-        return f"{self.prefix}:file:{file_id}:data"
+        return f"{self.prefix}:{self._b()}file:{file_id}:data"
 
     def batch(self, batch_id: str) -> str:
         """Hash: a batch's fields. TTL: completion window + file TTL at creation, the file TTL once it ends."""
-        return f"{self.prefix}:batch:{batch_id}"
+        return f"{self.prefix}:{self._b()}batch:{batch_id}"
 
     @property
     def batches(self) -> str:
         """Sorted set: batch id -> created_at, for listing. Entries whose batch hash expired are trimmed by the
         listing (and any older than the longest a batch can live)."""
-        return f"{self.prefix}:batches"
+        return f"{self.prefix}:{self._b()}batches"
 
     @property
     def active_batches(self) -> str:
         """Sorted set: ids of batches not yet ended -> created_at. The runner removes a batch when it ends; the
         sweeper (workers/batch/worker.py) removes entries whose batch hash is gone."""
-        return f"{self.prefix}:batches:active"
+        return f"{self.prefix}:{self._b()}batches:active"
 
     def batch_done(self, batch_id: str) -> str:
         """Hash: custom_id -> output line (JSON), the batch's checkpoint. Deleted by the runner once the output
         and error files are written; TTL as the batch hash's while it runs."""
-        return f"{self.prefix}:batch:{batch_id}:done"
+        return f"{self.prefix}:{self._b()}batch:{batch_id}:done"
 
     def batch_lease(self, batch_id: str) -> str:
         """String: the token of the runner that holds the batch, with a short TTL its heartbeat renews."""
-        return f"{self.prefix}:batch:{batch_id}:lease"
+        return f"{self.prefix}:{self._b()}batch:{batch_id}:lease"
 
     def batch_requeue(self, batch_id: str) -> str:
         """String with a short TTL: one sweeper at a time re-enqueues an abandoned batch."""
-        return f"{self.prefix}:batch:{batch_id}:requeue"
+        return f"{self.prefix}:{self._b()}batch:{batch_id}:requeue"
 
     def batch_stats(self, model: str) -> str:
         """Hash: lines done and failed for a model, counters for /metrics; TTL refreshed by every increment."""
-        return f"{self.prefix}:batchstats:{model}"
+        return f"{self.prefix}:{self._b()}batchstats:{model}"
 
     @property
     def batch_stats_models(self) -> str:
         """Sorted set: models with batch counters -> last increment (unix s); trimmed past the counters' TTL,
         which each increment gives it too."""
-        return f"{self.prefix}:batchstats"
+        return f"{self.prefix}:{self._b()}batchstats"

@@ -20,19 +20,22 @@ DRAIN_TTL_S = 600
 # process announces this name, so workers never take the job for one that is gone.
 RETRY_REPLY_TO = "ops-retry"
 
-# KEYS: dead-letter stream, job hash, the model's stream. ARGV: entry id, job JSON, created, reply_to, model,
-# device, job TTL. Removed from the dead letters and queued again in one step; 0 when the entry is gone already
-# (retried or purged by someone else).
-RETRY = f"""
-if redis.call('XDEL', KEYS[1], ARGV[1]) == 0 then return 0 end
-redis.call('XADD', KEYS[3], '*', '{ENTRY_JOB}', ARGV[2])
-redis.call('HDEL', KEYS[2], '{H.ERROR}', '{H.RESULT}', '{H.WORKER}', '{H.REASON}', '{H.STREAMED}', '{H.TEXT}')
-redis.call('HSET', KEYS[2], '{H.STATUS}', '{JobStatus.QUEUED}', '{H.CREATED}', ARGV[3], '{H.API}', ARGV[4],
+# KEYS: job hash, the model's stream. ARGV: entry id (unused), job JSON, created, reply_to, model, device, job TTL.
+# Queues a dead letter's job again: on a Redis Cluster, the second step of a retry (the dead-letter stream lives in
+# another slot than the job's model, so its XDEL goes first, alone: that claims the retry).
+REQUEUE = f"""
+local job, stream = KEYS[#KEYS - 1], KEYS[#KEYS]
+redis.call('XADD', stream, '*', '{ENTRY_JOB}', ARGV[2])
+redis.call('HDEL', job, '{H.ERROR}', '{H.RESULT}', '{H.WORKER}', '{H.REASON}', '{H.STREAMED}', '{H.TEXT}')
+redis.call('HSET', job, '{H.STATUS}', '{JobStatus.QUEUED}', '{H.CREATED}', ARGV[3], '{H.API}', ARGV[4],
            '{H.MODEL}', ARGV[5], '{H.DEVICE}', ARGV[6])
-redis.call('HINCRBY', KEYS[2], '{H.RETRIES}', 1)
-redis.call('EXPIRE', KEYS[2], ARGV[7])
+redis.call('HINCRBY', job, '{H.RETRIES}', 1)
+redis.call('EXPIRE', job, ARGV[7])
 return 1
 """
+# KEYS: dead-letter stream, job hash, the model's stream. ARGV: as REQUEUE's. Removed from the dead letters and
+# queued again in one step; 0 when the entry is gone already (retried or purged by someone else).
+RETRY = "if redis.call('XDEL', KEYS[1], ARGV[1]) == 0 then return 0 end\n" + REQUEUE
 
 
 class NotFound(LookupError):
@@ -60,10 +63,14 @@ async def retry(redis: aioredis.Redis, keys: Keys, settings: Settings, entry_id:
     except Exception:
         raise Refused(f"the dead letter {entry_id} holds a job this version cannot read; purge it") from None
     job = job.model_copy(update={"created": time.time(), "reply_to": RETRY_REPLY_TO})
-    script = redis.register_script(RETRY)
     args = [entry_id, orjson.dumps(job.model_dump()), job.created, job.reply_to, job.model, job.device,
             settings.job_ttl_s]
-    if not await script(keys=[keys.dead, keys.job(job.id), keys.jobs(job.model, job.device)], args=args):
+    queued = [keys.job(job.id, job.model), keys.jobs(job.model, job.device)]
+    if keys.cluster:  # two slots: claim the dead letter, then queue its job (a crash between them loses the retry)
+        if not await redis.xdel(keys.dead, entry_id):
+            raise NotFound(f"no dead letter {entry_id!r} (retried or purged meanwhile)")
+        await redis.register_script(REQUEUE)(keys=queued, args=args)
+    elif not await redis.register_script(RETRY)(keys=[keys.dead, *queued], args=args):
         raise NotFound(f"no dead letter {entry_id!r} (retried or purged meanwhile)")
     return job
 

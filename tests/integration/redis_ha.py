@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import shutil
 import signal
+import socket
 import subprocess
 import time
 from pathlib import Path
@@ -129,3 +130,70 @@ class SentinelSet:
         for node in [*self.sentinels, self.replica, self.primary]:
             node.stop()
         shutil.rmtree(self.primary.work.parent, ignore_errors=True)
+
+
+CLUSTER_NODE_TIMEOUT_MS = 1000  # Redis's default is 15 s
+CLUSTER_BUS_OFFSET = 10000  # a cluster node also listens on its port + 10000 (the cluster bus)
+
+
+def cluster_port() -> int:
+    """A free port whose cluster-bus port (+ 10000) is free too and below 65536."""
+    while True:
+        port = free_port()
+        if port + CLUSTER_BUS_OFFSET < 65536:
+            with socket.socket() as probe:
+                try:
+                    probe.bind(("127.0.0.1", port + CLUSTER_BUS_OFFSET))
+                    return port
+                except OSError:
+                    continue
+
+
+class ClusterSet:
+    """Three masters with one replica each (`redis-cli --cluster create`), failing a master over one second after it
+    stops answering."""
+
+    def __init__(self, work: Path) -> None:
+        self.nodes: list[Node] = []
+        try:
+            for i in range(6):
+                port = cluster_port()
+                self.nodes.append(Node(work / f"node{i}", DEBIAN_REDIS, "--port", str(port), "--bind", "127.0.0.1",
+                                       "--dir", str(work / f"node{i}"), "--save", "", "--appendonly", "yes",
+                                       "--loglevel", "warning", "--cluster-enabled", "yes",
+                                       "--cluster-config-file", "nodes.conf",
+                                       "--cluster-node-timeout", str(CLUSTER_NODE_TIMEOUT_MS), port=port).start())
+            subprocess.run(["redis-cli", "--cluster", "create", *(f"127.0.0.1:{n.port}" for n in self.nodes),
+                            "--cluster-replicas", "1", "--cluster-yes"], check=True, capture_output=True, timeout=60)
+            self._wait_ok()
+        except BaseException:
+            self.stop()
+            raise
+
+    @property
+    def url(self) -> str:
+        return f"redis+cluster://{','.join(f'127.0.0.1:{n.port}' for n in self.nodes[:3])}"
+
+    def client(self) -> redis.RedisCluster:
+        return redis.RedisCluster(host="127.0.0.1", port=self.nodes[0].port)
+
+    def node(self, port: int) -> Node:
+        return next(n for n in self.nodes if n.port == port)
+
+    def _wait_ok(self) -> None:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            infos = [redis.Redis(port=n.port).cluster("info") for n in self.nodes]
+            links = [redis.Redis(port=n.port).info("replication") for n in self.nodes]
+            replicas = [r for r in links if r.get("role") == "slave"]
+            if all(i.get("cluster_state") == "ok" and int(i.get("cluster_known_nodes", 0)) == 6 for i in infos) \
+                    and len(replicas) == 3 and all(r.get("master_link_status") == "up" for r in replicas):
+                return
+            time.sleep(0.1)
+        raise RuntimeError("the cluster did not come up")
+
+    def stop(self) -> None:
+        for node in self.nodes:
+            node.stop()
+        if self.nodes:
+            shutil.rmtree(self.nodes[0].work.parent, ignore_errors=True)

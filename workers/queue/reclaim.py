@@ -28,11 +28,13 @@ log = logging.getLogger("ovq.reclaim")
 
 # KEYS: the stream, then the worker hash of each consumer; ARGV: the group, then the consumers.
 # A consumer is removed only while its worker hash is absent and it holds no pending entry (DELCONSUMER would
-# drop its pending entries with it, leaving them in the stream where nobody reclaims them).
+# drop its pending entries with it, leaving them in the stream where nobody reclaims them). On a Redis Cluster the
+# worker hashes live in other slots: KEYS is the stream alone and the caller checked them just before (a worker
+# that comes back meanwhile with nothing pending only has its consumer re-made by its next read).
 FORGET = """
 local removed = 0
 for i = 2, #ARGV do
-  if redis.call('EXISTS', KEYS[i]) == 0
+  if (KEYS[i] == nil or redis.call('EXISTS', KEYS[i]) == 0)
       and #redis.call('XPENDING', KEYS[1], ARGV[1], '-', '+', 1, ARGV[i]) == 0 then
     redis.call('XGROUP', 'DELCONSUMER', KEYS[1], ARGV[1], ARGV[i])
     removed = removed + 1
@@ -118,7 +120,12 @@ class Reclaimer:
         dead = [name for name in dead if name not in live and name != self.member.id]
         if not dead:
             return 0
-        removed = await self._forget(keys=[stream, *(self.keys.worker(name) for name in dead)], args=[GROUP, *dead])
+        if self.keys.cluster:
+            alive = await asyncio.gather(*(self.redis.exists(self.keys.worker(name)) for name in dead))
+            dead = [name for name, there in zip(dead, alive, strict=True) if not there]
+            removed = await self._forget(keys=[stream], args=[GROUP, *dead]) if dead else 0
+        else:
+            removed = await self._forget(keys=[stream, *(self.keys.worker(n) for n in dead)], args=[GROUP, *dead])
         if removed:
             log.info("removed %d dead consumers from %s", removed, stream)
         return int(removed)

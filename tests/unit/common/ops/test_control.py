@@ -7,6 +7,7 @@ import time
 import pytest
 import redis.asyncio as aioredis
 
+from common.jobs import Job
 from common.keys import Keys
 from common.ops import control
 from common.settings import Settings
@@ -41,3 +42,21 @@ async def test_an_operator_cancels_a_running_background_response_not_an_ended_on
         await control.cancel_background(redis, keys, settings, "resp_c")
     with pytest.raises(control.NotFound):
         await control.cancel_background(redis, keys, settings, "resp_expired")
+
+
+async def test_a_dead_letter_retried_goes_back_on_its_models_stream_once(redis_url: str) -> None:
+    redis = aioredis.Redis.from_url(redis_url)
+    keys = Keys(f"ctl{time.time_ns()}")
+    job = Job(model="m", device="CPU", kind="completion", prompt="hi", reply_to="api1")
+    entry = (await redis.xadd(keys.dead, job.to_fields())).decode()
+    await redis.hset(keys.job(job.id), mapping={"status": "failed", "error": "boom"})
+    retried = await control.retry(redis, keys, Settings(redis_url=redis_url), entry)
+    assert retried.id == job.id and retried.reply_to == control.RETRY_REPLY_TO
+    assert await redis.xlen(keys.dead) == 0
+    [(_, fields)] = await redis.xrange(keys.jobs("m", "CPU"))
+    assert Job.from_fields(fields).id == job.id
+    state = await redis.hgetall(keys.job(job.id))
+    assert state[b"status"] == b"queued" and b"error" not in state and state[b"retries"] == b"1"
+    with pytest.raises(control.NotFound):
+        await control.retry(redis, keys, Settings(redis_url=redis_url), entry)
+    await redis.aclose()

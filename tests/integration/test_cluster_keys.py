@@ -1,0 +1,139 @@
+"""The Redis Cluster key layout on a real 3-master cluster with one replica each (Debian's redis-server >= 7 on
+loopback ports): the queue and Batch API scripts find all their keys in one slot when they are named by
+`Keys(cluster=True)` (a cross-slot script is refused: CROSSSLOT); the dead-letter retry and the reclaimer's cleanup work
+across slots; the queues of different models spread over the masters. The tiers themselves do not run on a
+Cluster yet (`redis+cluster://` is refused)."""
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Iterator
+
+import pytest
+import redis
+from redis.asyncio.cluster import RedisCluster
+
+from api.queue.registry import ENQUEUE, WITHDRAW
+from common.batch.store import CANCEL, END, RECORD, RENEW, UPDATE
+from common.jobs import Job
+from common.keys import GROUP, Keys
+from common.ops import control
+from common.settings import Settings
+from tests.integration.redis_ha import ClusterSet, missing_for_sentinel
+from workers.queue.intake import READ
+from workers.queue.reclaim import FORGET, Reclaimer
+from workers.vitals import Member
+
+pytestmark = pytest.mark.skipif(missing_for_sentinel() is not None, reason=str(missing_for_sentinel()))
+KEYS = Keys("ovq", cluster=True)
+MODELS = [f"model-{i}" for i in range(8)]
+DEVICES = ("CPU", "GPU")
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ClusterSet]:
+    made = ClusterSet(tmp_path_factory.mktemp("cluster"))
+    yield made
+    made.stop()
+
+
+@pytest.fixture()
+def client(cluster: ClusterSet) -> Iterator[redis.RedisCluster]:
+    made = cluster.client()
+    yield made
+    made.close()
+
+
+def test_queue_scripts_of_one_model_touch_one_slot(client: redis.RedisCluster) -> None:
+    for model in MODELS[:3]:
+        job = f"job-{model}"
+        queues = [k for d in DEVICES for k in (KEYS.workers(model, d), KEYS.jobs(model, d), KEYS.batch_jobs(model, d))]
+        for d in DEVICES:
+            for stream in (KEYS.jobs(model, d), KEYS.batch_jobs(model, d)):
+                client.xgroup_create(stream, GROUP, id="0", mkstream=True)
+        now = time.time()
+        chosen, _, entry = client.register_script(ENQUEUE)(
+            keys=[KEYS.job(job, model), *queues],
+            args=[now - 30, 100, 60, now, "api1", model, "interactive", *(x for d in DEVICES for x in (d, "{}"))])
+        stream = KEYS.jobs(model, DEVICES[chosen - 1])
+        assert client.register_script(WITHDRAW)(keys=[stream, KEYS.job(job, model)], args=[entry]) == 1
+        assert client.hget(KEYS.job(job, model), "status") == b"cancelled"
+        client.xadd(stream, {"job": "{}"})
+        read = client.register_script(READ)(keys=[stream, KEYS.batch_jobs(model, DEVICES[chosen - 1])],
+                                            args=[GROUP, "w1", 1])
+        assert read, "the intake read nothing from the stream it was given"
+        # FORGET reads the stream and its consumers' worker hashes: those are keyed by worker, not model (the
+        # tiers' cluster mode must split it); with the stream alone it runs on the stream's node
+        assert client.register_script(FORGET)(keys=[stream], args=[GROUP]) == 0
+
+
+def test_batch_scripts_touch_one_slot(client: redis.RedisCluster) -> None:
+    lease, batch, done = KEYS.batch_lease("b1"), KEYS.batch("b1"), KEYS.batch_done("b1")
+    client.set(lease, "token", ex=60)
+    client.hset(batch, mapping={"id": "b1", "status": "in_progress"})
+    client.expire(batch, 600)
+    assert client.register_script(RENEW)(keys=[lease], args=["token", 60_000]) == 1
+    assert client.register_script(UPDATE)(keys=[lease, batch], args=["token", "in_progress", "total", 1]) \
+        == b"in_progress"
+    assert client.register_script(RECORD)(
+        keys=[lease, done, batch, KEYS.batch_stats("m"), KEYS.batch_stats_models],
+        args=["token", "line-1", "{}", "completed", 1, 2, time.time(), 3600, "m"]) == 1
+    assert client.register_script(CANCEL)(keys=[batch, lease, done, KEYS.active_batches], args=[time.time(), 600]) \
+        == b"cancelling"
+    assert client.register_script(END)(keys=[lease, batch, done, KEYS.active_batches],
+                                       args=["token", 600, "b1", "status", "cancelled"]) == 1
+
+
+def test_a_script_across_models_is_refused(client: redis.RedisCluster) -> None:
+    """What the layout prevents: one script over two models' slots."""
+    a, b = (KEYS.jobs(m, "CPU") for m in MODELS[:2])
+    assert client.keyslot(a) != client.keyslot(b)
+    node = redis.Redis(port=client.get_node_from_key(a).port)  # past redis-py's own check, to the server's
+    with pytest.raises(redis.exceptions.ClusterCrossSlotError):
+        node.eval("return redis.call('XLEN', KEYS[1]) + redis.call('XLEN', KEYS[2])", 2, a, b)
+    node.close()
+
+
+def test_queues_of_different_models_land_on_different_masters(client: redis.RedisCluster) -> None:
+    masters = {client.get_node_from_key(KEYS.jobs(m, "CPU")).name for m in MODELS}
+    assert len(masters) == 3
+    for m in MODELS:  # a model's card, workers and jobs' own keys are where its queue is
+        node = client.get_node_from_key(KEYS.jobs(m, "CPU")).name
+        assert {client.get_node_from_key(k).name for k in (KEYS.model(m), KEYS.job("j", m), KEYS.journal("j", m))} \
+            == {node}
+
+
+async def test_a_dead_letter_is_retried_across_slots(cluster: ClusterSet) -> None:
+    """The dead-letter stream and a job's model are in different slots: the retry claims the letter, then queues
+    the job in its model's slot."""
+    client = RedisCluster(host="127.0.0.1", port=cluster.nodes[0].port)
+    job = Job(model=MODELS[3], device="CPU", kind="completion", prompt="hi", reply_to="api1")
+    assert client.keyslot(KEYS.dead) != client.keyslot(KEYS.jobs(job.model, job.device))
+    entry = (await client.xadd(KEYS.dead, job.to_fields())).decode()
+    await client.hset(KEYS.job(job.id, job.model), mapping={"status": "failed", "error": "boom"})
+    await control.retry(client, KEYS, Settings(), entry)
+    [(_, fields)] = await client.xrange(KEYS.jobs(job.model, job.device))
+    assert Job.from_fields(fields).id == job.id
+    assert await client.hget(KEYS.job(job.id, job.model), "status") == b"queued"
+    with pytest.raises(control.NotFound):
+        await control.retry(client, KEYS, Settings(), entry)
+    await client.aclose()
+
+
+async def test_dead_consumers_are_forgotten_but_not_a_live_workers(cluster: ClusterSet) -> None:
+    """The reclaimer's cleanup reads worker hashes in other slots than the stream's: they are checked first, then
+    the stream's script removes the dead consumers that hold nothing."""
+    client = RedisCluster(host="127.0.0.1", port=cluster.nodes[0].port)
+    model = MODELS[4]
+    member = Member("w1", model, "CPU", KEYS.jobs(model, "CPU"), KEYS.batch_jobs(model, "CPU"), started=time.time())
+    await client.xgroup_create(member.stream, GROUP, id="0", mkstream=True)
+    for consumer in ("gone", "alive"):
+        await client.xgroup_createconsumer(member.stream, GROUP, consumer)
+    await client.hset(KEYS.worker("alive"), "host", "h")  # a worker hash, but not (yet) in the model's live set
+    assert client.keyslot(KEYS.worker("alive")) != client.keyslot(member.stream)
+    await asyncio.sleep(0.1)
+    reclaimer = Reclaimer(client, KEYS, Settings(worker_ttl_s=0.05), member, lambda: 10)
+    assert await reclaimer.forget_dead_consumers(member.stream, set()) == 1
+    assert [c["name"] for c in await client.xinfo_consumers(member.stream, GROUP)] == [b"alive"]
+    await client.aclose()
+
