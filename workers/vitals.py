@@ -42,6 +42,10 @@ class Vitals:
     listeners: frozenset[str]
     port: int  # the probes' port; 0 without one
     redis_silent_s: float  # since the last heartbeat Redis took
+    # A continuous-batching worker's learned knee (sequences) and the limit it admits to now (the knee within the
+    # target ITL, probing included); 0 where there is none.
+    admission_knee: int = 0
+    admission_limit: int = 0
 
     @property
     def kv_cache_usage(self) -> float:
