@@ -34,8 +34,9 @@ that came out low can rise. Each n's average is exponential and counts less in t
 unmeasured (half after `HALF_LIFE` decode steps; afresh when measured again), so the curve follows a machine whose
 load changes, yet a worker held at its knee keeps the points below it for a while. A fit without a positive
 intercept (every step costs something of its own) is noise and is not used. The floor (16 sequences, or
-`max_num_seqs` if lower) keeps a lone worker near full throughput whatever a noisy fit says; `target_itl_ms` may
-go below it (the operator asked for it). Until a fit exists, nothing caps the ITL.
+`max_num_seqs` if lower) keeps a lone worker near full throughput whatever a noisy fit says, and bounds what
+`target_itl_ms` can take away (a target the device cannot meet would otherwise run one sequence at a time).
+Until a fit exists, nothing caps the ITL.
 
 `greedy` (setting `OVQ_ADMISSION=greedy`) turns the knee off: the engine's room alone, as before, for comparison.
 """
@@ -143,20 +144,21 @@ class Knee:
         if self.target_itl_s is None or self.fit is None:
             return self.ceiling
         a, b = self.fit
-        if b <= 0:
-            return 1 if a > self.target_itl_s else self.ceiling
-        return max(1, min(self.ceiling, math.floor((self.target_itl_s - a) / b)))
+        if b <= 0:  # flat where measured: more sequences do not slow a step, fewer would not speed it
+            return self.ceiling if a <= self.target_itl_s else 0
+        return max(0, min(self.ceiling, math.floor((self.target_itl_s - a) / b)))
 
     def _base(self) -> int:
         """The knee and no more than twice what was measured."""
         return min(self.knee(), max(min(self.floor, self.ceiling), 2 * self.largest))
 
     def limit(self) -> int:
-        """Sequences to run at most now: the knee (a little above while probing) within the ITL cap."""
+        """Sequences to run at most now: the knee (a little above while probing) within the ITL cap, never under
+        the floor."""
         limit = self._base()
         if self.probing:
             limit += max(4, limit // 4)
-        return max(1, min(limit, self.ceiling, self.itl_cap()))
+        return max(min(self.floor, self.ceiling), min(limit, self.ceiling, self.itl_cap()))
 
 
 @dataclass

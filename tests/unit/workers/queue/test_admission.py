@@ -137,6 +137,12 @@ def test_a_target_itl_caps_the_sequences() -> None:
     assert k.knee() > k.limit()
 
 
+def test_a_target_itl_no_step_can_meet_leaves_the_floor() -> None:
+    k = Knee(ceiling=256, target_itl_s=0.005)
+    run_burst(k, waiting=120, steps=60)
+    assert k.limit() == 16
+
+
 def test_a_flat_curve_opens_up_to_max_num_seqs() -> None:
     k = Knee(ceiling=100)
     seen = run_burst(k, waiting=300, steps=40, b=0.0)
