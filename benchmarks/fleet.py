@@ -208,6 +208,8 @@ async def _join_run(args: argparse.Namespace, admission: str) -> Join:
                 await asyncio.sleep(0.02)
             results, wall = await task
             second = (set(fleet.members(model)) - first).pop() if joined_at else None
+            print(f"#   {admission}: {waiting} waiting at the 2nd worker's first heartbeat; burst {wall:.1f} s",
+                  flush=True)
             run = Join(waiting=waiting, burst_s=wall)
             for result in results:
                 job = getattr(result, "id", "").split("-", 1)[-1]
@@ -252,10 +254,14 @@ async def greedy_vs_knee(args: argparse.Namespace) -> list[Figure]:
                 await closed_loop("127.0.0.1", fleet.port, bodies[m], 64, args.loop_s / 2)
             for streams in (16, 64):
                 got: dict[str, list[tuple[float, float]]] = {m: [] for m in models}
-                for m in [*models, *reversed(models)] * args.reps:  # A B B A: drift falls on both alike
+                # A B B A (A B when short): drift falls on both alike
+                turns = list(models) if args.short else [*models, *reversed(models)]
+                for m in turns * args.reps:
                     results, wall = await closed_loop("127.0.0.1", fleet.port, bodies[m], streams, args.loop_s)
                     tokens = sum(r.tokens for r in results if r.ok)
                     got[m].append((tokens / wall, itl_p50(results)))
+                    print(f"#   {m} at {streams}: {tokens / wall:.1f} tok/s, ITL p50 {itl_p50(results) * 1000:.1f} ms",
+                          flush=True)
                 knee, greedy = got["smol-knee"], got["smol-greedy"]
                 figures.append(Figure(f"{streams} streams: tokens/s", statistics.median(t for t, _ in knee),
                                       statistics.median(t for t, _ in greedy), "tok/s", "knee / greedy, >= 0.95"))
@@ -343,6 +349,8 @@ async def burst_ttft_raw(args: argparse.Namespace) -> list[Figure]:
                         results, _ = await burst(fleet.port, bodies, "/v3/completions")
                     ttft = [r.first - r.sent for r in results if r.ok and r.first is not None]
                     got.setdefault(("ovq", kind), []).append(pct(ttft, 95))
+                    print(f"#   {kind}: TTFT p95 ovq {pct(ttft, 95):.2f} s, raw {got[('raw', kind)][-1]:.2f} s",
+                          flush=True)
         finally:
             fleet.stop()
             if raw.stdin is not None:
@@ -381,10 +389,10 @@ def main() -> None:
     parser.add_argument("--reps", type=int, default=None, help="turns of each measurement (default 3, short 1)")
     args = parser.parse_args()
     args.reps = args.reps or (1 if args.short else 3)
-    args.join_tokens = 128 if args.short else 256
-    args.loop_tokens = 64 if args.short else 128
-    args.loop_s = 8.0 if args.short else 20.0
-    args.ttft_tokens = 16 if args.short else 32
+    args.join_tokens = 64 if args.short else 256
+    args.loop_tokens = 32 if args.short else 128
+    args.loop_s = 5.0 if args.short else 20.0
+    args.ttft_tokens = 8 if args.short else 32
     names = args.scenarios or list(SCENARIOS)
     unknown = [n for n in names if n not in SCENARIOS]
     if unknown:
