@@ -52,6 +52,7 @@ from common.redis.server import EmbeddedRedis  # noqa: E402
 SMOLLM2 = Path(os.environ.get("OVQ_FLEET_MODEL", Path.home() / ".cache/ovq/models/smollm2-135m-instruct"))
 GENAI_BENCH = Path(os.environ.get("OVQ_GENAI_BENCH", "/work/shared/bench/genai_bench.py"))
 PREFIX = "ovqfleet"
+BOUND_S = 900.0  # no wait on a tier is unbounded: a burst, a raw run, a worker's first heartbeat
 
 
 @dataclass
@@ -149,7 +150,7 @@ async def burst(port: int, bodies: list[dict], path: str = "/v3/chat/completions
         finally:
             connection.close()
 
-    results = await asyncio.gather(*(one(b) for b in bodies))
+    results = await asyncio.wait_for(asyncio.gather(*(one(b) for b in bodies)), BOUND_S)
     return list(results), time.perf_counter() - t0
 
 
@@ -339,7 +340,7 @@ async def burst_ttft_raw(args: argparse.Namespace) -> list[Figure]:
                     assert raw.stdin is not None and raw.stdout is not None
                     raw.stdin.write(kind + "\n")
                     raw.stdin.flush()
-                    line = await asyncio.to_thread(raw.stdout.readline)
+                    line = await asyncio.wait_for(asyncio.to_thread(raw.stdout.readline), BOUND_S)
                     got.setdefault(("raw", kind), []).append(json.loads(line)["ttft_p95_s"])
                     if kind == "chat":
                         bodies = [chat(model, t, args.ttft_tokens) for t in texts]
