@@ -25,6 +25,7 @@ import importlib
 import itertools
 import json
 import os
+import signal
 import statistics
 import subprocess
 import sys
@@ -398,6 +399,8 @@ def main() -> None:
     unknown = [n for n in names if n not in SCENARIOS]
     if unknown:
         parser.error(f"unknown scenario(s): {', '.join(unknown)}; known: {', '.join(SCENARIOS)}")
+    # A timeout's SIGTERM ends the run through its `finally`s: the fleet's processes and Redis stop with it.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     print(f"# load average at start: {os.getloadavg()}", flush=True)
     for name in names:
         t0 = time.monotonic()
