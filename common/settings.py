@@ -110,6 +110,10 @@ class Settings(BaseSettings):
     shutdown_grace_s: float = 30.0
     # An engine that has work and reports nothing (no step finished) for this long is killed and restarted.
     engine_watchdog_s: float = 120.0
+    # How many jobs a continuous-batching worker takes: "knee" stops at the knee of its learned throughput curve
+    # (and the model's target_itl_ms), leaving the rest in the stream for other workers; "greedy" takes whatever
+    # its engine can schedule (the admission before the knee, for comparison).
+    admission: Literal["knee", "greedy"] = "knee"
     # How long an engine may take to load its model and open its device.
     engine_start_timeout_s: float = 900.0
     # Security (README "Security"). API keys (`Authorization: Bearer KEY`) for every route but the health probes,

@@ -113,6 +113,10 @@ class BaseWorker:
         """The engine's last [requests, scheduled, KV cache %, prompt tokens waiting], where it reports them."""
         return None
 
+    def admission_limits(self) -> tuple[int, int]:
+        """The learned knee and the limit admitted to now, in sequences; (0, 0) where admission learns none."""
+        return 0, 0
+
     def _start(self, entry_id: bytes, job: Job, outbox: Outbox) -> None:
         raise NotImplementedError
 
@@ -124,6 +128,7 @@ class BaseWorker:
 
     def vitals(self) -> Vitals:
         """This moment's state, for the heartbeat, the probes and the metrics."""
+        knee, limit = self.admission_limits()
         return Vitals(
             card=self.card, capacity=self.capacity, running=len(self.running), draining=self.draining,
             engine_alive=self.backend_alive, engine=self.engine_stats(), jobs_taken=self.jobs_taken,
@@ -131,7 +136,8 @@ class BaseWorker:
             engine_restarts=self.engine_restarts,
             listeners=frozenset(state.job.reply_to for state in self.running.values()),
             port=self.health.port if self.health else 0, redis_silent_s=time.monotonic() - self.heartbeat.last_ok,
-            followed=frozenset(s.job.id for s in self.running.values() if s.job.journal and not s.job.background))
+            followed=frozenset(s.job.id for s in self.running.values() if s.job.journal and not s.job.background),
+            admission_knee=knee, admission_limit=limit)
 
     # ---- lifecycle -------------------------------------------------------------------------------------
     async def run(self) -> None:

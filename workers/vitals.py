@@ -44,6 +44,10 @@ class Vitals:
     redis_silent_s: float  # since the last heartbeat Redis took
     # Resumable, not background, jobs running: the heartbeat asks whether an API process still streams each.
     followed: frozenset[str] = frozenset()
+    # A continuous-batching worker's learned knee (sequences) and the limit it admits to now (the knee within the
+    # target ITL, probing included); 0 where there is none.
+    admission_knee: int = 0
+    admission_limit: int = 0
 
     @property
     def kv_cache_usage(self) -> float:

@@ -86,6 +86,9 @@ class ModelConfig(BaseModel):
     # ovq: after a step that ended jobs, wait up to this long for new ones before the next step
     # (workers/engine/arrivals.py)
     arrival_window_ms: float = Field(10.0, ge=0, le=1000)
+    # ovq: a continuous-batching worker takes no more jobs than keep its fitted step time (inter-token latency)
+    # under this; unset: the knee of its throughput curve alone (workers/queue/admission.py)
+    target_itl_ms: float | None = Field(None, gt=0)
     # Image generation servables (a directory with model_index.json): OVMS's image node options.
     max_resolution: str = "4096x4096"
     default_resolution: str | None = None

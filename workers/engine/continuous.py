@@ -189,6 +189,7 @@ class Request:
     ends: frozenset[int] = frozenset()
     generated: dict[int, int] = field(default_factory=dict)
     prefilled: bool = False  # some choice has produced a token: its prompt no longer waits for the scheduler
+    computed: int = 0  # prompt tokens the scheduler has likely prefilled already (`Engine._prefilled`)
     # A trailing end-of-sequence id read but not yet sent: dropped if the choice ends there (ignore_eos goes on).
     held: dict[int, tuple[int, float | None]] = field(default_factory=dict)
 
@@ -332,6 +333,7 @@ class Engine:
 
     def step(self, out: Updates) -> None:
         self.pipe.step()  # raises on a broken step: `run` reports the suspects and exits
+        self._prefilled()
         self.added.clear()
         out.extend(protocol.accepted(job, prompt_len) for job, prompt_len in self.unstepped.items())
         self.unstepped.clear()
@@ -370,9 +372,27 @@ class Engine:
         except Exception as exc:  # exiting anyway
             log.warning("could not release the cancelled requests: %s", error_message(exc))
 
+    def _prefilled(self) -> None:
+        """What the step prefilled, as GenAI's split-fuse scheduler spends a step's budget: a token for each running
+        sequence first, the rest on waiting prompts in the order they came. So a prompt longer than one step counts
+        only what it still has to prefill: the worker sends the next job in time to fill the next step's budget,
+        instead of after the first token (a burst of 16 prompts of 286 tokens came one per two steps)."""
+        scheduler = self.spec.scheduler
+        if not scheduler.get("dynamic_split_fuse", True):
+            return
+        running = [r for r in self.requests.values() if r.prefilled]
+        budget = int(scheduler.get("max_num_batched_tokens") or 256) - sum(r.n for r in running)
+        for request in self.requests.values():
+            if budget <= 0:
+                break
+            if not request.prefilled:
+                take = min(budget, request.prompt_len - request.computed)
+                request.computed += take
+                budget -= take
+
     def stats(self) -> list[Any]:
         metrics = self.pipe.get_metrics()
-        waiting = sum(r.prompt_len for r in self.requests.values() if not r.prefilled)
+        waiting = sum(r.prompt_len - r.computed for r in self.requests.values() if not r.prefilled)
         return [metrics.requests, metrics.scheduled_requests, round(metrics.cache_usage, 1), waiting]
 
     def _read_choice(self, job: str, request: Request, index: int, handle: Any, out: Updates) -> str | None:

@@ -32,6 +32,12 @@ class WorkerCollector(Collector):
         yield gauge("ovq_worker_running_jobs", "Jobs this worker is running", v.running)
         yield gauge("ovq_worker_capacity_jobs", "Jobs this worker can run at once (max_num_seqs, or 1)", v.capacity)
         yield gauge("ovq_worker_draining", "1 while the worker drains (takes no new jobs)", int(v.draining))
+        if v.admission_knee:
+            yield gauge("ovq_worker_admission_knee_sequences",
+                        "The knee of the worker's learned tokens/s against running sequences", v.admission_knee)
+            yield gauge("ovq_worker_admission_limit_sequences",
+                        "Sequences the worker admits to now: the knee within the model's target_itl_ms",
+                        v.admission_limit)
         if stats is not None:
             requests, scheduled, cache, prefill = stats
             yield gauge("ovq_worker_kv_cache_usage_ratio", "KV cache in use (GenAI PipelineMetrics)", cache / 100)

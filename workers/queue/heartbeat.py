@@ -73,6 +73,7 @@ class Heartbeat:
             "kv_cache_usage": v.kv_cache_usage, "jobs_taken": v.jobs_taken,
             "tokens_generated": v.tokens_generated, "port": v.port,
             "tokens_per_s": round(self.rate.update(now, v.tokens_generated), 2),
+            "admission_knee": v.admission_knee, "admission_limit": v.admission_limit,
         })
         pipe.pexpire(keys.worker(m.id), ttl_ms)
         pipe.zadd(keys.workers(m.model, m.device), {m.id: now})

@@ -27,7 +27,7 @@ from workers.engine import protocol
 from workers.engine.client import EngineClient, Target
 from workers.engine.protocol import IDS, JOB, SHORT, STATE, EngineSpec, Updates
 from workers.ops.tracing import JobTimes
-from workers.queue.admission import Admission
+from workers.queue.admission import Admission, Knee
 from workers.queue.publisher import Outbox
 from workers.queue.reclaim import Continued
 from workers.text.detokenizer import ByteTable, Detokenizer
@@ -64,7 +64,7 @@ def engine_spec(model: ModelConfig, device: str, info: ServableInfo) -> EngineSp
 
 
 CB_ONLY = ("cache_size", "dynamic_split_fuse", "max_num_batched_tokens", "max_num_seqs", "enable_prefix_caching",
-           "cache_eviction_config", "arrival_window_ms", "draft_models_path", "lora_adapters")
+           "cache_eviction_config", "arrival_window_ms", "draft_models_path", "lora_adapters", "target_itl_ms")
 
 
 def engine_target(kind: ServableType) -> Target:
@@ -88,7 +88,7 @@ class TextWorker(BaseWorker):
         stateful = self.card.servable_type in (ServableType.LM, ServableType.VLM)
         self.capacity = 1 if stateful else model.max_num_seqs
         self.admission = None if stateful else Admission(model.max_num_seqs, model.max_num_batched_tokens,
-                                                         model.cache_size > 0)
+                                                         model.cache_size > 0, knee=self._knee(settings, model))
         ignored = sorted(set(CB_ONLY) & model.model_fields_set) if stateful else []
         if ignored:
             log.warning("%s is a stateful servable: ignoring %s", model.name, ", ".join(ignored))
@@ -101,6 +101,17 @@ class TextWorker(BaseWorker):
         # After a failed step with several suspects: re-added one per step, so a failure names its culprit.
         self._probation: deque[RunningJob] = deque()
         self._probing: str | None = None
+
+    @staticmethod
+    def _knee(settings: Settings, model: ModelConfig) -> Knee | None:
+        if settings.admission == "greedy":
+            return None
+        target = model.target_itl_ms / 1000 if model.target_itl_ms is not None else None
+        return Knee(model.max_num_seqs, target)
+
+    def admission_limits(self) -> tuple[int, int]:
+        knee = self.admission.knee if self.admission is not None else None
+        return (knee.knee(), knee.limit()) if knee is not None else (0, 0)
 
     async def start_backend(self) -> None:
         await self.engine.start()
@@ -241,7 +252,7 @@ class TextWorker(BaseWorker):
         self.publisher.put(outbox)
         if stats is not None:
             if self.admission is not None:
-                self.admission.stepped(stats)
+                self.admission.stepped(stats, tokens, clock)
             self._probing = None  # a step went through with it
             self._next_probation()
             self._slot_free.set()

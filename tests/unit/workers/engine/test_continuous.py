@@ -4,13 +4,14 @@ from __future__ import annotations
 import threading
 from multiprocessing import Pipe
 from pathlib import Path
+from types import SimpleNamespace
 
 import orjson
 import pytest
 
 from common.structured import json_schema
 from workers.engine.arrivals import ArrivalWindow
-from workers.engine.continuous import Engine, _take
+from workers.engine.continuous import Engine, Request, _take
 from workers.engine.protocol import EngineSpec
 
 PROMPT = "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
@@ -208,3 +209,16 @@ def test_cancelling_the_batch_lets_the_waiting_adapter_group_in() -> None:
     engine.cancel("base", out)
     assert set(engine.requests) == {"next"} and engine.adapters.active == "tiny"
     engine.stop(out)
+def _request(prompt_len: int, prefilled: bool = False) -> Request:
+    return Request({}, 16, prompt_len, 1, False, False, False, prefilled=prefilled)
+
+
+def test_a_prompt_longer_than_a_step_counts_only_what_it_still_has_to_prefill() -> None:
+    # GenAI's split-fuse scheduler: a token per running sequence, the rest of the step's budget to waiting prompts.
+    bare = Engine.__new__(Engine)
+    bare.spec = SimpleNamespace(scheduler={"max_num_batched_tokens": 256, "dynamic_split_fuse": True})
+    bare.requests = {"running": _request(40, prefilled=True), "a": _request(286), "b": _request(286)}
+    bare._prefilled()
+    assert (bare.requests["a"].computed, bare.requests["b"].computed) == (255, 0)
+    bare._prefilled()
+    assert (bare.requests["a"].computed, bare.requests["b"].computed) == (286, 224)

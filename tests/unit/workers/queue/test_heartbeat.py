@@ -44,6 +44,13 @@ async def test_a_beat_announces_the_worker_and_its_card(beat) -> None:
     assert not await redis.exists(keys.worker("w1")) and await redis.zscore(keys.workers("m", "CPU"), "w1") is None
 
 
+async def test_a_beat_tells_the_admission_knee_the_worker_learned(beat) -> None:
+    redis, keys, heartbeat, now = beat
+    now[0] = replace(VITALS, admission_knee=53, admission_limit=21)
+    await heartbeat.beat()
+    assert await redis.hmget(keys.worker("w1"), "admission_knee", "admission_limit") == [b"53", b"21"]
+
+
 async def test_a_beat_brings_back_a_drain_request_and_the_gone_apis(beat) -> None:
     redis, keys, heartbeat, now = beat
     await redis.set(keys.drain("w1"), 1)
