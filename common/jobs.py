@@ -137,6 +137,16 @@ class Job(BaseModel):
     # W3C trace context of the API's request span when tracing is on (common/tracing.py): the worker's spans join
     # the request's trace, on whatever host it runs.
     traceparent: str | None = None
+    # Unix s by which the job must have ended (X-Request-Timeout, or the openai SDK's read timeout on a unary
+    # request): a worker cancels it there, like a client that left. None: no deadline.
+    deadline: float | None = None
+    # Unix s after which no worker starts it (its deadline, or a stream's first-byte deadline): one read later is
+    # dropped from its stream with a 504 `error` event, never run.
+    start_by: float | None = None
+
+    def expired(self, now: float) -> bool:
+        """Too late to start: nobody waits for its answer any more."""
+        return self.start_by is not None and now > self.start_by
 
     def to_fields(self) -> dict[str, bytes]:
         return {ENTRY_JOB: orjson.dumps(self.model_dump())}

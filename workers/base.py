@@ -79,6 +79,8 @@ class BaseWorker:
         self.publisher = Publisher(self.redis, self.keys, self.stream, settings.job_ttl_s, accounting)
         self.intake = Intake(self.redis, self.id, self.stream, self.batch_stream)
         self._orphaned: set[str] = set()  # running jobs cancelled because their API process is gone
+        self._overdue: set[str] = set()  # running jobs cancelled because their deadline passed
+        self.expired = 0  # jobs dropped unrun: read after their deadline
         self.member = Member(self.id, model.name, device, self.stream, self.batch_stream, self.started)
         self.heartbeat = Heartbeat(self.redis, self.keys, settings, self.member, self.vitals)
         self.reclaimer = Reclaimer(self.redis, self.keys, settings, self.member, self.room)
@@ -264,7 +266,11 @@ class BaseWorker:
         outbox = Outbox()
         cancelled, gone, deaf = await self._screen([j for e, j in jobs if not self._heard_since(e)],
                                                    {j.reply_to for _, j in jobs}, lane or self.publisher.lane)
+        now = time.time()
         for entry_id, job in jobs:
+            if job.expired(now):
+                self._drop_late(entry_id, job, outbox)
+                continue
             if job.id in cancelled or job.reply_to in gone or self._cancelled_early.pop(job.id, None):
                 outbox.publish(job.reply_to, Cancelled(job=job.id, seq=1))
                 outbox.set_status(job.id, status=JobStatus.CANCELLED,
@@ -281,11 +287,34 @@ class BaseWorker:
             self._start(entry_id, job, outbox)
         self.publisher.put(outbox)
 
+    def _drop_late(self, entry_id: bytes, job: Job, outbox: Outbox) -> None:
+        """A job read after its deadline leaves the stream unrun, with a 504 to whoever still listens."""
+        error = OvqError("The request's deadline passed while it waited in the queue; it was not started", 504,
+                         "timeout", code="deadline_exceeded")
+        outbox.publish(job.reply_to, Error(job=job.id, seq=1, status=504, error=error.body))
+        outbox.set_status(job.id, status=JobStatus.ERROR, error=error.body.model_dump())
+        outbox.ack(entry_id, self.stream_of(job))
+        self.expired += 1
+
+    def cancel_overdue(self, now: float) -> None:
+        """Cancel running jobs past their deadline, as if their client had left: nobody waits for the rest."""
+        overdue = [s.job for s in self.running.values()
+                   if s.job.deadline is not None and now > s.job.deadline and s.job.id not in self._overdue]
+        if not overdue:
+            return
+        outbox = Outbox()
+        for job in overdue:
+            self._overdue.add(job.id)
+            outbox.set_status(job.id, reason="its deadline passed")
+            self.cancel(job.id)
+        self.publisher.put(outbox)
+
     async def _deferred_loop(self) -> None:
         """Start deferred jobs once their API listens; drop those nobody has listened for in worker_ttl_s * 4
         (their API process is gone: nobody would hear the answer)."""
         while True:
             await asyncio.sleep(0.25)
+            self.cancel_overdue(time.time())
             if not self._deferred:
                 continue
             now, outbox = time.monotonic(), Outbox()
@@ -404,6 +433,7 @@ class BaseWorker:
     def _job_done(self, state: JobState, outbox: Outbox) -> None:
         del self.running[state.job.id]
         self._orphaned.discard(state.job.id)
+        self._overdue.discard(state.job.id)
         self._slot_free.set()
         outbox.ack(state.entry_id, self.stream_of(state.job))
 
@@ -418,6 +448,7 @@ class BaseWorker:
             outbox.ack(state.entry_id, self.stream_of(state.job))
         self.running.clear()
         self._orphaned.clear()
+        self._overdue.clear()
         self._slot_free.set()
         self.publisher.put(outbox)
 

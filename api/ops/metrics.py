@@ -120,6 +120,9 @@ class Metrics:
         self.in_flight = Gauge("ovq_queue_in_flight_jobs", "Jobs delivered to a worker, not yet acked", LABELS,
                                registry=r)
         self.workers = Gauge("ovq_live_workers", "Workers with a fresh heartbeat", LABELS, registry=r)
+        self.refusals = Counter("ovq_refusals", "Requests refused before a worker saw them, by reason: deadline "
+                                "(the queue's wait estimate passes it), quota (the tenant's token rate), queue_full",
+                                ("model", "reason"), registry=r)
         self._labelled = (self.outcomes, self.prompt_tokens, self.generation_tokens, self.ttft, self.itl,
                           self.duration, self.queue_time, self.waiting, self.in_flight, self.workers)
         # Each (model, device)'s series, looked up once: `labels()` costs more than the update it leads to.
@@ -159,6 +162,9 @@ class Metrics:
                 "prompt_tokens": record.prompt_tokens, "completion_tokens": record.completion_tokens,
                 "queue_ms": record.queue_ms, "ttft_ms": record.ttft_ms,
                 "total_ms": round((time.monotonic() - record.started) * 1000, 1)}).decode())
+
+    def refused(self, model: str, reason: str) -> None:
+        self.refusals.labels(model, reason).inc()
 
     async def queue_depth(self, model: str, device: str) -> tuple[int, int, int]:
         """(waiting, in flight, live workers). Redis 6.2 has no group `lag`: waiting = XLEN - pending."""

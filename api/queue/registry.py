@@ -13,8 +13,9 @@ import redis.asyncio as aioredis
 
 from common.errors import OvqError, not_found, unavailable
 from common.jobs import ENTRY_JOB, Job, JobHash, JobStatus
-from common.keys import Keys
+from common.keys import GROUP, Keys
 from common.modelcard import ModelCard
+from common.ops.stats import OUTCOMES, WINDOW_S, window_of
 from common.redis.client import UNAVAILABLE
 from common.redis.lane import Lane, Script
 from common.settings import Settings
@@ -68,6 +69,8 @@ end
 return 0
 """
 CARD_POLL_S = 0.5
+ESTIMATE_CACHE_S = 0.5  # a burst's requests share one wait estimate (one round trip)
+RATE_WINDOWS = 3  # the stats windows (common/ops/stats.py) a wait estimate's rate is measured over
 
 
 @dataclass
@@ -98,6 +101,8 @@ class Registry:
         self.devices = devices or {}  # an expected model's devices in the models file, in preference order
         self._cards: dict[str, tuple[float, dict[str, ModelCard]]] = {}
         self._loading: dict[str, asyncio.Future[dict[str, ModelCard]]] = {}
+        self._estimates: dict[tuple[str, str], tuple[float, float | None]] = {}
+        self._estimating: dict[tuple[str, str], asyncio.Future[float | None]] = {}
         self._enqueue = Script(ENQUEUE)
         self._withdraw = Script(WITHDRAW)
         # Every request's enqueue, on a connection of its own: those made in one event-loop turn go out in one
@@ -215,6 +220,56 @@ class Registry:
         job.device = devices[chosen - 1]
         stream = keys[3 * (chosen - 1) + (2 if job.priority == "batch" else 1)]
         return Queued(job.device, stream, entry.decode() if isinstance(entry, bytes) else entry, bool(live))
+
+    async def wait_estimate(self, servable: Servable, priority: str) -> float | None:
+        """Seconds a job queued now would wait before a worker starts it: the jobs waiting ahead of it (at its
+        priority or above, on every device of the model) over the rate the model's workers finished jobs in the
+        last stats windows. 0 when none waits; None when some wait but none finished lately: no measure, and
+        nothing is refused on a guess. Cached for half a second; concurrent misses share one round trip."""
+        key = (servable.model, priority)
+        cached = self._estimates.get(key)
+        if cached and time.monotonic() - cached[0] < ESTIMATE_CACHE_S:
+            return cached[1]
+        estimating = self._estimating.get(key)
+        if estimating is None:
+            estimating = self._estimating[key] = asyncio.ensure_future(self._estimate(servable, priority))
+            estimating.add_done_callback(lambda _: self._estimating.pop(key, None))
+        estimate = await asyncio.shield(estimating)
+        self._estimates[key] = (time.monotonic(), estimate)
+        return estimate
+
+    async def _estimate(self, servable: Servable, priority: str) -> float | None:
+        now = time.time()
+        windows = [window_of(now) - WINDOW_S * i for i in range(RATE_WINDOWS)]
+        pipe = self.redis.pipeline(transaction=False)
+        streams = 0
+        for device in servable.cards:
+            for stream in self.ahead(servable.model, device, priority):
+                pipe.xlen(stream)
+                pipe.xpending(stream, GROUP)
+                streams += 1
+            for window in windows:
+                pipe.hmget(self.keys.stats(servable.model, device, window), *OUTCOMES)
+        replies = await pipe.execute(raise_on_error=False)
+        waiting, finished, at = 0, 0, 0
+        for device in servable.cards:
+            for _ in self.ahead(servable.model, device, priority):
+                length, pending = replies[at], replies[at + 1]
+                at += 2
+                if isinstance(length, int) and isinstance(pending, dict):
+                    waiting += max(length - int(pending["pending"]), 0)
+            for _ in windows:
+                finished += sum(int(n) for n in replies[at] if n is not None)
+                at += 1
+        if waiting == 0:
+            return 0.0
+        seconds = WINDOW_S * (RATE_WINDOWS - 1) + max(now - windows[0], 1.0)
+        return waiting * seconds / finished if finished else None
+
+    def ahead(self, model: str, device: str, priority: str) -> list[str]:
+        """The streams whose waiting jobs a worker of the device takes before a new job of `priority`."""
+        interactive = self.keys.jobs(model, device)
+        return [interactive, self.keys.batch_jobs(model, device)] if priority == "batch" else [interactive]
 
     async def withdraw(self, queued: Queued, job_id: str) -> bool:
         """Take a job back out of its stream if no worker has taken it yet (its wait for one timed out)."""
