@@ -14,7 +14,9 @@ from pydantic import BaseModel, Field
 
 JOB_VERSION = 2
 
-Priority = Literal["interactive", "batch"]
+Priority = Literal["high", "interactive", "low", "batch"]
+# Every priority level, highest first: `interactive` is the default; `batch` (Batch API lines) stays lowest.
+LEVELS: tuple[Priority, ...] = ("high", "interactive", "low", "batch")
 # The request header that marks a request's job as batch traffic (the Batch API's workers send it).
 PRIORITY_HEADER = "X-Ovq-Priority"
 

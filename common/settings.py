@@ -167,6 +167,9 @@ class Settings(BaseSettings):
     # input alone is over it is a 400 (send `store: false`); a response whose output takes it over is returned,
     # but not stored (its `store` says false).
     responses_max_bytes: int = 8 * 1024 * 1024
+    # Scheduling (issue 26): a job of a level below the highest (not batch) that has waited this long is taken
+    # before any higher-priority job, so it starts within about this bound however much high-priority work comes.
+    priority_aging_s: float = 10.0
 
     @model_validator(mode="after")
     def _files_dir_for_directory_backend(self) -> Settings:

@@ -21,7 +21,7 @@ from redis.exceptions import ResponseError
 from common import heap, tracing
 from common.errors import ErrorBody, OvqError
 from common.events import Cancelled, Error
-from common.jobs import ENTRY_JOB, ENTRY_REASON, ENTRY_WORKER, Job, JobStatus
+from common.jobs import ENTRY_JOB, ENTRY_REASON, ENTRY_WORKER, LEVELS, Job, JobStatus
 from common.keys import GROUP, Keys
 from common.modelcard import ModelCard
 from common.models.config import ModelConfig
@@ -62,6 +62,7 @@ class BaseWorker:
         self.keys = Keys(settings.key_prefix)
         self.stream = self.keys.jobs(model.name, device)
         self.batch_stream = self.keys.batch_jobs(model.name, device)
+        self.levels = tuple((level, self.keys.level_jobs(model.name, device, level)) for level in LEVELS)
         self.running: dict[str, Any] = {}
         self.jobs_taken = 0
         self.tokens_generated = 0
@@ -77,11 +78,11 @@ class BaseWorker:
         self.redis = connect(settings, max_connections=32)
         accounting = Accounting(self.keys, model.name, device, self.id, settings)
         self.publisher = Publisher(self.redis, self.keys, self.stream, settings.job_ttl_s, accounting)
-        self.intake = Intake(self.redis, self.id, self.stream, self.batch_stream)
+        self.intake = Intake(self.redis, self.id, *(s for _, s in self.levels), aging_s=settings.priority_aging_s)
         self._orphaned: set[str] = set()  # running jobs cancelled because their API process is gone
         self._overdue: set[str] = set()  # running jobs cancelled because their deadline passed
         self.expired = 0  # jobs dropped unrun: read after their deadline
-        self.member = Member(self.id, model.name, device, self.stream, self.batch_stream, self.started)
+        self.member = Member(self.id, model.name, device, self.stream, self.batch_stream, self.started, self.levels)
         self.heartbeat = Heartbeat(self.redis, self.keys, settings, self.member, self.vitals)
         self.reclaimer = Reclaimer(self.redis, self.keys, settings, self.member, self.room)
         self.health = HealthServer(self.member, self.vitals, settings.heartbeat_s, settings.worker_host,
@@ -160,12 +161,12 @@ class BaseWorker:
         self._stopping.set()
 
     @property
-    def streams(self) -> tuple[str, str]:
+    def streams(self) -> tuple[str, ...]:
         return self.member.streams
 
     def stream_of(self, job: Job) -> str:
         """The stream a job was read from (admit sets its priority from that), where it must be acked."""
-        return self.batch_stream if job.priority == "batch" else self.stream
+        return dict(self.levels).get(job.priority, self.stream)
 
     async def ensure_group(self) -> None:
         """Create both streams' consumer groups (at start, and again when Redis lost them: NOGROUP)."""
@@ -250,7 +251,7 @@ class BaseWorker:
             try:
                 job = Job.from_fields(fields)
                 # The stream it came from decides where it is acked, whatever the job says.
-                job.priority = "batch" if stream == self.batch_stream else "interactive"
+                job.priority = self.member.level_of(stream)  # type: ignore[assignment]
                 jobs.append((entry_id, job))
             except Exception:
                 log.exception("unreadable job %s moved to the dead-letter stream", entry_id)
