@@ -99,15 +99,18 @@ async def deadlines_under_overload(base_url: str, model: str, api_key: str | Non
 
 async def priorities_under_load(base_url: str, model: str, api_key: str | None = None,
                                 boss_key: str | None = None) -> dict[str, float]:
-    high: list[float] = []
-    default: list[float] = []
     async with httpx.AsyncClient(timeout=600) as client:
-        flood = await _flood(client, base_url, model, api_key, FLOOD)
-        for i in range(8):
+        flood = await _flood(client, base_url, model, api_key, FLOOD * 3)
+        probes = []
+        for i in range(8):  # sent while the flood waits, alternating, each measured on its own
             if i % 2:
-                default.append(await _ttft(client, base_url, model, _headers(api_key)))
+                probes.append(asyncio.ensure_future(_ttft(client, base_url, model, _headers(api_key))))
             else:
-                high.append(await _ttft(client, base_url, model, _headers(boss_key or api_key), priority=-1))
+                probes.append(asyncio.ensure_future(_ttft(client, base_url, model, _headers(boss_key or api_key),
+                                                          priority=-1)))
+            await asyncio.sleep(0.25)
+        ttfts = await asyncio.gather(*probes)
+        high, default = ttfts[0::2], ttfts[1::2]
         flooded = await asyncio.gather(*flood)
     p50_high, p50_default = statistics.median(high), statistics.median(default)
     return {"ttft_p50_high_s": p50_high, "ttft_p50_default_s": p50_default, "high_vs_default": p50_high / p50_default,

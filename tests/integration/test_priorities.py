@@ -120,7 +120,7 @@ def test_low_priority_ages_in(aging: Tiers) -> None:
         time.sleep(0.05)
         started = time.monotonic()
         n = 0
-        while time.monotonic() - started < AGING_S * 2 or n < 6:  # interactive work keeps coming
+        while time.monotonic() - started < AGING_S * 4 or n < 6:  # interactive work keeps coming
             futures.append(pool.submit(_post, single, f"a-{n}"))
             n += 1
             time.sleep(0.3)

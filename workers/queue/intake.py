@@ -2,11 +2,13 @@
 
 Each model and device has one stream per priority level (`common.jobs.LEVELS`: high, interactive, low, batch;
 `Keys.level_jobs`). One Lua call reads them highest first and returns the first level with an undelivered entry:
-atomic, so no job arriving between two reads is passed over. Before that it ages: the oldest undelivered entry of
-each level below the highest (batch excepted: Batch API lines only run when nothing else waits) that has waited
-longer than `aging_s` (a stream id's milliseconds are its enqueue time, Redis clock) is taken first, one per read,
-the longest waiting first; so a low-priority job starts within about the aging bound however much
-higher-priority work arrives. An idle worker then blocks on every stream at once, so it wakes for any.
+atomic, so no job arriving between two reads is passed over. Before that it ages: each
+level's oldest undelivered job (batch excepted: Batch API lines only run when nothing else waits) rises one level
+per `aging_s` it has waited (a stream id's milliseconds are its enqueue time, Redis clock), and the job ranking
+highest so (ties: the higher level) is taken, one per read when it is not the highest level's; so a low-priority
+job starts within (its level's distance to the highest + 1) x `aging_s` however much higher-priority work arrives,
+while levels still hold among jobs that all waited long (Slurm's age factor, not a FIFO). An idle worker then
+blocks on every stream at once, so it wakes for any.
 """
 from __future__ import annotations
 
@@ -42,14 +44,18 @@ local aging = tonumber(ARGV[4])
 if aging > 0 then
   local now = redis.call('TIME')
   local now_ms = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
-  local aged, aged_ms = 0, nil
-  for i = 2, tonumber(ARGV[5]) do
+  local best, best_rank, first = 0, nil, 0
+  for i = 1, tonumber(ARGV[5]) do
     local t = oldest_waiting(KEYS[i])
-    if t and now_ms - t > aging and (aged_ms == nil or t < aged_ms) then aged, aged_ms = i, t end
+    if t then
+      if first == 0 then first = i end
+      local rank = i - math.floor((now_ms - t) / aging)
+      if best_rank == nil or rank < best_rank then best, best_rank = i, rank end
+    end
   end
-  if aged > 0 then
-    local reply = redis.call('XREADGROUP', 'GROUP', ARGV[1], ARGV[2], 'COUNT', 1, 'STREAMS', KEYS[aged], '>')
-    if reply then return {aged, reply[1][2]} end
+  if best > 0 and best ~= first then
+    local reply = redis.call('XREADGROUP', 'GROUP', ARGV[1], ARGV[2], 'COUNT', 1, 'STREAMS', KEYS[best], '>')
+    if reply then return {best, reply[1][2]} end
   end
 end
 for i = 1, #KEYS do

@@ -82,10 +82,14 @@ async def test_low_priority_job_ages_in_ahead_of_a_steady_flow_of_higher_ones(re
 
     assert await read() == ["h0"], "the highest level first while nothing has aged"
     await asyncio.sleep(1.1)
-    await redis.xadd(high, {"job": "h6"})
-    # Aged: one per read, the longest waiting first whatever its level, before any higher work; batch never ages.
-    assert [await read(4) for _ in range(4)] == [["l0"], ["l1"], ["i0"], ["h1", "h2", "h3", "h4"]]
-    assert await read(4) == ["h5", "h6"]
-    assert await read(4) == ["b0"]
+    # Everything waited one aging period: every level rose by one, so the levels still hold.
+    assert await read(2) == ["h1", "h2"]
+    assert await read(4) == ["h3", "h4", "h5"]
+    await asyncio.sleep(2.0)
+    # Fresh high work comes; the low jobs waited 3 periods (rank 3 - 3 < 1 - 0): aged in, one per read, before
+    # it, the interactive one (2 - 3) first.
+    await redis.xadd(high, {"job": "h7"})
+    assert [await read(4) for _ in range(4)] == [["i0"], ["l0"], ["l1"], ["h7"]]
+    assert await read(4) == ["b0"], "batch never ages in: it runs when nothing else waits"
     await intake.close()
     await redis.aclose()
