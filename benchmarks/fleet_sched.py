@@ -100,7 +100,7 @@ async def deadlines_under_overload(base_url: str, model: str, api_key: str | Non
 async def priorities_under_load(base_url: str, model: str, api_key: str | None = None,
                                 boss_key: str | None = None) -> dict[str, float]:
     async with httpx.AsyncClient(timeout=600) as client:
-        flood = await _flood(client, base_url, model, api_key, FLOOD * 3)
+        flood = await _flood(client, base_url, model, api_key, FLOOD)
         probes = []
         for i in range(8):  # sent while the flood waits, alternating, each measured on its own
             if i % 2:
