@@ -128,6 +128,8 @@ def _install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(OvqError)
     async def ovq_error(request: Request, exc: OvqError) -> JSONResponse:
         headers = {"Retry-After": RETRY_AFTER[exc.status]} if exc.status in RETRY_AFTER else {}
+        if exc.retry_after is not None:
+            headers["Retry-After"] = str(exc.retry_after)
         record = getattr(request.state, "record", None)
         if record is not None and record.request_id:
             headers["X-Request-Id"] = record.request_id

@@ -21,8 +21,8 @@ def streams_table(overview: cluster.Overview) -> Table:
     table = Table(title="Streams", title_justify="left")
     for name in ("model", "device", "stream"):
         table.add_column(name)
-    for name in ("waiting", "in flight", "batch waiting/in flight", "workers", "consumers", "tok/s", "req/s",
-                 "TTFT p50/p99 ms", "errors 5m"):
+    for name in ("waiting", "in flight", "high/low waiting", "batch waiting/in flight", "workers", "consumers",
+                 "tok/s", "req/s", "TTFT p50/p99 ms", "errors 5m"):
         table.add_column(name, justify="right")
     table.add_column("Redis node")
     for s in overview.streams:
@@ -30,7 +30,8 @@ def streams_table(overview: cluster.Overview) -> Table:
         rates = [f"{st.tokens_per_s:.1f}", f"{st.requests_per_s:.2f}",
                  f"{_ms(st.ttft_ms['p50'])}/{_ms(st.ttft_ms['p99'])}", str(st.error)] if st else ["-"] * 4
         table.add_row(s.model, s.device, s.stream, str(s.waiting), str(s.in_flight),
-                      f"{s.batch_waiting}/{s.batch_in_flight}", str(s.workers), str(s.consumers), *rates, s.node)
+                      f"{s.high_waiting}/{s.low_waiting}", f"{s.batch_waiting}/{s.batch_in_flight}", str(s.workers),
+                      str(s.consumers), *rates, s.node)
     return table
 
 

@@ -56,6 +56,7 @@ class OvqError(Exception):
         super().__init__(message)
         self.status = status
         self.body = ErrorBody(message=message, type=type, param=param, code=code)
+        self.retry_after: int | None = None  # seconds, for the Retry-After header; None: the status's default
 
 
 def not_found(message: str, param: str | None = "model") -> OvqError:

@@ -14,7 +14,9 @@ from pydantic import BaseModel, Field
 
 JOB_VERSION = 2
 
-Priority = Literal["interactive", "batch"]
+Priority = Literal["high", "interactive", "low", "batch"]
+# Every priority level, highest first: `interactive` is the default; `batch` (Batch API lines) stays lowest.
+LEVELS: tuple[Priority, ...] = ("high", "interactive", "low", "batch")
 # The request header that marks a request's job as batch traffic (the Batch API's workers send it).
 PRIORITY_HEADER = "X-Ovq-Priority"
 
@@ -181,6 +183,16 @@ class Job(BaseModel):
     # A background response: it runs whatever its client and API process do (only a cancel stops it). A
     # journaled job that is not is cancelled once no API process has streamed it for OVQ_RESUME_GRACE_S.
     background: bool = False
+    # Unix s by which the job must have ended (X-Request-Timeout, or the openai SDK's read timeout on a unary
+    # request): a worker cancels it there, like a client that left. None: no deadline.
+    deadline: float | None = None
+    # Unix s after which no worker starts it (its deadline, or a stream's first-byte deadline): one read later is
+    # dropped from its stream with a 504 `error` event, never run.
+    start_by: float | None = None
+
+    def expired(self, now: float) -> bool:
+        """Too late to start: nobody waits for its answer any more."""
+        return self.start_by is not None and now > self.start_by
 
     def to_fields(self) -> dict[str, bytes]:
         return {ENTRY_JOB: orjson.dumps(self.model_dump())}

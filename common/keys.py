@@ -38,6 +38,19 @@ class Keys:
             return f"{self.prefix}:batchjobs:{{m:{model}}}:{device}"
         return f"{self.prefix}:batchjobs:{model}:{device}"
 
+    def level_jobs(self, model: str, device: str, level: str) -> str:
+        """The queue of one model on one device for one priority level (`common.jobs.LEVELS`; a stream with
+        consumer group `workers`): `interactive` is `jobs`, `batch` is `batch_jobs`, the others have their own,
+        created by the device's workers; read by them highest first, lower levels aged in (workers/queue/intake.py).
+        Its entries are acked and deleted as `jobs`'s are."""
+        if level == "interactive":
+            return self.jobs(model, device)
+        if level == "batch":
+            return self.batch_jobs(model, device)
+        if self.cluster:  # in its model's slot: the intake script reads every level at once
+            return f"{self.prefix}:leveljobs:{level}:{{m:{model}}}:{device}"
+        return f"{self.prefix}:leveljobs:{level}:{model}:{device}"
+
     def awaiting(self, model: str, device: str) -> str:
         """Requests waiting for the first card of a model no worker has announced (a list of tokens, each removed
         when its wait ends; the key expires after the longest wait): what wakes a scaled-to-zero model's workers

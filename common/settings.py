@@ -194,6 +194,9 @@ class Settings(BaseSettings):
     # input alone is over it is a 400 (send `store: false`); a response whose output takes it over is returned,
     # but not stored (its `store` says false).
     responses_max_bytes: int = 8 * 1024 * 1024
+    # Scheduling (issue 26): a job of a level below the highest (not batch) that has waited this long is taken
+    # before any higher-priority job, so it starts within about this bound however much high-priority work comes.
+    priority_aging_s: float = 10.0
 
     # ---- Resumable jobs (background responses, streams sent with `X-Ovq-Resumable: true`) --------------------
     # Their workers also write each step's events to a per-job journal (Keys.journal): any API process can replay

@@ -23,7 +23,7 @@ from redis.exceptions import ResponseError
 from common import heap, tracing
 from common.errors import ErrorBody, OvqError
 from common.events import Cancelled, Error
-from common.jobs import ENTRY_JOB, ENTRY_REASON, ENTRY_WORKER, Job, JobStatus
+from common.jobs import ENTRY_JOB, ENTRY_REASON, ENTRY_WORKER, LEVELS, Job, JobStatus
 from common.keys import GROUP, Keys
 from common.modelcard import ModelCard
 from common.models.config import ModelConfig
@@ -64,6 +64,7 @@ class BaseWorker:
         self.keys = Keys(settings.key_prefix)
         self.stream = self.keys.jobs(model.name, device)
         self.batch_stream = self.keys.batch_jobs(model.name, device)
+        self.levels = tuple((level, self.keys.level_jobs(model.name, device, level)) for level in LEVELS)
         self.running: dict[str, Any] = {}
         self.jobs_taken = 0
         self.tokens_generated = 0
@@ -80,11 +81,13 @@ class BaseWorker:
         accounting = Accounting(self.keys, model.name, device, self.id, settings)
         self.publisher = Publisher(self.redis, self.keys, self.stream, settings.job_ttl_s, accounting,
                                    settings.journal_ttl_s, settings.journal_max_entries)
-        self.intake = Intake(self.redis, self.id, self.stream, self.batch_stream)
+        self.intake = Intake(self.redis, self.id, *(s for _, s in self.levels), aging_s=settings.priority_aging_s)
         self._orphaned: set[str] = set()  # running jobs cancelled because their API process is gone
+        self._overdue: set[str] = set()  # running jobs cancelled because their deadline passed
+        self.expired = 0  # jobs dropped unrun: read after their deadline
         # Jobs of dead workers to continue from what they had streamed, by id, until `_start` takes them.
         self._continuing: dict[str, Continued] = {}
-        self.member = Member(self.id, model.name, device, self.stream, self.batch_stream, self.started)
+        self.member = Member(self.id, model.name, device, self.stream, self.batch_stream, self.started, self.levels)
         self.heartbeat = Heartbeat(self.redis, self.keys, settings, self.member, self.vitals)
         self.reclaimer = Reclaimer(self.redis, self.keys, settings, self.member, self.room, self.resumable)
         self.health = HealthServer(self.member, self.vitals, settings.heartbeat_s, settings.worker_host,
@@ -174,12 +177,12 @@ class BaseWorker:
         self._stopping.set()
 
     @property
-    def streams(self) -> tuple[str, str]:
+    def streams(self) -> tuple[str, ...]:
         return self.member.streams
 
     def stream_of(self, job: Job) -> str:
         """The stream a job was read from (admit sets its priority from that), where it must be acked."""
-        return self.batch_stream if job.priority == "batch" else self.stream
+        return dict(self.levels).get(job.priority, self.stream)
 
     async def ensure_group(self) -> None:
         """Create both streams' consumer groups (at start, and again when Redis lost them: NOGROUP)."""
@@ -266,7 +269,7 @@ class BaseWorker:
             try:
                 job = Job.from_fields(fields)
                 # The stream it came from decides where it is acked, whatever the job says.
-                job.priority = "batch" if stream == self.batch_stream else "interactive"
+                job.priority = self.member.level_of(stream)  # type: ignore[assignment]
                 jobs.append((entry_id, job))
             except Exception:
                 log.exception("unreadable job %s moved to the dead-letter stream", entry_id)
@@ -282,7 +285,11 @@ class BaseWorker:
         outbox = Outbox()
         cancelled, gone, deaf = await self._screen([j for e, j in jobs if not self._heard_since(e)],
                                                    {j.reply_to for _, j in jobs}, lane or self.publisher.lane)
+        now = time.time()
         for entry_id, job in jobs:
+            if job.expired(now):
+                self._drop_late(entry_id, job, outbox)
+                continue
             if job.journal:  # resumable: its events are journaled, whoever listens (or nobody, for a while)
                 outbox.journal(job.id)
             if job.id in cancelled or (job.reply_to in gone and not job.journal) \
@@ -303,11 +310,34 @@ class BaseWorker:
             self._start(entry_id, job, outbox)
         self.publisher.put(outbox)
 
+    def _drop_late(self, entry_id: bytes, job: Job, outbox: Outbox) -> None:
+        """A job read after its deadline leaves the stream unrun, with a 504 to whoever still listens."""
+        error = OvqError("The request's deadline passed while it waited in the queue; it was not started", 504,
+                         "timeout", code="deadline_exceeded")
+        outbox.publish(job.reply_to, Error(job=job.id, seq=1, status=504, error=error.body))
+        outbox.set_status(job.id, status=JobStatus.ERROR, error=error.body.model_dump())
+        outbox.ack(entry_id, self.stream_of(job))
+        self.expired += 1
+
+    def cancel_overdue(self, now: float) -> None:
+        """Cancel running jobs past their deadline, as if their client had left: nobody waits for the rest."""
+        overdue = [s.job for s in self.running.values()
+                   if s.job.deadline is not None and now > s.job.deadline and s.job.id not in self._overdue]
+        if not overdue:
+            return
+        outbox = Outbox()
+        for job in overdue:
+            self._overdue.add(job.id)
+            outbox.set_status(job.id, reason="its deadline passed")
+            self.cancel(job.id)
+        self.publisher.put(outbox)
+
     async def _deferred_loop(self) -> None:
         """Start deferred jobs once their API listens; drop those nobody has listened for in worker_ttl_s * 4
         (their API process is gone: nobody would hear the answer)."""
         while True:
             await asyncio.sleep(0.25)
+            self.cancel_overdue(time.time())
             if not self._deferred:
                 continue
             now, outbox = time.monotonic(), Outbox()
@@ -447,6 +477,7 @@ class BaseWorker:
     def _job_done(self, state: JobState, outbox: Outbox) -> None:
         del self.running[state.job.id]
         self._orphaned.discard(state.job.id)
+        self._overdue.discard(state.job.id)
         self._slot_free.set()
         outbox.ack(state.entry_id, self.stream_of(state.job))
 
@@ -463,6 +494,7 @@ class BaseWorker:
                 outbox.forget(state.job.id)
         self.running.clear()
         self._orphaned.clear()
+        self._overdue.clear()
         self._slot_free.set()
         self.publisher.put(outbox)
 

@@ -17,10 +17,21 @@ class Member:
     stream: str
     batch_stream: str
     started: float
+    # Every priority level's stream, highest first ((level, stream) pairs, `common.jobs.LEVELS`); empty: the
+    # interactive and batch streams alone.
+    levels: tuple[tuple[str, str], ...] = ()
 
     @property
-    def streams(self) -> tuple[str, str]:
-        return self.stream, self.batch_stream
+    def streams(self) -> tuple[str, ...]:
+        """Interactive first (reclaim covers it first), then the other levels, batch last."""
+        others = tuple(s for _, s in self.levels if s not in (self.stream, self.batch_stream))
+        return self.stream, *others, self.batch_stream
+
+    def level_of(self, stream: str) -> str:
+        """The priority level of jobs read from `stream` (where they must be acked)."""
+        if stream == self.batch_stream:
+            return "batch"
+        return next((level for level, s in self.levels if s == stream), "interactive")
 
 
 @dataclass(frozen=True)

@@ -29,24 +29,66 @@ from collections.abc import Iterable
 from pathlib import Path
 
 import orjson
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from common.jobs import Priority
 from common.settings import Settings
 
 OPEN = re.compile(r"(/v1|/v3)?/health|/v2/health/(live|ready)|/v2/models/.+/ready")
 ADMIN_PREFIXES = ("/metrics", "/docs", "/openapi.json", "/ops")
+KEY_STATE = "api_key"  # request.state's attribute holding the presented key's `KeyAttributes`
 
 
 class KeyFileError(Exception):
     pass
 
 
+class KeyAttributes(BaseModel):
+    """What a key may do, from a structured key file (YAML or JSON); a plain key has the defaults. `tenant` names
+    whose work it is (fair shares, quotas); `max_priority` the highest level it may ask for (`common.jobs.LEVELS`);
+    `weight` its tenant's fair share; `tokens_per_min` its tenant's token-rate quota (None: none)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    key: SecretStr
+    name: str | None = None
+    tenant: str | None = None
+    max_priority: Priority = "interactive"
+    weight: float = Field(1.0, gt=0)
+    tokens_per_min: int | None = Field(None, gt=0)
+
+    @property
+    def who(self) -> str:
+        """The tenant: as given, else the key's name, else a short digest of the key (never the key itself)."""
+        return self.tenant or self.name or "key-" + hashlib.sha256(self.key.get_secret_value().encode()).hexdigest()[:8]
+
+
+class KeyFile(BaseModel):
+    keys: list[KeyAttributes]
+
+
 def read_key_file(path: Path) -> list[str]:
     """OVMS's --api_key_file format: one key per line; blank lines and surrounding spaces ignored."""
+    return [k.key.get_secret_value() for k in read_keys(path)]
+
+
+def read_keys(path: Path) -> list[KeyAttributes]:
+    """A key file: OVMS's plain format (one key per line), or, named *.yaml, *.yml or *.json, `{keys: [{key, name,
+    tenant, max_priority, weight, tokens_per_min}, ...]}`."""
     try:
-        keys = [line.strip() for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+        text = path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
         raise KeyFileError(f"cannot read the key file {path}: {exc.__class__.__name__}") from None
+    if path.suffix.lower() in (".yaml", ".yml", ".json"):
+        try:
+            keys = KeyFile.model_validate(yaml.safe_load(text)).keys
+        except (yaml.YAMLError, ValidationError) as exc:
+            raise KeyFileError(f"the key file {path} is not a valid keys file: "
+                               f"{exc.__class__.__name__}") from None  # never echo a line: it may hold a key
+    else:
+        keys = [KeyAttributes(key=line.strip()) for line in text.splitlines() if line.strip()]
     if not keys:
         raise KeyFileError(f"the key file {path} holds no key")
     return keys
@@ -57,31 +99,38 @@ def _digest(key: str | bytes) -> bytes:
 
 
 class KeySet:
-    """Configured keys as digests; `matches` takes the same time whichever key, if any, is given."""
+    """Configured keys as digests; `matches` and `find` take the same time whichever key, if any, is given."""
 
-    def __init__(self, keys: Iterable[str]) -> None:
-        self.digests = [_digest(key) for key in keys]
+    def __init__(self, keys: Iterable[str | KeyAttributes]) -> None:
+        self.attributes = [k if isinstance(k, KeyAttributes) else KeyAttributes(key=k) for k in keys]
+        self.digests = [_digest(k.key.get_secret_value()) for k in self.attributes]
 
     def __bool__(self) -> bool:
         return bool(self.digests)
 
     def matches(self, key: bytes | None) -> bool:
+        return self.find(key) is not None
+
+    def find(self, key: bytes | None) -> KeyAttributes | None:
+        """The attributes of the given key, if it is one of the set."""
         given = _digest(key or b"")
-        found = False
-        for digest in self.digests:  # no early exit
-            found |= hmac.compare_digest(given, digest)
-        return found and key is not None
+        found = None
+        for digest, attributes in zip(self.digests, self.attributes, strict=True):  # no early exit
+            if hmac.compare_digest(given, digest):
+                found = attributes
+        return found if key is not None else None
 
 
 def load_keys(settings: Settings) -> tuple[KeySet, KeySet]:
     """(API keys, admin keys) from the settings and key files; a key file that cannot be read is fatal."""
-    api = [k.get_secret_value() for k in settings.api_keys]
+    api: list[str | KeyAttributes] = [k.get_secret_value() for k in settings.api_keys]
     admin = [k.get_secret_value() for k in settings.admin_keys]
     if settings.api_key_file:
-        api += read_key_file(settings.api_key_file)
+        api += read_keys(settings.api_key_file)
     if settings.admin_key_file:
         admin += read_key_file(settings.admin_key_file)
-    return KeySet(k for k in api if k), KeySet(k for k in admin if k)
+    return KeySet(k for k in api if k and (isinstance(k, str) or k.key.get_secret_value())), \
+        KeySet(k for k in admin if k)
 
 
 def is_loopback(host: str) -> bool:
@@ -148,10 +197,13 @@ class ApiKeyMiddleware:
                 if not self._admin_allowed(scope):
                     return await refuse(send, "This operator route needs an admin key (OVQ_ADMIN_KEYS)",
                                         b'Basic realm="ovq admin", charset="UTF-8"')
-            elif self.api_keys and not self.api_keys.matches(key := presented_key(scope)):
-                message = ("You didn't provide an API key: send it as `Authorization: Bearer KEY`" if key is None
-                           else "Incorrect API key provided")
-                return await refuse(send, message, b'Bearer realm="ovq"')
+            elif self.api_keys:
+                attributes = self.api_keys.find(key := presented_key(scope))
+                if attributes is None:
+                    message = ("You didn't provide an API key: send it as `Authorization: Bearer KEY`" if key is None
+                               else "Incorrect API key provided")
+                    return await refuse(send, message, b'Bearer realm="ovq"')
+                scope.setdefault("state", {})[KEY_STATE] = attributes  # request.state.api_key: its attributes
         await self.app(scope, receive, send)
 
     def _admin_allowed(self, scope: Scope) -> bool:

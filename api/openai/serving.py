@@ -47,6 +47,8 @@ async def parse_body(request: Request, model: type[M]) -> M:
         raise OvqError(f"We could not parse the JSON body of your request: {exc}") from exc
     if not isinstance(data, dict):
         raise OvqError("The request body must be a JSON object")
+    # Scheduling reads these of any endpoint's body (api/queue/priority.py, the tenant when keys are off).
+    request.state.priority_field, request.state.user_field = data.get("priority"), data.get("user")
     try:
         return model.model_validate(data)
     except ValidationError as exc:

@@ -19,6 +19,7 @@ from redis.exceptions import ResponseError
 
 from api.ops.tracing import RequestTrace
 from common.events import DoneEvent
+from common.jobs import LEVELS
 from common.keys import GROUP, Keys
 from common.ops.stats import BOUNDS
 
@@ -117,11 +118,17 @@ class Metrics:
                                     registry=r, buckets=LATENCY)
         self.waiting = Gauge("ovq_queue_waiting_jobs", "Jobs waiting in the stream (XLEN - pending)", LABELS,
                              registry=r)
+        self.waiting_by_priority = Gauge("ovq_queue_waiting_jobs_by_priority", "Jobs waiting in each priority "
+                                         "level's stream (XLEN - pending)", (*LABELS, "priority"), registry=r)
         self.in_flight = Gauge("ovq_queue_in_flight_jobs", "Jobs delivered to a worker, not yet acked", LABELS,
                                registry=r)
         self.workers = Gauge("ovq_live_workers", "Workers with a fresh heartbeat", LABELS, registry=r)
+        self.refusals = Counter("ovq_refusals", "Requests refused before a worker saw them, by reason: deadline "
+                                "(the queue's wait estimate passes it), quota (the tenant's token rate), queue_full",
+                                ("model", "reason"), registry=r)
         self._labelled = (self.outcomes, self.prompt_tokens, self.generation_tokens, self.ttft, self.itl,
-                          self.duration, self.queue_time, self.waiting, self.in_flight, self.workers)
+                          self.duration, self.queue_time, self.waiting, self.in_flight, self.workers,
+                          self.waiting_by_priority)
         # Each (model, device)'s series, looked up once: `labels()` costs more than the update it leads to.
         self._series: dict[tuple[str, str], Series] = {}
 
@@ -160,6 +167,9 @@ class Metrics:
                 "queue_ms": record.queue_ms, "ttft_ms": record.ttft_ms,
                 "total_ms": round((time.monotonic() - record.started) * 1000, 1)}).decode())
 
+    def refused(self, model: str, reason: str) -> None:
+        self.refusals.labels(model, reason).inc()
+
     async def queue_depth(self, model: str, device: str) -> tuple[int, int, int]:
         """(waiting, in flight, live workers). Redis 6.2 has no group `lag`: waiting = XLEN - pending."""
         stream = self.keys.jobs(model, device)
@@ -174,6 +184,21 @@ class Metrics:
         in_flight = int(pending["pending"])
         return max(int(length) - in_flight, 0), in_flight, int(live)
 
+    async def waiting_levels(self, model: str, device: str) -> dict[str, int]:
+        """Jobs waiting per priority level (`common.jobs.LEVELS`), in one round trip."""
+        pipe = self.redis.pipeline(transaction=False)
+        for level in LEVELS:
+            stream = self.keys.level_jobs(model, device, level)
+            pipe.xlen(stream)
+            pipe.xpending(stream, GROUP)
+        replies = await pipe.execute(raise_on_error=False)
+        waiting = {}
+        for i, level in enumerate(LEVELS):
+            length, pending = replies[2 * i], replies[2 * i + 1]
+            ok = isinstance(length, int) and isinstance(pending, dict)
+            waiting[level] = max(length - int(pending["pending"]), 0) if ok else 0
+        return waiting
+
     async def render(self, models: dict[str, list[str]]) -> bytes:
         served = {(model, device) for model, devices in models.items() for device in devices}
         for metric in self._labelled:  # a retired model's series go with it
@@ -186,4 +211,6 @@ class Metrics:
             self.waiting.labels(model, device).set(waiting)
             self.in_flight.labels(model, device).set(in_flight)
             self.workers.labels(model, device).set(live)
+            for level, n in (await self.waiting_levels(model, device)).items():
+                self.waiting_by_priority.labels(model, device, level).set(n)
         return generate_latest(self.registry)

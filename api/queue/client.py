@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import re
 import time
 import uuid
@@ -37,6 +38,7 @@ log = logging.getLogger("ovq.api.jobs")
 QUEUED = JobStatus.QUEUED.encode()
 
 
+READ_TIMEOUT = "x-stainless-read-timeout"
 REQUEST_ID = re.compile(r"[A-Za-z0-9._:-]{1,128}")
 
 
@@ -71,6 +73,24 @@ def deadline(request: Request, default_s: float | None) -> float | None:
     return time.monotonic() + seconds
 
 
+def read_timeout(request: Request) -> float | None:
+    """The openai SDK's read timeout (`X-Stainless-Read-Timeout`, on every request it sends) as time.monotonic():
+    how long it waits for the first byte of a stream, or for a unary request's whole answer. It only stands in
+    for a deadline when no `X-Request-Timeout` is given; an unreadable one is ignored (nobody set it by hand)."""
+    if "x-request-timeout" in request.headers:
+        return None
+    try:
+        seconds = float(request.headers.get(READ_TIMEOUT, ""))
+    except ValueError:
+        return None
+    return time.monotonic() + seconds if seconds > 0 else None
+
+
+def unix(monotonic: float | None) -> float | None:
+    """A time.monotonic() instant as unix s: what a worker on another host can compare with its clock."""
+    return None if monotonic is None else time.time() + (monotonic - time.monotonic())
+
+
 class JobClient:
     def __init__(self, redis: aioredis.Redis, keys: Keys, hub: EventHub, registry: Registry, settings: Settings,
                  metrics: Metrics) -> None:
@@ -89,9 +109,17 @@ class JobClient:
         record: Record = request.state.record
         record.request_id = jobs[0].id.rsplit("-", 1)[0] if len(jobs) > 1 else jobs[0].id
         priority = priority_of(request)
+        first_byte = read_timeout(request)
+        if first_byte is not None and not stream:  # a unary answer's first byte is all of it
+            deadline, first_byte = min(deadline or first_byte, first_byte), None
+        generation = Generation(self, jobs, servable, deadline, request)
+        generation.first_byte = first_byte
+        generation.bound_by = ("X-Request-Timeout" if "x-request-timeout" in request.headers
+                               else "X-Stainless-Read-Timeout" if read_timeout(request) is not None
+                               else "request_timeout_s")
         for job in jobs:
             job.priority = priority
-        generation = Generation(self, jobs, servable, deadline, request)
+            job.deadline, job.start_by = unix(deadline), unix(generation.start_by)
         generation.started = record.started  # one bound on the wait for a worker, card included (Registry)
         generation.holds = not stream
         return generation
@@ -127,6 +155,8 @@ class Generation:
         self.open = {job.id for job in jobs}  # not ended yet
         self.accepted: dict[str, AcceptedEvent] = {}
         self.deadline = deadline  # time.monotonic() by which the whole response must be done
+        self.first_byte: float | None = None  # time.monotonic() by which a stream's jobs must have started
+        self.bound_by = "X-Request-Timeout"  # what set the deadline, for the client's error message
         self.started = time.monotonic()
         self.gone = False
         self.ended = False
@@ -147,6 +177,7 @@ class Generation:
             trace.mark("validated")
             for job in self.jobs:
                 job.traceparent = trace.traceparent
+        await self.refuse_late()
         await self.submit()
         if self.request is not None:
             self.request.state.record.device = self.job.device
@@ -175,6 +206,12 @@ class Generation:
     @property
     def job(self) -> Job:
         return self.jobs[0]
+
+    @property
+    def start_by(self) -> float | None:
+        """time.monotonic() after which starting the jobs is no use: the earlier of the two deadlines."""
+        bounds = [t for t in (self.deadline, self.first_byte) if t is not None]
+        return min(bounds) if bounds else None
 
     @property
     def waiting(self) -> bool:
@@ -222,9 +259,31 @@ class Generation:
                 hub.register(job.id, self.inbox)
                 self._queued[job.id] = await self.client.registry.enqueue(self.servable, job)
                 self._submitted.append(job.id)
+        except OvqError as error:
+            if error.body.code == "queue_full":
+                self.client.metrics.refused(self.job.model, "queue_full")
+            await self.close()
+            raise
         except BaseException:
             await self.close()
             raise
+
+    async def refuse_late(self) -> None:
+        """429 at once for jobs the queue cannot start before their deadline by its current wait estimate: the
+        client learns now, not when the deadline has passed, and no worker runs them for nobody."""
+        start_by = self.start_by
+        if start_by is None:
+            return
+        left = start_by - time.monotonic()
+        wait = await self.client.registry.wait_estimate(self.servable, self.job.priority)
+        if wait is None or wait <= left:
+            return
+        self.client.metrics.refused(self.job.model, "deadline")
+        error = OvqError(f"The queue of `{self.job.model}` cannot start this request within its deadline "
+                         f"({self.bound_by}: {max(left, 0):.1f}s left); the estimated wait is {wait:.1f}s", 429,
+                         "rate_limit_error", code="deadline_unreachable")
+        error.retry_after = max(1, math.ceil(wait - max(left, 0)))
+        raise error
 
     def watch(self, request: Request) -> None:
         """Notice the client leaving (its body must have been read): the waits below then raise ClientGone."""
@@ -291,6 +350,9 @@ class Generation:
             if self.gone:
                 raise ClientGone()
             if events:
+                if self.deadline is not None and time.monotonic() > self.deadline:
+                    raise OvqError("The request did not finish before its deadline (X-Request-Timeout)", 504,
+                                   "timeout", code="deadline_exceeded")
                 return events
             await self._check()
             if tick:
@@ -304,6 +366,9 @@ class Generation:
         if self.deadline is not None and now > self.deadline:
             raise OvqError("The request did not finish before its deadline (X-Request-Timeout)", 504, "timeout",
                            code="deadline_exceeded")
+        if self.first_byte is not None and self.pending and now > self.first_byte:
+            raise OvqError("The request did not start before its client's read timeout (X-Stainless-Read-Timeout)",
+                           504, "timeout", code="deadline_exceeded")
         if len(self.accepted) < len(self.jobs) and now - self.started > settings.queue_timeout_s:
             raise unavailable(f"No worker of `{self.job.model}` started this request within "
                               f"{settings.queue_timeout_s:.0f}s (queue_timeout_s)")

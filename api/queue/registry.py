@@ -12,9 +12,10 @@ from dataclasses import dataclass
 import redis.asyncio as aioredis
 
 from common.errors import OvqError, not_found, unavailable
-from common.jobs import ENTRY_JOB, Job, JobHash, JobStatus
-from common.keys import Keys
+from common.jobs import ENTRY_JOB, LEVELS, Job, JobHash, JobStatus
+from common.keys import GROUP, Keys
 from common.modelcard import ModelCard
+from common.ops.stats import OUTCOMES, WINDOW_S, window_of
 from common.redis.client import UNAVAILABLE, replicas_wanted
 from common.redis.lane import Lane, Script
 from common.redis.replicas import ReplicaWait
@@ -23,23 +24,24 @@ from common.settings import Settings
 CARD_CACHE_S = 1.0
 
 
-# KEYS: job hash, then per device (in preference order): its workers zset, its stream, its batch stream.
+# KEYS: job hash, then per device (in preference order): its workers zset, its (interactive) stream, the stream
+# of the job's priority level (`Keys.level_jobs`: the same, its batch stream, or its high or low stream).
 # ARGV: oldest live heartbeat, max backlog, job TTL, created, reply_to, model, priority, then per device its name
 # and the job as JSON. An interactive job goes to the device with the fewest interactive jobs (batch jobs never
 # delay it: workers read them only when no interactive job waits); a batch job to the device with the fewest jobs
-# of either kind. With no live worker on any device (restarting, or scaled to zero) the job still goes in, by the
-# same rule over every device, and waits there for a worker (the API bounds that wait: `queue_timeout_s`).
+# of either kind (a job of another level: by the interactive backlog plus its own level's). With no live worker
+# on any device (restarting, or scaled to zero) the job still goes in, by the same rule over every device, and
+# waits there for a worker (the API bounds that wait: `queue_timeout_s`).
 # Returns {device chosen (1-based), 1 when it has a live worker else 0, the stream entry's id}; {-1} when the
 # chosen backlog is full.
 ENQUEUE = f"""
-local batch = ARGV[7] == 'batch'
 local devices = (#KEYS - 1) / 3
 local function shortest(live_only)
   local best, best_len = 0, 0
   for i = 1, devices do
     if not live_only or redis.call('ZCOUNT', KEYS[3 * i - 1], ARGV[1], '+inf') > 0 then
       local len = redis.call('XLEN', KEYS[3 * i])
-      if batch then len = len + redis.call('XLEN', KEYS[3 * i + 1]) end
+      if KEYS[3 * i + 1] ~= KEYS[3 * i] then len = len + redis.call('XLEN', KEYS[3 * i + 1]) end
       if best == 0 or len < best_len then best, best_len = i, len end
     end
   end
@@ -55,7 +57,7 @@ if best_len >= tonumber(ARGV[2]) then return {{-1}} end
 redis.call('HSET', KEYS[1], '{JobHash.STATUS}', '{JobStatus.QUEUED}', '{JobHash.CREATED}', ARGV[4],
            '{JobHash.API}', ARGV[5], '{JobHash.MODEL}', ARGV[6], '{JobHash.DEVICE}', ARGV[6 + 2 * best])
 redis.call('EXPIRE', KEYS[1], ARGV[3])
-local id = redis.call('XADD', KEYS[3 * best + (batch and 1 or 0)], '*', '{ENTRY_JOB}', ARGV[7 + 2 * best])
+local id = redis.call('XADD', KEYS[3 * best + 1], '*', '{ENTRY_JOB}', ARGV[7 + 2 * best])
 return {{best, live, id}}
 """
 # KEYS: the stream, the job hash. ARGV: the entry's id. Takes back a job no worker has taken yet (still `queued`):
@@ -69,6 +71,8 @@ end
 return 0
 """
 CARD_POLL_S = 0.5
+ESTIMATE_CACHE_S = 0.5  # a burst's requests share one wait estimate (one round trip)
+RATE_WINDOWS = 3  # the stats windows (common/ops/stats.py) a wait estimate's rate is measured over
 
 
 @dataclass
@@ -99,6 +103,8 @@ class Registry:
         self.devices = devices or {}  # an expected model's devices in the models file, in preference order
         self._cards: dict[str, tuple[float, dict[str, ModelCard]]] = {}
         self._loading: dict[str, asyncio.Future[dict[str, ModelCard]]] = {}
+        self._estimates: dict[tuple[str, str], tuple[float, float | None]] = {}
+        self._estimating: dict[tuple[str, str], asyncio.Future[float | None]] = {}
         self._enqueue = Script(ENQUEUE)
         self._withdraw = Script(WITHDRAW)
         # Every request's enqueue, on a connection of its own: those made in one event-loop turn go out in one
@@ -195,14 +201,14 @@ class Registry:
 
     async def enqueue(self, servable: Servable, job: Job) -> Queued:
         """Put the job on the live device stream with the shortest backlog, in one atomic round trip: the
-        device's stream, or its batch stream for a job of `batch` priority. With no live worker on any device,
+        device's stream of the job's priority level (`Keys.level_jobs`). With no live worker on any device,
         on the device stream with the shortest backlog all the same, to wait for one.
 
         Returns where it went; 429 when the chosen backlog is full.
         """
         devices = list(servable.cards)
         keys = [k for d in devices for k in (self.keys.workers(servable.model, d), self.keys.jobs(servable.model, d),
-                                             self.keys.batch_jobs(servable.model, d))]
+                                             self.keys.level_jobs(servable.model, d, job.priority))]
         jobs = []
         for device in devices:  # the job as each device's worker would get it; `device` ends as the chosen one
             job.device = device
@@ -218,8 +224,59 @@ class Registry:
                            code="queue_full")
         chosen, live, entry = reply
         job.device = devices[chosen - 1]
-        stream = keys[3 * (chosen - 1) + (2 if job.priority == "batch" else 1)]
+        stream = keys[3 * (chosen - 1) + 2]
         return Queued(job.device, stream, entry.decode() if isinstance(entry, bytes) else entry, bool(live))
+
+    async def wait_estimate(self, servable: Servable, priority: str) -> float | None:
+        """Seconds a job queued now would wait before a worker starts it: the jobs waiting ahead of it (at its
+        priority or above, on every device of the model) over the rate the model's workers finished jobs in the
+        last stats windows. 0 when none waits; None when some wait but none finished lately: no measure, and
+        nothing is refused on a guess. Cached for half a second; concurrent misses share one round trip."""
+        key = (servable.model, priority)
+        cached = self._estimates.get(key)
+        if cached and time.monotonic() - cached[0] < ESTIMATE_CACHE_S:
+            return cached[1]
+        estimating = self._estimating.get(key)
+        if estimating is None:
+            estimating = self._estimating[key] = asyncio.ensure_future(self._estimate(servable, priority))
+            estimating.add_done_callback(lambda _: self._estimating.pop(key, None))
+        estimate = await asyncio.shield(estimating)
+        self._estimates[key] = (time.monotonic(), estimate)
+        return estimate
+
+    async def _estimate(self, servable: Servable, priority: str) -> float | None:
+        now = time.time()
+        windows = [window_of(now) - WINDOW_S * i for i in range(RATE_WINDOWS)]
+        pipe = self.redis.pipeline(transaction=False)
+        streams = 0
+        for device in servable.cards:
+            for stream in self.ahead(servable.model, device, priority):
+                pipe.xlen(stream)
+                pipe.xpending(stream, GROUP)
+                streams += 1
+            for window in windows:
+                pipe.hmget(self.keys.stats(servable.model, device, window), *OUTCOMES)
+        replies = await pipe.execute(raise_on_error=False)
+        waiting, finished, at = 0, 0, 0
+        for device in servable.cards:
+            for _ in self.ahead(servable.model, device, priority):
+                length, pending = replies[at], replies[at + 1]
+                at += 2
+                if isinstance(length, int) and isinstance(pending, dict):
+                    waiting += max(length - int(pending["pending"]), 0)
+            for _ in windows:
+                finished += sum(int(n) for n in replies[at] if n is not None)
+                at += 1
+        if waiting == 0:
+            return 0.0
+        seconds = WINDOW_S * (RATE_WINDOWS - 1) + max(now - windows[0], 1.0)
+        return waiting * seconds / finished if finished else None
+
+    def ahead(self, model: str, device: str, priority: str) -> list[str]:
+        """The streams whose waiting jobs a worker of the device takes before a new job of `priority`: its level's
+        and those above (aging aside)."""
+        levels = LEVELS[:LEVELS.index(priority) + 1] if priority in LEVELS else LEVELS
+        return [self.keys.level_jobs(model, device, level) for level in levels]
 
     async def withdraw(self, queued: Queued, job_id: str) -> bool:
         """Take a job back out of its stream if no worker has taken it yet (its wait for one timed out)."""

@@ -31,6 +31,9 @@ class StreamState(BaseModel):
     # Batch API lines in the model's batch stream (read only when nothing interactive waits).
     batch_waiting: int = 0
     batch_in_flight: int = 0
+    # Jobs waiting at the `high` and `low` priority levels (their own streams, `Keys.level_jobs`).
+    high_waiting: int = 0
+    low_waiting: int = 0
     stats: Summary | None = None
     node: str = ""  # the Redis node the stream lives on (HOST:PORT): the primary, or its cluster shard's master
 
@@ -129,10 +132,14 @@ async def streams(redis: aioredis.Redis, keys: Keys, settings: Settings,
         pipe.zcount(keys.workers(model, device), since, "+inf")
         pipe.xlen(keys.batch_jobs(model, device))
         pipe.xpending(keys.batch_jobs(model, device), GROUP)
+        for level in ("high", "low"):
+            pipe.xlen(keys.level_jobs(model, device, level))
+            pipe.xpending(keys.level_jobs(model, device, level), GROUP)
     replies = iter(await pipe.execute(raise_on_error=False))
     states = []
     for model, device in pairs:
         length, pending, groups, live, batch_length, batch_pending = (next(replies) for _ in range(6))
+        high, low = (max(_length(next(replies)) - _pending(next(replies)), 0) for _ in range(2))
         in_flight, length = _pending(pending), _length(length)
         batch_in_flight = _pending(batch_pending)
         consumers = 0 if isinstance(groups, ResponseError) else sum(
@@ -141,7 +148,7 @@ async def streams(redis: aioredis.Redis, keys: Keys, settings: Settings,
                                   waiting=max(length - in_flight, 0), in_flight=in_flight,
                                   workers=int(live), consumers=consumers,
                                   batch_waiting=max(_length(batch_length) - batch_in_flight, 0),
-                                  batch_in_flight=batch_in_flight,
+                                  batch_in_flight=batch_in_flight, high_waiting=high, low_waiting=low,
                                   node=await node_of(redis, keys.jobs(model, device))))
     return states
 

@@ -1,9 +1,14 @@
-"""What a worker reads next: interactive jobs first, batch jobs only when no interactive job waits.
+"""What a worker reads next: the highest priority level first, a lower level's job once it has waited too long.
 
-Each model and device has two streams: interactive requests, and Batch API lines (`Keys.batch_jobs`). One Lua
-call reads the interactive stream and, only when it has nothing undelivered, the batch stream: atomic, so no
-interactive job arriving between two reads is passed over, and a batch never makes an interactive request wait
-behind it in Redis. An idle worker then blocks on both streams at once, so it wakes for either.
+Each model and device has one stream per priority level (`common.jobs.LEVELS`: high, interactive, low, batch;
+`Keys.level_jobs`). One Lua call reads them highest first and returns the first level with an undelivered entry:
+atomic, so no job arriving between two reads is passed over. Before that it ages: each
+level's oldest undelivered job (batch excepted: Batch API lines only run when nothing else waits) rises one level
+per `aging_s` it has waited (a stream id's milliseconds are its enqueue time, Redis clock), and the job ranking
+highest so (ties: the higher level) is taken, one per read when it is not the highest level's; so a low-priority
+job starts within (its level's distance to the highest + 1) x `aging_s` however much higher-priority work arrives,
+while levels still hold among jobs that all waited long (Slurm's age factor, not a FIFO). An idle worker then
+blocks on every stream at once, so it wakes for any.
 """
 from __future__ import annotations
 
@@ -17,10 +22,43 @@ from common.redis.lane import Lane, Script
 
 Entries = list[tuple[bytes, dict[bytes, bytes]]]
 
-# KEYS: interactive stream, batch stream. ARGV: group, consumer, count.
-# Returns {1 or 2 (the stream read), its entries}, or {0, {}} when neither has an undelivered entry.
+# KEYS: the streams, highest level first. ARGV: group, consumer, count, aging (ms; 0: none), the number of
+# streams subject to aging counted from the first (the last, batch, is not).
+# Returns {the stream's index (1-based), its entries}, or {0, {}} when none has an undelivered entry.
 READ = """
-for i = 1, 2 do
+local function oldest_waiting(key)
+  local ok, groups = pcall(redis.call, 'XINFO', 'GROUPS', key)
+  if not ok then return nil end
+  for _, group in ipairs(groups) do
+    local fields = {}
+    for j = 1, #group, 2 do fields[group[j]] = group[j + 1] end
+    if fields['name'] == ARGV[1] then
+      local next = redis.call('XRANGE', key, '(' .. fields['last-delivered-id'], '+', 'COUNT', 1)
+      if #next == 0 then return nil end
+      return tonumber(string.match(next[1][1], '^(%d+)'))
+    end
+  end
+  return nil
+end
+local aging = tonumber(ARGV[4])
+if aging > 0 then
+  local now = redis.call('TIME')
+  local now_ms = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
+  local best, best_rank, first = 0, nil, 0
+  for i = 1, tonumber(ARGV[5]) do
+    local t = oldest_waiting(KEYS[i])
+    if t then
+      if first == 0 then first = i end
+      local rank = i - math.floor((now_ms - t) / aging)
+      if best_rank == nil or rank < best_rank then best, best_rank = i, rank end
+    end
+  end
+  if best > 0 and best ~= first then
+    local reply = redis.call('XREADGROUP', 'GROUP', ARGV[1], ARGV[2], 'COUNT', 1, 'STREAMS', KEYS[best], '>')
+    if reply then return {best, reply[1][2]} end
+  end
+end
+for i = 1, #KEYS do
   local reply = redis.call('XREADGROUP', 'GROUP', ARGV[1], ARGV[2], 'COUNT', ARGV[3], 'STREAMS', KEYS[i], '>')
   if reply then return {i, reply[1][2]} end
 end
@@ -34,27 +72,29 @@ def _entries(raw: list) -> Entries:
 
 
 class Intake:
-    def __init__(self, redis: aioredis.Redis, consumer: str, interactive: str, batch: str) -> None:
+    def __init__(self, redis: aioredis.Redis, consumer: str, *streams: str, aging_s: float = 0.0) -> None:
+        """`streams`: highest level first, the batch stream last."""
         self.consumer = consumer
-        self.interactive, self.batch = interactive, batch
+        self.streams = streams
+        self.aging_ms = int(aging_s * 1000)
         # A lane of its own: the blocking read holds its connection for up to `block_ms`.
         self.lane = Lane(redis)
         self._read = Script(READ)
 
     async def read(self, count: int, block_ms: int) -> list[tuple[str, Entries]]:
-        """Up to `count` jobs as (stream, entries), interactive stream first; blocks up to `block_ms` when both
-        are empty. The blocking read takes one entry per stream: rarely, when both streams get a job at the same
-        moment, that is one job beyond `count` (the interactive one first)."""
-        which, raw = await self._read(self.lane, keys=[self.interactive, self.batch],
-                                      args=[GROUP, self.consumer, count])
+        """Up to `count` jobs as (stream, entries), highest level first (an aged one before all); blocks up to
+        `block_ms` when every stream is empty. The blocking read takes one entry per stream: rarely, when several
+        streams get a job at the same moment, that is a few jobs beyond `count` (the highest level first)."""
+        which, raw = await self._read(self.lane, keys=list(self.streams),
+                                      args=[GROUP, self.consumer, count, self.aging_ms, len(self.streams) - 1])
         if which:
-            return [((self.interactive, self.batch)[which - 1], _entries(raw))]
+            return [(self.streams[which - 1], _entries(raw))]
         [reply] = await self.lane.execute([["XREADGROUP", "GROUP", GROUP, self.consumer, "COUNT", 1, "BLOCK", block_ms,
-                                            "STREAMS", self.interactive, self.batch, ">", ">"]], block_ms / 1000)
+                                            "STREAMS", *self.streams, *(">" for _ in self.streams)]], block_ms / 1000)
         if isinstance(reply, ResponseError):
             raise reply
         got = {s.decode(): _entries(entries) for s, entries in _by_stream(reply)}
-        return [(stream, got[stream]) for stream in (self.interactive, self.batch) if got.get(stream)]
+        return [(stream, got[stream]) for stream in self.streams if got.get(stream)]
 
     async def close(self) -> None:
         await self.lane.close()

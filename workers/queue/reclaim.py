@@ -149,7 +149,7 @@ class Reclaimer:
                 outbox.ack(entry_id, stream)
                 continue
             job = Job.from_fields(fields)
-            job.priority = "batch" if stream == self.member.batch_stream else "interactive"
+            job.priority = self.member.level_of(stream)  # type: ignore[assignment]
             streamed, prompt_tokens, generated = await self._progress(job)
             if deliveries.get(entry_id, 0) > self.settings.max_deliveries:
                 takeover.dead.append(fields)

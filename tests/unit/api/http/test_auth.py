@@ -1,9 +1,11 @@
 """Protected mode: which bind addresses count as this machine only, and when an API without keys may start."""
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
-from api.http.auth import KeySet, exposure_refusal, is_loopback
+from api.http.auth import KeyFileError, KeySet, exposure_refusal, is_loopback, read_key_file, read_keys
 from common.settings import Settings
 
 NO_KEYS = (KeySet([]), KeySet([]))
@@ -40,3 +42,23 @@ def test_the_setting_reads_from_the_environment(monkeypatch: pytest.MonkeyPatch)
     assert Settings().allow_unauthenticated is True
     monkeypatch.delenv("OVQ_ALLOW_UNAUTHENTICATED")
     assert Settings().allow_unauthenticated is False
+
+
+def test_structured_key_files_give_each_key_its_attributes(tmp_path: Path) -> None:
+    (tmp_path / "keys.yaml").write_text(
+        "keys:\n  - {key: sk-a, tenant: alpha, max_priority: high, weight: 2, tokens_per_min: 6000}\n"
+        "  - key: sk-b\n    name: bee\n")
+    (tmp_path / "keys.json").write_text('{"keys": [{"key": "sk-c"}]}')
+    a, b = read_keys(tmp_path / "keys.yaml")
+    assert (a.who, a.max_priority, a.weight, a.tokens_per_min) == ("alpha", "high", 2, 6000)
+    assert (b.who, b.max_priority, b.weight, b.tokens_per_min) == ("bee", "interactive", 1, None)
+    [c] = read_keys(tmp_path / "keys.json")
+    assert c.who.startswith("key-") and "sk-c" not in c.who
+    assert read_key_file(tmp_path / "keys.yaml") == ["sk-a", "sk-b"]
+    found = KeySet([a, b, "sk-plain"])
+    assert found.find(b"sk-a") is a and found.find(b"sk-b") is b and found.find(b"sk-x") is None
+    assert found.find(b"sk-plain").who.startswith("key-") and found.find(None) is None
+    (tmp_path / "bad.yaml").write_text("keys:\n  - {key: sk-secret, max_priority: god}\n")
+    with pytest.raises(KeyFileError) as caught:
+        read_keys(tmp_path / "bad.yaml")
+    assert "sk-secret" not in str(caught.value)

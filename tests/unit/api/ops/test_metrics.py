@@ -61,3 +61,30 @@ def test_a_12_ms_inter_token_latency_lands_in_a_bucket_a_few_ms_wide() -> None:
     bounds = {line.split('le="')[1].split('"')[0] for line in text.splitlines()
               if line.startswith("ovq_inter_token_latency_seconds_bucket{") and 'model="a"' in line}
     assert {float(b) for b in bounds if b != "+Inf"} == {ms / 1000 for ms in BOUNDS["itl"]}
+
+
+async def test_waiting_jobs_per_priority_and_refusals_by_reason(redis_url: str) -> None:
+    import time
+
+    import redis.asyncio as aioredis
+
+    from common.keys import GROUP
+
+    keys = Keys(f"metrics{time.time_ns()}")
+    redis = aioredis.Redis.from_url(redis_url)
+    m = Metrics(redis, keys, worker_ttl_s=15)
+    for level, n in (("high", 1), ("interactive", 3), ("low", 2)):
+        stream = keys.level_jobs("m", "CPU", level)
+        await redis.xgroup_create(stream, GROUP, id="0", mkstream=True)
+        for _ in range(n):
+            await redis.xadd(stream, {"job": "x"})
+    await redis.xreadgroup(GROUP, "w", {keys.jobs("m", "CPU"): ">"}, count=1)  # running, not waiting
+    m.refused("m", "deadline")
+    m.refused("m", "deadline")
+    await m.render({"m": ["CPU"]})
+    waiting = {level: m.registry.get_sample_value("ovq_queue_waiting_jobs_by_priority",
+                                                  {"model": "m", "device": "CPU", "priority": level})
+               for level in ("high", "interactive", "low", "batch")}
+    assert waiting == {"high": 1, "interactive": 2, "low": 2, "batch": 0}
+    assert m.registry.get_sample_value("ovq_refusals_total", {"model": "m", "reason": "deadline"}) == 2
+    await redis.aclose()

@@ -136,3 +136,36 @@ async def test_with_no_live_worker_a_job_waits_on_the_device_with_the_shortest_b
     await redis.hset(keys.job(taken.id), "status", "running")  # a worker took it meanwhile: it stays
     assert not await reg.withdraw(queued, taken.id)
     assert await redis.xlen(keys.jobs("m", queued.device)) == 2
+
+
+async def test_wait_estimate_is_the_jobs_waiting_ahead_over_the_recent_finishing_rate(setup) -> None:
+    from common.keys import GROUP
+    from common.ops.stats import WINDOW_S, window_of
+
+    redis, keys, reg = setup
+    reg.settings.max_queue_depth = 100
+    await redis.hset(keys.model("m"), mapping={"CPU": card("CPU")})
+    await redis.zadd(keys.workers("m", "CPU"), {"w": time.time()})
+    servable = await reg.servable("m")
+    stream = keys.jobs("m", "CPU")
+    await redis.xgroup_create(stream, GROUP, id="0", mkstream=True)
+    await redis.xgroup_create(keys.batch_jobs("m", "CPU"), GROUP, id="0", mkstream=True)
+    assert await reg.wait_estimate(servable, "interactive") == 0.0  # nothing waits
+    for _ in range(7):
+        await reg.enqueue(servable, job())
+    await redis.xreadgroup(GROUP, "w", {stream: ">"}, count=1)  # one running: not waiting
+    batch = job()
+    batch.priority = "batch"
+    await reg.enqueue(servable, batch)
+    reg._estimates.clear()
+    assert await reg.wait_estimate(servable, "interactive") is None  # jobs wait, nothing finished lately: unknown
+    now = time.time()
+    await redis.hset(keys.stats("m", "CPU", window_of(now)), mapping={"done": 8, "error": 2})
+    await redis.hset(keys.stats("m", "CPU", window_of(now) - WINDOW_S), mapping={"cancelled": 2})
+    reg._estimates.clear()
+    seconds = 2 * WINDOW_S + max(now - window_of(now), 1.0)
+    interactive = await reg.wait_estimate(servable, "interactive")
+    assert interactive is not None and abs(interactive - 6 * seconds / 12) < 0.5
+    reg._estimates.clear()
+    lowest = await reg.wait_estimate(servable, "batch")  # the interactive jobs wait ahead of a batch one
+    assert lowest is not None and abs(lowest - 7 * seconds / 12) < 0.5

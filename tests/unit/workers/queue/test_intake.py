@@ -61,3 +61,35 @@ async def test_a_lost_group_is_reported_as_nogroup(streams) -> None:
     with pytest.raises(ResponseError) as lost:
         await intake.read(1, block_ms=10)
     assert is_nogroup(lost.value)
+
+
+async def test_low_priority_job_ages_in_ahead_of_a_steady_flow_of_higher_ones(redis_url: str) -> None:
+    keys = Keys(f"aging{time.time_ns()}")
+    redis = aioredis.Redis.from_url(redis_url)
+    streams = [keys.level_jobs("m", "CPU", level) for level in ("high", "interactive", "low", "batch")]
+    for stream in streams:
+        await redis.xgroup_create(stream, GROUP, id="0", mkstream=True)
+    intake = Intake(redis, "w1", *streams, aging_s=1.0)
+    high, interactive, low, batch = streams
+    for stream, job in ((batch, "b0"), (low, "l0"), (low, "l1"), (interactive, "i0")):
+        await redis.xadd(stream, {"job": job})
+        await asyncio.sleep(0.01)  # enqueue times a few ms apart
+    for n in range(6):
+        await redis.xadd(high, {"job": f"h{n}"})
+
+    async def read(count: int = 1) -> list[str]:
+        return [job.decode() for _, job in jobs(await intake.read(count, block_ms=50))]
+
+    assert await read() == ["h0"], "the highest level first while nothing has aged"
+    await asyncio.sleep(1.1)
+    # Everything waited one aging period: every level rose by one, so the levels still hold.
+    assert await read(2) == ["h1", "h2"]
+    assert await read(4) == ["h3", "h4", "h5"]
+    await asyncio.sleep(2.0)
+    # Fresh high work comes; the low jobs waited 3 periods (rank 3 - 3 < 1 - 0): aged in, one per read, before
+    # it, the interactive one (2 - 3) first.
+    await redis.xadd(high, {"job": "h7"})
+    assert [await read(4) for _ in range(4)] == [["i0"], ["l0"], ["l1"], ["h7"]]
+    assert await read(4) == ["b0"], "batch never ages in: it runs when nothing else waits"
+    await intake.close()
+    await redis.aclose()

@@ -1,0 +1,78 @@
+"""The worker's I/O half with no engine: deadlines act on jobs read too late and on running jobs past theirs."""
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import redis.asyncio as aioredis
+
+from common.jobs import Job
+from common.models.config import ModelConfig
+from common.redis.lane import Lane
+from common.settings import Settings
+from workers.base import BaseWorker
+from workers.queue.publisher import Outbox
+
+
+class Collected:
+    """Stands where the publisher would: keeps every outbox."""
+
+    def __init__(self) -> None:
+        self.outboxes: list[Outbox] = []
+
+    def put(self, outbox: Outbox) -> None:
+        self.outboxes.append(outbox)
+
+    def events(self) -> list[dict[str, Any]]:
+        return [e for o in self.outboxes for events in o.events.values() for e in events]
+
+
+class Started(BaseWorker):
+    capacity = 4
+
+    def __init__(self, redis_url: str) -> None:
+        super().__init__(Settings(redis_url=redis_url, key_prefix=f"base{time.time_ns()}"),
+                         ModelConfig(name="m", path="/none"), "CPU")
+        self.publisher = Collected()  # type: ignore[assignment]
+        self.started_jobs: list[str] = []
+        self.cancelled: list[str] = []
+
+    def _start(self, entry_id: bytes, job: Job, outbox: Outbox) -> None:
+        self.started_jobs.append(job.id)
+
+    def cancel_running(self, job_id: str) -> None:
+        self.cancelled.append(job_id)
+
+
+def job(**fields: Any) -> Job:
+    return Job(model="m", device="CPU", kind="completion", prompt="x", reply_to="api", **fields)
+
+
+async def test_a_job_read_after_its_deadline_is_dropped_with_a_504_never_started(redis_url: str) -> None:
+    worker = Started(redis_url)
+    lane = Lane(aioredis.Redis.from_url(redis_url))
+    late, timely, unbounded = job(start_by=time.time() - 1), job(start_by=time.time() + 60), job()
+    await worker.admit_jobs([(b"1-1", late), (b"1-2", timely), (b"1-3", unbounded)], lane=lane)
+    assert worker.started_jobs == [timely.id, unbounded.id]
+    [error] = [e for e in worker.publisher.events() if e["job"] == late.id]
+    assert error["type"] == "error" and error["status"] == 504 and error["error"]["code"] == "deadline_exceeded"
+    acked = [entry for o in worker.publisher.outboxes for _, entry in o.acks]
+    assert b"1-1" in acked, "it leaves the stream"
+    assert worker.expired == 1
+    await lane.close()
+    await worker.redis.aclose()
+
+
+async def test_a_running_job_past_its_deadline_is_cancelled_once(redis_url: str) -> None:
+    worker = Started(redis_url)
+
+    class State:
+        def __init__(self, job: Job) -> None:
+            self.job = job
+
+    overdue, on_time, unbounded = job(deadline=time.time() - 0.1), job(deadline=time.time() + 60), job()
+    worker.running = {j.id: State(j) for j in (overdue, on_time, unbounded)}
+    worker.cancel_overdue(time.time())
+    worker.cancel_overdue(time.time())
+    assert worker.cancelled == [overdue.id]
+    await worker.redis.aclose()
