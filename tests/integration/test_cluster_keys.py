@@ -47,20 +47,22 @@ def client(cluster: ClusterSet) -> Iterator[redis.RedisCluster]:
 def test_queue_scripts_of_one_model_touch_one_slot(client: redis.RedisCluster) -> None:
     for model in MODELS[:3]:
         job = f"job-{model}"
-        queues = [k for d in DEVICES for k in (KEYS.workers(model, d), KEYS.jobs(model, d), KEYS.batch_jobs(model, d))]
+        # Per device: its workers, its interactive stream (the backlog measured), the stream of the job's level.
+        queues = [k for d in DEVICES
+                  for k in (KEYS.workers(model, d), KEYS.jobs(model, d), KEYS.level_jobs(model, d, "low"))]
         for d in DEVICES:
-            for stream in (KEYS.jobs(model, d), KEYS.batch_jobs(model, d)):
+            for stream in (KEYS.jobs(model, d), KEYS.level_jobs(model, d, "low"), KEYS.batch_jobs(model, d)):
                 client.xgroup_create(stream, GROUP, id="0", mkstream=True)
         now = time.time()
         chosen, _, entry = client.register_script(ENQUEUE)(
             keys=[KEYS.job(job, model), *queues],
-            args=[now - 30, 100, 60, now, "api1", model, "interactive", *(x for d in DEVICES for x in (d, "{}"))])
-        stream = KEYS.jobs(model, DEVICES[chosen - 1])
+            args=[now - 30, 100, 60, now, "api1", model, "low", *(x for d in DEVICES for x in (d, "{}"))])
+        stream = KEYS.level_jobs(model, DEVICES[chosen - 1], "low")
         assert client.register_script(WITHDRAW)(keys=[stream, KEYS.job(job, model)], args=[entry]) == 1
         assert client.hget(KEYS.job(job, model), "status") == b"cancelled"
         client.xadd(stream, {"job": "{}"})
         read = client.register_script(READ)(keys=[stream, KEYS.batch_jobs(model, DEVICES[chosen - 1])],
-                                            args=[GROUP, "w1", 1])
+                                            args=[GROUP, "w1", 1, 10_000, 1])
         assert read, "the intake read nothing from the stream it was given"
         # FORGET reads the stream and its consumers' worker hashes: those are keyed by worker, not model (the
         # tiers' cluster mode must split it); with the stream alone it runs on the stream's node

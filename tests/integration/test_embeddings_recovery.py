@@ -1,5 +1,5 @@
-"""A killed embeddings worker, as a killed text worker: its running requests end at once with a clean 500
-(`worker_died`), none hangs, and the model's other worker serves what comes next."""
+"""A killed embeddings worker, as a killed text worker: what it was running (no embeddings job streams anything) is
+run again by the model's next live worker, and every request gets its whole answer; none hangs."""
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -13,7 +13,7 @@ from tests.conftest import MODELS, Tiers
 EMBED = "tiny-embed"
 
 
-def test_a_killed_workers_requests_fail_cleanly_and_the_other_worker_serves(tiers: Callable[..., Tiers]) -> None:
+def test_a_killed_workers_requests_are_run_again_by_the_next_worker(tiers: Callable[..., Tiers]) -> None:
     # A budget of 1 puts each big request in a pipeline call of its own: the first worker holds all of them.
     t = tiers({EMBED: {"path": str(MODELS / EMBED)}}, OVQ_EMBED_BATCH_TOKENS="1")
     t.api()
@@ -23,22 +23,19 @@ def test_a_killed_workers_requests_fail_cleanly_and_the_other_worker_serves(tier
     texts = [f"the quick brown fox number {i} jumps over the lazy dog " * 4 for i in range(2000)]
 
     def ask(inputs: list[str]) -> httpx.Response:
-        return httpx.post(f"{t.base_url}/embeddings", json={"model": EMBED, "input": inputs}, timeout=120)
+        return httpx.post(f"{t.base_url}/embeddings", json={"model": EMBED, "input": inputs}, timeout=300)
 
     with ThreadPoolExecutor(8) as pool:
         futures = [pool.submit(ask, texts) for _ in range(8)]
         while not any(f.done() for f in futures) and psutil.Process(first.pid).cpu_percent(0.5) < 10:
             pass  # until it is busy with them
         psutil.Process(first.pid).kill()
+        first.wait(10)
+        t.procs.remove(first)  # killed on purpose: not a start-up failure for wait_served
+        second = t.worker(EMBED, name="second")  # its reclaim pass takes over the dead worker's jobs
         replies = [f.result() for f in futures]
-    codes = [r.status_code for r in replies]
-    assert set(codes) <= {200, 500} and 500 in codes, codes
-    assert all(r.json()["error"]["code"] == "worker_died" for r in replies if r.status_code == 500)
-    assert all(len(r.json()["data"]) == len(texts) for r in replies if r.status_code == 200)
-    first.wait(10)
-    t.procs.remove(first)  # killed on purpose: not a start-up failure for wait_served
-    second = t.worker(EMBED, name="second")
-    t.wait_served(EMBED)
+    assert [r.status_code for r in replies] == [200] * 8, [r.text[:200] for r in replies]
+    assert all(len(r.json()["data"]) == len(texts) for r in replies)
     after = ask(texts[:3])
     assert after.status_code == 200 and len(after.json()["data"]) == 3
     assert second.poll() is None
