@@ -14,7 +14,7 @@ import redis
 import redis.asyncio as aioredis
 
 from api.queue.registry import CARD_CACHE_S, Registry
-from common.jobs import Job
+from common.jobs import LEVELS, Job
 from common.keys import GROUP, Keys
 from common.modelcard import ModelCard
 from common.models.sources import load_models
@@ -74,7 +74,7 @@ def test_scaled_object_watches_the_stream_ovq_queues_into(scaler: StreamScaler) 
     workload = Workload.from_file(KUBERNETES / "keda.yaml")
     keys = Keys()
     assert [(s.mode, s.stream) for s in workload.scalers] == [
-        ("length", keys.jobs(MODEL, DEVICE)), ("length", keys.batch_jobs(MODEL, DEVICE)),
+        ("length", keys.level_jobs(MODEL, DEVICE, level)) for level in ("interactive", "high", "low", "batch")] + [
         ("list", keys.awaiting(MODEL, DEVICE))]
     assert all(s.target == model.max_num_seqs and s.activation == 0 for s in workload.scalers)
 
@@ -136,7 +136,6 @@ def test_from_zero_to_one_and_back_to_zero(client: redis.Redis) -> None:
     a worker has done it (or the wait has ended), KEDA takes the workload back to zero."""
     workload = Workload.from_file(KUBERNETES / "keda.yaml")
     keys = Keys()
-    stream, batch = keys.jobs(MODEL, DEVICE), keys.batch_jobs(MODEL, DEVICE)
     kwargs = client.connection_pool.connection_kwargs
     card = ModelCard(name=MODEL, device=DEVICE, servable_type=ServableType.LM_CB, context_length=64,
                      chat_template="x", created=int(time.time()))
@@ -151,7 +150,8 @@ def test_from_zero_to_one_and_back_to_zero(client: redis.Redis) -> None:
             # The model's worker announced itself once (its card outlives it); no worker is live now.
             await connection.hset(keys.model(MODEL), DEVICE, card.model_dump_json())
             servable = await registry.servable(MODEL)
-            for priority, where in (("interactive", stream), ("batch", batch)):
+            for priority in LEVELS:  # every level's queue wakes the workload
+                where = keys.level_jobs(MODEL, DEVICE, priority)
                 job = Job(model=MODEL, device=DEVICE, kind="completion", prompt="wake up", reply_to="scale-test",
                           priority=priority)
                 queued = await registry.enqueue(servable, job)

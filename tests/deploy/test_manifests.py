@@ -402,10 +402,12 @@ def test_scaled_object_scales_the_worker_on_its_stream() -> None:
     target = scaled["spec"]["scaleTargetRef"]["name"]
     (worker,) = [d for d in manifests if d["kind"] == "Deployment" and d["metadata"]["name"] == target]
     args = worker["spec"]["template"]["spec"]["containers"][0]["args"]
-    interactive, batch, awaiting = scaled["spec"]["triggers"]
+    *streams, awaiting = scaled["spec"]["triggers"]
     model, device = args[args.index("--model") + 1], args[args.index("--device") + 1]
     keys = Keys()
-    for trigger, stream in ((interactive, keys.jobs(model, device)), (batch, keys.batch_jobs(model, device))):
+    levels = ("interactive", "high", "low", "batch")  # every priority level's queue scales the workers
+    assert len(streams) == len(levels)
+    for trigger, stream in zip(streams, [keys.level_jobs(model, device, level) for level in levels], strict=True):
         metadata = trigger["metadata"]
         assert trigger["type"] == "redis-streams"
         assert "consumerGroup" not in metadata, "with consumerGroup KEDA ignores streamLength"
@@ -415,7 +417,7 @@ def test_scaled_object_scales_the_worker_on_its_stream() -> None:
     (service,) = [d for d in manifests if d["kind"] == "Service" and d["metadata"]["name"] == "redis"]
     namespace = service["metadata"]["namespace"]
     # KEDA's operator runs in its own namespace: only the Service's full name reaches this Redis.
-    for trigger in (interactive, batch, awaiting):
+    for trigger in (*streams, awaiting):
         port = service["spec"]["ports"][0]["port"]
         assert trigger["metadata"]["address"] == f"redis.{namespace}.svc.cluster.local:{port}"
     assert scaled["metadata"]["namespace"] == worker["metadata"]["namespace"] == namespace
