@@ -31,6 +31,7 @@ from api.openai.serving import Serving
 from api.openai.speech import SpeechServing
 from api.ops import router as ops_router
 from api.ops.metrics import Metrics, Record
+from api.ops.refusals import Refusals
 from api.ops.tracing import RequestTrace
 from api.queue.client import ClientGone, JobClient
 from api.queue.heartbeat import ApiHeartbeat
@@ -73,7 +74,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         heartbeat = await ApiHeartbeat(redis, keys, hub.reply_to, settings).start()
         tracing.setup("api", hub.reply_to, settings.tracing)
         registry = Registry(redis, keys, settings, expected_models(settings), expected_devices(settings))
-        metrics = Metrics(redis, keys, settings.worker_ttl_s, settings.access_log)
+        refusals = Refusals(redis, keys, settings.stats_ttl_s)
+        metrics = Metrics(redis, keys, settings.worker_ttl_s, settings.access_log, refusals)
         app.state.registry, app.state.metrics = registry, metrics
         jobs = JobClient(redis, keys, hub, registry, settings, metrics)
         app.state.serving = Serving(jobs, registry, metrics)
@@ -86,6 +88,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         yield
         await app.state.responses.background.stop()
         await heartbeat.stop()
+        await refusals.stop()
         await hub.stop()
         await registry.close()
         await redis.aclose()

@@ -17,6 +17,7 @@ import redis.asyncio as aioredis
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from redis.exceptions import ResponseError
 
+from api.ops.refusals import Refusals
 from api.ops.tracing import RequestTrace
 from common.events import DoneEvent
 from common.jobs import LEVELS
@@ -96,7 +97,9 @@ class Series(NamedTuple):
 
 
 class Metrics:
-    def __init__(self, redis: aioredis.Redis, keys: Keys, worker_ttl_s: float, log_access: bool = False) -> None:
+    def __init__(self, redis: aioredis.Redis, keys: Keys, worker_ttl_s: float, log_access: bool = False,
+                 refusals: Refusals | None = None) -> None:
+        self.fleet_refusals = refusals  # the fleet's count, in Redis (the ops page's)
         self.redis, self.keys, self.worker_ttl_s, self.log_access = redis, keys, worker_ttl_s, log_access
         self.registry = CollectorRegistry()
         r = self.registry
@@ -167,8 +170,11 @@ class Metrics:
                 "queue_ms": record.queue_ms, "ttft_ms": record.ttft_ms,
                 "total_ms": round((time.monotonic() - record.started) * 1000, 1)}).decode())
 
-    def refused(self, model: str, reason: str) -> None:
+    def refused(self, model: str, reason: str, device: str = "") -> None:
+        """`device`: the model's first device, whose stats windows count the fleet's refusals."""
         self.refusals.labels(model, reason).inc()
+        if self.fleet_refusals is not None and device:
+            self.fleet_refusals.count(model, device, reason)
 
     async def queue_depth(self, model: str, device: str) -> tuple[int, int, int]:
         """(waiting, in flight, live workers). Redis 6.2 has no group `lag`: waiting = XLEN - pending."""

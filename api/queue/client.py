@@ -261,7 +261,7 @@ class Generation:
                 self._submitted.append(job.id)
         except OvqError as error:
             if error.body.code == "queue_full":
-                self.client.metrics.refused(self.job.model, "queue_full")
+                self.client.metrics.refused(self.job.model, "queue_full", self.servable.card.device)
             await self.close()
             raise
         except BaseException:
@@ -278,7 +278,7 @@ class Generation:
         wait = await self.client.registry.wait_estimate(self.servable, self.job.priority)
         if wait is None or wait <= left:
             return
-        self.client.metrics.refused(self.job.model, "deadline")
+        self.client.metrics.refused(self.job.model, "deadline", self.servable.card.device)
         error = OvqError(f"The queue of `{self.job.model}` cannot start this request within its deadline "
                          f"({self.bound_by}: {max(left, 0):.1f}s left); the estimated wait is {wait:.1f}s", 429,
                          "rate_limit_error", code="deadline_unreachable")

@@ -57,6 +57,9 @@ class WorkerState(BaseModel):
     draining: bool = False
     drain_requested: bool = False
     port: int = 0
+    # A continuous-batching worker's learned admission knee and the sequences it admits to now (0: not learned).
+    admission_knee: int = 0
+    admission_limit: int = 0
 
 
 class ApiState(BaseModel):
@@ -188,7 +191,8 @@ async def workers(redis: aioredis.Redis, keys: Keys, settings: Settings,
             kv_cache_usage=float(raw.get("kv_cache_usage", 0)), tokens_per_s=float(raw.get("tokens_per_s", 0)),
             tokens_generated=int(raw.get("tokens_generated", 0)), jobs_taken=int(raw.get("jobs_taken", 0)),
             heartbeat=heartbeat, age_s=max(now - heartbeat, 0.0), started=float(raw.get("started", 0)),
-            draining=raw.get("draining") == "1", drain_requested=bool(drain), port=int(raw.get("port", 0))))
+            draining=raw.get("draining") == "1", drain_requested=bool(drain), port=int(raw.get("port", 0)),
+            admission_knee=int(raw.get("admission_knee", 0)), admission_limit=int(raw.get("admission_limit", 0))))
     return sorted(found, key=lambda w: (w.model, w.device, w.host, w.id))
 
 

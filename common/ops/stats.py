@@ -6,6 +6,8 @@ and every API process reads the same. Fields:
 
 - `tokens`, `prompt_tokens`: tokens generated / prompts accepted;
 - `done`, `error`, `cancelled`: jobs that ended so;
+- `refused:{reason}` for reason in REFUSALS: requests the API refused before a worker saw them (written by the API
+  processes, api/ops/refusals.py, into the stats of the model's first device);
 - `{histogram}:{bound}` for bound in BOUNDS[histogram] (milliseconds, upper bound inclusive) and `{histogram}:inf`:
   how many observations fell into each bucket (not cumulative), plus `{histogram}:sum` in ms.
 """
@@ -23,6 +25,7 @@ from common.keys import Keys
 
 WINDOW_S = 10
 OUTCOMES = ("done", "error", "cancelled")
+REFUSALS = ("deadline", "quota", "queue_full")
 # Bucket upper bounds in milliseconds: TTFT and queue time from enqueue, inter-token latency between the
 # deliveries of a sequence's tokens (a step that yields k tokens counts k gaps of 1/k each), e2e enqueue to end.
 # Narrow where latencies of a served model sit (ITL 2.5 ms wide from 10 to 20 ms, so 12 ms reads as 10-12.5 ms;
@@ -89,6 +92,7 @@ class Summary(BaseModel):
     done: int
     error: int
     cancelled: int
+    refused: dict[str, int] = {}  # by reason (REFUSALS)
     ttft_ms: dict[str, float | None]  # p50, p90, p99
     itl_ms: dict[str, float | None]
     queue_ms: dict[str, float | None]
@@ -125,6 +129,7 @@ def summarize(windows: Iterable[tuple[int, dict[str, int]]], now: float, span_s:
         requests_per_s=sum(recent[o] for o in OUTCOMES) / seconds,
         tokens=total["tokens"], prompt_tokens=total["prompt_tokens"],
         done=total["done"], error=total["error"], cancelled=total["cancelled"],
+        refused={reason: total[f"refused:{reason}"] for reason in REFUSALS},
         **{f"{h}_ms": {name: quantile(total, h, q) for name, q in QUANTILES.items()} for h in BOUNDS},
         series=series,
     )

@@ -90,6 +90,15 @@ def test_deadline_refused_up_front(single: Tiers) -> None:
         assert all(f.result().status_code == 200 for f in busy)
     # The refusals came while the queue still had every job ahead of them: long before any could have run.
     assert _waiting(single) == 0 and refused_s < 30
+    # The ops page counts them, as every API process adds them up in Redis (at most a second later).
+    origin, until = single.base_url.rsplit("/", 1)[0], time.monotonic() + 30
+    while True:
+        streams = httpx.get(f"{origin}/ops/data", timeout=30).json()["streams"]
+        refused = next(s for s in streams if s["model"] == MODEL)["stats"]["refused"]
+        if refused["deadline"] >= 2:
+            break
+        assert time.monotonic() < until, refused
+        time.sleep(0.2)
 
 
 def test_running_job_past_its_deadline_is_cancelled(single: Tiers) -> None:
