@@ -89,7 +89,8 @@ class BaseWorker:
         self._continuing: dict[str, Continued] = {}
         self.member = Member(self.id, model.name, device, self.stream, self.batch_stream, self.started, self.levels)
         self.heartbeat = Heartbeat(self.redis, self.keys, settings, self.member, self.vitals)
-        self.reclaimer = Reclaimer(self.redis, self.keys, settings, self.member, self.room, self.resumable)
+        self.reclaimer = Reclaimer(self.redis, self.keys, settings, self.member, self.room, self.resumable,
+                                   self.heartbeat.steady)
         self.health = HealthServer(self.member, self.vitals, settings.heartbeat_s, settings.worker_host,
                                    settings.worker_port) if settings.worker_port is not None else None
 

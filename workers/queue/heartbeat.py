@@ -59,6 +59,7 @@ class Heartbeat:
         self.redis, self.keys, self.settings, self.member, self.vitals = redis, keys, settings, member, vitals
         self.host = socket.gethostname()
         self.last_ok = time.monotonic()
+        self.reachable_since: float | None = self.last_ok  # None while beats fail
         self.rate = Rate()
 
     async def beat(self) -> Steering:
@@ -112,12 +113,23 @@ class Heartbeat:
             try:
                 steering = await self.beat()
             except UNAVAILABLE as exc:
+                self.reachable_since = None
                 await asyncio.sleep(backoff.failed(log, where, exc))
                 continue
             self.last_ok = time.monotonic()
+            if self.reachable_since is None:
+                self.reachable_since = self.last_ok
             backoff.succeeded(log, where)
             yield steering
             await asyncio.sleep(settings.heartbeat_s)
+
+    def steady(self) -> bool:
+        """Whether Redis has answered this worker's beats for a whole worker TTL: only then can a stale heartbeat
+        say its worker is dead. After an outage every worker's heartbeat is stale; one that is alive beats again
+        within a TTL of Redis coming back, so judging earlier would take over (and, with takeover, run twice) the
+        jobs of live workers."""
+        since = self.reachable_since
+        return since is not None and time.monotonic() - since >= self.settings.worker_ttl_s
 
     async def leave(self) -> None:
         m, keys = self.member, self.keys

@@ -70,8 +70,10 @@ class Takeover:
 
 class Reclaimer:
     def __init__(self, redis: aioredis.Redis, keys: Keys, settings: Settings, member: Member,
-                 room: Callable[[], int], resumable: Callable[[Job], bool] = lambda job: False) -> None:
+                 room: Callable[[], int], resumable: Callable[[Job], bool] = lambda job: False,
+                 steady: Callable[[], bool] = lambda: True) -> None:
         self.redis, self.keys, self.settings, self.member, self.room = redis, keys, settings, member, room
+        self.steady = steady  # whether stale heartbeats mean dead workers yet (workers/queue/heartbeat.py)
         self.resumable = resumable  # whether this worker can continue a job that had streamed
         self.reclaimed = 0
         self._forget = redis.register_script(FORGET)
@@ -80,6 +82,8 @@ class Reclaimer:
         """Every reclaim_interval_s, what a pass took over (when it took anything)."""
         while True:
             await asyncio.sleep(self.settings.reclaim_interval_s)
+            if not self.steady():
+                continue  # Redis was away lately: live workers' heartbeats are stale too
             try:
                 taken = await self.reclaim_once()
             except UNAVAILABLE:

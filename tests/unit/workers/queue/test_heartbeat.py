@@ -2,6 +2,7 @@
 card, and brings back the steering the worker acts on."""
 from __future__ import annotations
 
+import asyncio
 import time
 from dataclasses import replace
 
@@ -85,3 +86,29 @@ async def test_a_beat_brings_back_the_resumable_jobs_nobody_reads(beat) -> None:
     now[0] = replace(VITALS, followed=frozenset({"read", "left"}))
     await redis.set(keys.reader("read"), "api1", ex=30)
     assert (await heartbeat.beat()).unread == {"left"}
+
+
+async def test_stale_heartbeats_say_nothing_until_redis_answered_a_whole_ttl(beat) -> None:
+    """After an outage every worker's heartbeat is stale; the reclaimer may judge them only once this worker's
+    own beats have gone through for a TTL (a live one has beaten again by then)."""
+    redis, keys, _, now = beat
+    settings = Settings(worker_ttl_s=0.2, heartbeat_s=0.01)
+    heartbeat = Heartbeat(redis, keys, settings, MEMBER, lambda: now[0])
+    assert not heartbeat.steady(), "a worker just started has not seen Redis for a TTL"
+    await asyncio.sleep(0.25)
+    assert heartbeat.steady()
+    real, fails = heartbeat.beat, [2]
+
+    async def flaky():
+        if fails[0]:
+            fails[0] -= 1
+            raise ConnectionError("Redis is away")
+        return await real()
+
+    heartbeat.beat = flaky  # type: ignore[method-assign]
+    beats = heartbeat.beats()
+    await anext(beats)  # through two failed beats
+    assert not heartbeat.steady(), "Redis just came back"
+    await asyncio.sleep(0.25)
+    assert heartbeat.steady()
+    await beats.aclose()

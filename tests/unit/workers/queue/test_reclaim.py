@@ -88,3 +88,19 @@ async def test_a_worker_that_cannot_continue_a_job_ends_it_with_an_error(dead_wo
     [takeover] = await reclaimer(redis, keys, member).reclaim_once()  # this worker continues nothing
     assert takeover.continued == [] and takeover.outbox.status[job.id]["status"] == "error"
     assert takeover.outbox.forgotten == {job.id}
+
+
+async def test_no_pass_while_stale_heartbeats_may_be_an_outage(dead_worker) -> None:
+    redis, keys, member, _, _ = dead_worker
+    steady = [False]
+    settings = Settings(worker_ttl_s=TTL_S, max_deliveries=3, reclaim_interval_s=0.01)
+    reclaim = Reclaimer(redis, keys, settings, member, lambda: 10, steady=lambda: steady[0])
+    await asyncio.sleep(TTL_S * 2)
+    passes = reclaim.passes()
+    first = asyncio.ensure_future(anext(passes))
+    await asyncio.sleep(0.1)
+    assert not first.done() and reclaim.reclaimed == 0, "the dead worker's jobs wait while Redis was away lately"
+    steady[0] = True
+    takeover = await asyncio.wait_for(first, 5)
+    assert len(takeover.rerun) == 3
+    await passes.aclose()
