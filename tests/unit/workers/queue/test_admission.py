@@ -73,7 +73,7 @@ def test_characters_per_token_are_learned() -> None:
 A, B = 0.011, 0.00134
 
 
-def knee_of(a: float, b: float, f: float = 0.02) -> float:
+def knee_of(a: float, b: float, f: float = 0.01) -> float:
     return (math.sqrt(a * (a + b) / f) - a) / b
 
 
@@ -96,14 +96,14 @@ def test_a_burst_climbs_from_the_floor_to_the_knee_and_leaves_the_rest_waiting()
     assert k.limit() == 16  # nothing measured: the floor
     seen = run_burst(k, waiting=120, steps=60)
     assert seen[:8] == [16] * 4 + [32] * 4  # twice what was measured (4 steps), no more
-    assert abs(k.knee() - knee_of(A, B)) <= 2  # 53: the fitted line is the true one
-    assert 45 <= seen[-1] <= 60 < 120
+    assert abs(k.knee() - knee_of(A, B)) <= 2  # 79: the fitted line is the true one
+    assert 70 <= seen[-1] <= 90 < 120
 
 
 def test_the_knee_holds_under_noisy_step_times() -> None:
     k = Knee(ceiling=256)
     run_burst(k, waiting=120, steps=400, noise=random.Random(7))
-    assert 30 <= k.knee() <= 80  # 53 without noise; greedy would be 120, the floor 16
+    assert 40 <= k.knee() <= 115  # 79 without noise (noise drags it down, to 52-62 mostly); greedy 120, floor 16
 
 
 def test_fewer_streams_than_the_knee_run_at_once() -> None:
@@ -117,7 +117,8 @@ def test_a_low_estimate_rises_when_each_sequence_gets_cheaper() -> None:
     run_burst(k, waiting=200, steps=80, b=4 * B)
     low = k.knee()
     assert low < 30
-    run_burst(k, waiting=200, steps=2000)  # once the old averages fade (HALF_LIFE), and probes measured the new
+    # Once the old averages fade (below half a weight after 4 HALF_LIFEs), and probes measured the new.
+    run_burst(k, waiting=200, steps=2500)
     assert k.knee() > low + 15 and k.limit() > low + 15
 
 
