@@ -59,7 +59,7 @@ def test_a_worker_joining_a_burst_takes_a_third_of_what_waits(tiers: Callable[..
         assert time.monotonic() < deadline, "the worker fitted no throughput curve"
         _streams(t, 48, 48)
     result: list[list[str]] = []
-    burst = threading.Thread(target=lambda: result.append(_streams(t, BURST, 500)))
+    burst = threading.Thread(target=lambda: result.append(_streams(t, BURST, 1000)))
     burst.start()
     deadline = time.monotonic() + 120
     while _waiting(r, stream) < BURST // 3:  # the first worker took what it could run, the rest waits
