@@ -152,30 +152,60 @@ class EncoderWorker(BaseWorker):
         """Texts and token counts of newcomers; a job with an input over the context ends with a 400."""
         if not states:
             return
-        results = await asyncio.to_thread(lambda: [self._prepared(s) for s in states])
+        results = await asyncio.to_thread(self._prepared_all, states)
         for state, error in zip(states, results, strict=True):
             if error is not None and state in self.waiting:
                 self.waiting.remove(state)
                 self._end(state, error=error, status=400)
 
-    def _prepared(self, state: EncoderJob) -> str | None:
-        """Runs in a thread: the job's texts and token counts; the reason it cannot run, if so."""
-        params = state.params
+    def _prepared_all(self, states: list[EncoderJob]) -> list[str | None]:
+        """Runs in a thread: every newcomer's texts counted in one tokenizer call (a call per job cost more than
+        the embedding itself); should that call fail, job by job, so that one bad input fails its job only."""
+        errors: list[str | None] = [None] * len(states)
+        texts: list[list[str]] = [[] for _ in states]
+        for index, state in enumerate(states):
+            try:
+                texts[index] = [text if isinstance(text, str) else self.pipes.decode(text)
+                                for text in state.params.inputs]
+            except Exception as exc:  # a token id the tokenizer cannot decode, say: this job's fault only
+                errors[index] = f"the input could not be tokenized: {error_message(exc)}"
+        ready = [i for i in range(len(states)) if errors[i] is None]
         try:
-            texts = [text if isinstance(text, str) else self.pipes.decode(text) for text in params.inputs]
-            if params.query is not None:  # a pair counts the query's tokens and the document's
-                query = self.pipes.lengths([params.query])[0]
-                lengths = [min(query + n, self.limits.max_length) for n in self.pipes.lengths(texts)]
+            counted = self._count([states[i] for i in ready], [texts[i] for i in ready])
+        except Exception:
+            counted = [self._count_one(states[i], texts[i]) for i in ready]
+        for i, result in zip(ready, counted, strict=True):
+            if isinstance(result, str):
+                errors[i] = result
             else:
-                lengths = self.pipes.check(self.pipes.lengths(texts))
-        except TooLong as exc:
-            error: str | None = str(exc)
-        except Exception as exc:  # a token id the tokenizer cannot decode, say: this job's fault only
-            error = f"the input could not be tokenized: {error_message(exc)}"
-        else:
-            state.lengths, error = lengths, None
-        state.texts = [] if error else texts
-        return error
+                states[i].lengths = result
+        for index, state in enumerate(states):
+            state.texts = [] if errors[index] else texts[index]
+        return errors
+
+    def _count_one(self, state: EncoderJob, texts: list[str]) -> list[int] | str:
+        try:
+            return self._count([state], [texts])[0]
+        except Exception as exc:
+            return f"the input could not be tokenized: {error_message(exc)}"
+
+    def _count(self, states: list[EncoderJob], texts: list[list[str]]) -> list[list[int] | str]:
+        """Each job's token counts (a query and document pair counts both), or why it cannot run."""
+        queries = [s.params.query for s in states if s.params.query is not None]
+        flat = self.pipes.lengths([*queries, *(text for mine in texts for text in mine)])
+        query_lengths, lengths = iter(flat[:len(queries)]), iter(flat[len(queries):])
+        results: list[list[int] | str] = []
+        for state, mine in zip(states, texts, strict=True):
+            counts = [next(lengths) for _ in mine]
+            if state.params.query is not None:
+                query = next(query_lengths)
+                results.append([min(query + n, self.limits.max_length) for n in counts])
+                continue
+            try:
+                results.append(self.pipes.check(counts))
+            except TooLong as exc:
+                results.append(str(exc))
+        return results
 
     async def _run(self, batch: list[EncoderJob]) -> None:
         live = [s for s in batch if not s.cancelled]
