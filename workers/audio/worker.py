@@ -189,7 +189,9 @@ class SpeechWorker(BaseWorker):
             outbox.set_status(job.id, status=JobStatus.DONE, result=done.model_dump(mode="json"), **summary)
             end = JobStatus.DONE
         if job.traceparent is not None:
-            times = JobTimes(state.received, state.received, first_token=state.first, generated=state.generated)
+            work = "speech.synthesize" if self.kind is ServableType.T2S else "speech.transcribe"
+            times = JobTimes(state.received, state.received, first_token=state.first, generated=state.generated,
+                             work=work)
             published = times.spans(job, self.id, end, 0, state.pieces, time.time())
             if published is not None:
                 outbox.sent.append(published)

@@ -29,6 +29,7 @@ from common.settings import Settings
 from workers.base import BaseWorker
 from workers.embed.pipelines import EncoderPipelines, TooLong, cut, encoder_limits
 from workers.engine.continuous import error_message
+from workers.ops.tracing import JobTimes
 from workers.queue.publisher import Outbox
 
 log = logging.getLogger("ovq.embed_worker")
@@ -44,6 +45,10 @@ class EncoderJob:
     received: float = field(default_factory=time.time)
     texts: list[str] | None = None  # the inputs as text, once prepared
     lengths: list[int] = field(default_factory=list)  # tokens of each text (of each query and document pair)
+    prepared: float | None = None  # when its texts were counted (unix s)
+    started: float | None = None  # when its batch's pipeline call began
+    generated: float | None = None  # when it returned
+    batch: int = 0  # the jobs in that call
 
     @property
     def params(self) -> EmbedParams:
@@ -179,8 +184,9 @@ class EncoderWorker(BaseWorker):
                 errors[i] = result
             else:
                 states[i].lengths = result
+        prepared = time.time()
         for index, state in enumerate(states):
-            state.texts = [] if errors[index] else texts[index]
+            state.texts, state.prepared = [] if errors[index] else texts[index], prepared
         return errors
 
     def _count_one(self, state: EncoderJob, texts: list[str]) -> list[int] | str:
@@ -209,7 +215,7 @@ class EncoderWorker(BaseWorker):
 
     async def _run(self, batch: list[EncoderJob]) -> None:
         live = [s for s in batch if not s.cancelled]
-        started = time.monotonic()
+        started, wall = time.monotonic(), time.time()
         try:
             results = await asyncio.to_thread(self._compute, live)
         except Exception as exc:
@@ -219,6 +225,9 @@ class EncoderWorker(BaseWorker):
                 self._end(state, error=message, status=500)
             return
         self.batches += 1
+        generated = time.time()
+        for state in live:
+            state.started, state.generated, state.batch = wall, generated, len(live)
         log.debug("batch of %d jobs, %d texts in %.1f ms", len(live), sum(len(s.lengths) for s in live),
                   (time.monotonic() - started) * 1000)
         outbox = Outbox()  # the whole batch's answers in one round trip
@@ -287,5 +296,17 @@ class EncoderWorker(BaseWorker):
             # The result itself stays out of the job's hash: vectors are large and the caller has them.
             outbox.set_status(job.id, status=JobStatus.DONE, **summary)
             outbox.count("prompt_tokens", tokens)
+        if job.traceparent is not None:
+            self._trace(state, outbox, JobStatus.ERROR if error is not None
+                        else JobStatus.CANCELLED if state.cancelled or result is None else JobStatus.DONE)
         if own:
             self.publisher.put(outbox)
+
+    def _trace(self, state: EncoderJob, outbox: Outbox, end: JobStatus) -> None:
+        """The job's spans (admission to counted tokens, its batch's pipeline call), sent once its outbox is."""
+        work = "rerank.batch" if self.kind is ServableType.RERANK else "embed.batch"
+        times = JobTimes(state.received, state.prepared, generated=state.generated, work=work,
+                         started=state.started, batch=state.batch or None)
+        published = times.spans(state.job, self.id, end, sum(state.lengths), 0, time.time())
+        if published is not None:
+            outbox.sent.append(published)
