@@ -20,16 +20,16 @@ from pathlib import Path
 import numpy as np
 
 from common.errors import ErrorBody
-from common.events import Accepted, Cancelled, Done, Error, Timings, Usage
+from common.events import Cancelled, Done, Error, Timings, Usage
 from common.jobs import EmbedParams, Job, JobStatus
 from common.modelcard import ModelCard
 from common.models.config import ModelConfig
 from common.servable import ServableType, infer_servable, vocab_size
 from common.settings import Settings
-from workers.base import BaseWorker
 from workers.embed.pipelines import EncoderPipelines, TooLong, cut, encoder_limits
 from workers.engine.continuous import error_message
 from workers.ops.tracing import JobTimes
+from workers.pipeline import PipelineWorker
 from workers.queue.publisher import Outbox
 
 log = logging.getLogger("ovq.embed_worker")
@@ -88,7 +88,7 @@ def encode_vectors(vectors: np.ndarray) -> list[str]:
     return [base64.b64encode(row.tobytes()).decode() for row in little]
 
 
-class EncoderWorker(BaseWorker):
+class EncoderWorker(PipelineWorker):
     def __init__(self, settings: Settings, model: ModelConfig, device: str) -> None:
         super().__init__(settings, model, device)
         self.capacity = model.max_num_seqs
@@ -133,12 +133,7 @@ class EncoderWorker(BaseWorker):
 
     def _start(self, entry_id: bytes, job: Job, outbox: Outbox) -> None:
         state = EncoderJob(job, entry_id)
-        self.running[job.id] = state
-        queue_ms = (state.received - job.created) * 1000
-        outbox.publish(job.reply_to, Accepted(job=job.id, seq=state.next_seq(), worker=self.id, prompt_tokens=0,
-                                              queue_ms=queue_ms))
-        outbox.set_status(job.id, status=JobStatus.RUNNING, worker=self.id, streamed=0)
-        outbox.observe("queue", queue_ms)
+        self._accept(state, outbox)
         self.waiting.append(state)
         self._wake.set()
 
