@@ -5,7 +5,8 @@ one pipeline call per request, in the same run.
 Two workers serve the same model directory under two names: `batched` with the default token budget
 (OVQ_EMBED_BATCH_TOKENS) and `single` with a budget of 1 (each call takes one request). Rounds alternate between
 them (A/B, so machine noise hits both); each round sends --requests requests from --concurrency clients, each a
-short text. Prints each round and the medians.
+short text. Prints each round (with its CPU milliseconds per request in each process: on a machine where the CPU is
+the limit, these say what ratio batching can reach), the median of the per-pair ratios, and the medians.
 
   python benchmarks/embeddings.py --requests 1000 --rounds 3
 """
@@ -24,6 +25,7 @@ from pathlib import Path
 
 import httpx
 import orjson
+import psutil
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -112,6 +114,19 @@ async def round_of(port: int, model: str, requests: int, concurrency: int) -> fl
     return requests / elapsed
 
 
+def cpu_seconds(processes: dict[str, psutil.Process]) -> dict[str, float]:
+    return {name: sum(process.cpu_times()[:2]) for name, process in processes.items()}
+
+
+def timed_round(stack: Stack, model: str, requests: int, concurrency: int) -> tuple[float, dict[str, float]]:
+    """Requests/s and each process's CPU milliseconds per request (the API, both workers, redis, this client)."""
+    processes = stack.processes()
+    before = cpu_seconds(processes)
+    rate = asyncio.run(round_of(stack.port, model, requests, concurrency))
+    after = cpu_seconds(processes)
+    return rate, {name: (after[name] - before[name]) * 1000 / requests for name in processes}
+
+
 class Stack:
     """A private redis-server, the API, and one worker per model with its own environment."""
 
@@ -142,6 +157,12 @@ class Stack:
             time.sleep(0.25)
         raise RuntimeError("ovq did not become ready")
 
+    def processes(self) -> dict[str, psutil.Process]:
+        assert self.redis.process is not None
+        pids = {"worker(batched)": self.procs[0].pid, "worker(single)": self.procs[1].pid, "api": self.procs[2].pid,
+                "redis": self.redis.process.pid, "client": os.getpid()}
+        return {name: psutil.Process(pid) for name, pid in pids.items()}
+
     def stop(self) -> None:
         for proc in self.procs:
             proc.terminate()
@@ -166,11 +187,15 @@ def main() -> None:
                 asyncio.run(round_of(stack.port, model, args.concurrency * 2, args.concurrency))
             for n in range(args.rounds):
                 for model in rates:
-                    rate = asyncio.run(round_of(stack.port, model, args.requests, args.concurrency))
+                    rate, cpu = timed_round(stack, model, args.requests, args.concurrency)
                     rates[model].append(rate)
-                    print(f"round {n + 1} {model}: {rate:.0f} requests/s", flush=True)
+                    used = " ".join(f"{name}={ms:.2f}" for name, ms in cpu.items() if ms >= 0.01)
+                    print(f"round {n + 1} {model}: {rate:.0f} requests/s; CPU ms/request: {used} "
+                          f"(total {sum(cpu.values()):.2f})", flush=True)
         finally:
             stack.stop()
+    pairs = [b / s for b, s in zip(rates["batched"], rates["single"], strict=True)]
+    print(f"per-round batched/single: {' '.join(f'{r:.2f}' for r in pairs)}; median {statistics.median(pairs):.2f}")
     batched, single = statistics.median(rates["batched"]), statistics.median(rates["single"])
     alone_batched, alone_single = direct(args.model, args.concurrency, args.rounds * 3)
     print("| model | clients | requests/round | batched req/s | one call per request req/s | batched/single "

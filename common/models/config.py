@@ -81,7 +81,7 @@ class ModelConfig(BaseModel):
     chat_template: Path | None = None
     tool_parser: Literal["hermes3", "llama3", "phi4", "mistral", "qwen3coder", "devstral", "gptoss", "lfm2", "gemma4",
                          "onyx", "minicpm5"] | None = None
-    reasoning_parser: Literal["qwen3", "gptoss"] | None = None
+    reasoning_parser: Literal["qwen3", "gptoss", "gemma4", "lfm2", "onyx", "minicpm5"] | None = None
     enable_tool_guided_generation: bool = False
     # ovq: after a step that ended jobs, wait up to this long for new ones before the next step
     # (workers/engine/arrivals.py)

@@ -43,7 +43,7 @@ _REMOTE = ("s3://", "gs://", "azfs://", "azure://")
 OVMS_ONLY_OPTIONS = frozenset({
     "draft_eagle3_mode", "sparse_attention_config",
     "cache_interval_multiplier", "chat_template_mode", "generation_config_path", "snapkv_window_size",
-    "kv_crush_config", "resolution", "num_images_per_prompt", "guidance_scale", "lora_adapters",
+    "kv_crush_config", "resolution", "num_images_per_prompt", "guidance_scale", "lora_adapters",  # (LLM graphs)
     "composite_lora_adapters",
 })
 # The older page's `response_parser` (seed 000) named one parser for both tools and reasoning.
@@ -169,6 +169,8 @@ def _servable(config_path: Path, entry: dict[str, Any], warnings: list[str]) -> 
     values.update(name=name, path=_models_dir(graph, base, options))
     if calculator == LLM_CALCULATOR and options.draft_models_path:
         values["draft_models_path"] = _draft_dir(graph, base, options.draft_models_path)
+    if calculator == IMAGE_CALCULATOR and options.lora_adapters:
+        values["lora_adapters"] = _image_adapters(graph, options, warnings)
     device_option = _DEVICE_OPTION.get(calculator, "device")
     if options.HasField(device_option):
         values["devices"] = [getattr(options, device_option) or "CPU"]
@@ -349,6 +351,27 @@ def _llm_values(graph: _Graph, options: Message) -> dict[str, Any]:
 def _image_values(options: Message) -> dict[str, Any]:
     return _set(options, ("max_resolution", "default_resolution", "max_num_images_per_prompt",
                           "default_num_inference_steps", "max_num_inference_steps"))
+
+
+def _image_adapters(graph: _Graph, options: Message, warnings: list[str]) -> dict[str, dict[str, Any]]:
+    """OVMS's `lora_adapters { alias path alpha mode }` as ovq's image LoRA adapters (a relative path is
+    relative to the graph's directory). ovq runs every adapter as OVMS's DYNAMIC mode does; STATIC and FUSE are
+    loaded that way too, with a warning."""
+    adapters: dict[str, dict[str, Any]] = {}
+    for entry in options.lora_adapters:
+        if not entry.alias or not entry.path:
+            raise graph.error("lora_adapters", "lora_adapters: each entry needs an alias and a path")
+        if entry.alias in adapters:
+            raise graph.error("lora_adapters", f"lora_adapters: alias {entry.alias!r} is given twice")
+        path = Path(os.path.normpath(graph.path.parent / entry.path))
+        if not path.is_file():
+            raise graph.error("lora_adapters", f"lora_adapters: {entry.alias!r}: {path} is not a file")
+        mode = entry.DESCRIPTOR.fields_by_name["mode"].enum_type.values_by_number[entry.mode].name
+        if entry.HasField("mode") and mode != "DYNAMIC":
+            warnings.append(f"{graph.path}:{graph.line_of('lora_adapters')}: lora_adapters {entry.alias!r}: mode "
+                            f"{mode} is loaded as DYNAMIC (ovq weighs adapters per request)")
+        adapters[entry.alias] = {"path": path, "alpha": entry.alpha if entry.HasField("alpha") else 1.0}
+    return adapters
 
 
 def _speech_values(options: Message, graph_dir: Path) -> dict[str, Any]:

@@ -14,7 +14,7 @@ from google.protobuf.message import Message
 
 _F = descriptor_pb2.FieldDescriptorProto
 _SCALARS = {"string": _F.TYPE_STRING, "bool": _F.TYPE_BOOL, "uint64": _F.TYPE_UINT64, "uint32": _F.TYPE_UINT32,
-            "int32": _F.TYPE_INT32}
+            "int32": _F.TYPE_INT32, "float": _F.TYPE_FLOAT}
 _EXTENSIONS_FROM = 20000  # MediaPipe's option messages reserve 20000 to max for extensions
 
 LLM_OPTIONS = "mediapipe.LLMCalculatorOptions"
@@ -99,7 +99,15 @@ _IMAGE = _message("ImageGenCalculatorOptions", [
     ("max_num_images_per_prompt", 6, "uint64"),
     ("default_num_inference_steps", 7, "uint64"),
     ("max_num_inference_steps", 8, "uint64"),
-])
+    ("lora_adapters", 9, "*.mediapipe.ImageGenCalculatorOptions.LoraAdapterEntry"),  # (the number is ours)
+], nested=(
+    _message("LoraAdapterEntry", [
+        ("alias", 1, "string"),
+        ("path", 2, "string"),
+        ("alpha", 3, "float"),
+        ("mode", 4, "enum .mediapipe.ImageGenCalculatorOptions.LoraAdapterEntry.LoraLoadMode"),
+    ], enums={"LoraLoadMode": ["DYNAMIC", "STATIC", "FUSE"]}),
+))
 
 # OVMS's src/audio/speech_to_text/s2t_calculator.proto and text_to_speech/t2s_calculator.proto.
 _S2T = _message("S2tCalculatorOptions", [

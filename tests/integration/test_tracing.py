@@ -85,3 +85,42 @@ def test_without_a_client_traceparent_the_request_starts_its_own_trace(traced: T
     assert root.parent_id == "" and root.trace_id != CLIENT_TRACE
     job = next(s for s in receiver.trace(root.trace_id) if s.name == "worker.job")
     assert job.parent_id == root.span_id
+
+
+@pytest.fixture()
+def traced_encoders(tiers: Callable[..., Tiers], receiver: Receiver) -> Tiers:
+    t = tiers({"tiny-embed": {"path": str(MODELS / "tiny-embed")},
+               "tiny-whisper": {"path": str(MODELS / "tiny-whisper")}},
+              OTEL_EXPORTER_OTLP_ENDPOINT=receiver.endpoint, OTEL_BSP_SCHEDULE_DELAY="100")
+    t.worker("tiny-embed", name="embed-worker")
+    t.worker("tiny-whisper", name="speech-worker")
+    t.api()
+    t.wait_served("tiny-embed", "tiny-whisper")
+    return t
+
+
+def test_embeddings_and_speech_jobs_are_traced_the_same_way(traced_encoders: Tiers, receiver: Receiver) -> None:
+    import io
+
+    import numpy as np
+    import soundfile
+
+    response = httpx.post(f"{traced_encoders.base_url}/embeddings", timeout=60, headers={"traceparent": TRACEPARENT},
+                          json={"model": "tiny-embed", "input": ["the cat", "a dog"]})
+    assert response.status_code == 200
+    spans = receiver.wait_for({"POST /v3/embeddings", *API_PHASES, "worker.job", "worker.admit", "embed.batch",
+                               "worker.publish"}, CLIENT_TRACE)
+    by_name, _, job = _tree(spans, "POST /v3/embeddings")
+    assert by_name["embed.batch"].parent_id == job.span_id and by_name["embed.batch"].attributes["ovq.batch_jobs"] == 1
+    assert job.attributes["gen_ai.usage.input_tokens"] == response.json()["usage"]["prompt_tokens"]
+
+    other_trace = "5bf92f3577b34da6a3ce929d0e0e4737"
+    wav = io.BytesIO()
+    soundfile.write(wav, np.zeros(16_000, dtype=np.float32), 16_000, format="WAV")
+    response = httpx.post(f"{traced_encoders.base_url}/audio/transcriptions", timeout=60,
+                          headers={"traceparent": f"00-{other_trace}-{CLIENT_SPAN}-01"},
+                          data={"model": "tiny-whisper"}, files={"file": ("a.wav", wav.getvalue())})
+    assert response.status_code == 200
+    spans = receiver.wait_for({"worker.job", "speech.transcribe", "worker.publish"}, other_trace)
+    by_name = {s.name: s for s in spans}
+    assert by_name["speech.transcribe"].parent_id == by_name["worker.job"].span_id

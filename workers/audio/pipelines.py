@@ -1,7 +1,8 @@
 """OpenVINO GenAI speech pipelines for one model directory: `WhisperPipeline` (speech to text) or
 `Text2SpeechPipeline` (text to speech). Both run one request at a time and release the GIL in `generate()`, so they
 run in a thread of the worker's I/O process. Whisper's streamer is how text leaves it and cancels reach it; speech
-synthesis has no callback, so a cancel takes effect only before it starts."""
+synthesis has no callback and gets the whole input in one call (as in OVMS; sentence by sentence would change the
+waveform), so a cancel stops it only before it starts; after, the worker drops what the call returns."""
 from __future__ import annotations
 
 import json

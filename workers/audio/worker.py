@@ -16,16 +16,16 @@ from pathlib import Path
 
 from common.audio import AudioError, decode, encode
 from common.errors import ErrorBody
-from common.events import Accepted, Cancelled, Done, Error, Timings, Transcript, delta
+from common.events import Cancelled, Done, Error, Timings, Transcript, delta
 from common.jobs import Job, JobStatus, SpeechParams
 from common.modelcard import ModelCard
 from common.models.config import ModelConfig
 from common.servable import ServableType, infer_servable
 from common.settings import Settings
 from workers.audio.pipelines import SpeechPipelines, speech_info
-from workers.base import BaseWorker
 from workers.engine.continuous import error_message
 from workers.ops.tracing import JobTimes
+from workers.pipeline import PipelineWorker
 from workers.queue.publisher import Outbox
 
 log = logging.getLogger("ovq.speech_worker")
@@ -59,7 +59,7 @@ class Outcome:
     error: str | None = None
 
 
-class SpeechWorker(BaseWorker):
+class SpeechWorker(PipelineWorker):
     def __init__(self, settings: Settings, model: ModelConfig, device: str) -> None:
         super().__init__(settings, model, device)
         self.capacity = 1
@@ -71,7 +71,6 @@ class SpeechWorker(BaseWorker):
             preference=model.devices.index(device) if device in model.devices else len(model.devices),
         )
         self.pipes = SpeechPipelines(model, device, self.kind)
-        self._tasks: set[asyncio.Task[None]] = set()
 
     async def start_backend(self) -> None:
         await asyncio.to_thread(self.pipes.load)
@@ -88,15 +87,8 @@ class SpeechWorker(BaseWorker):
 
     def _start(self, entry_id: bytes, job: Job, outbox: Outbox) -> None:
         state = SpeechJob(job, entry_id)
-        self.running[job.id] = state
-        queue_ms = (state.received - job.created) * 1000
-        outbox.publish(job.reply_to, Accepted(job=job.id, seq=state.next_seq(), worker=self.id, prompt_tokens=0,
-                                              queue_ms=queue_ms))
-        outbox.set_status(job.id, status=JobStatus.RUNNING, worker=self.id, streamed=0)
-        outbox.observe("queue", queue_ms)
-        task = asyncio.create_task(self._run(state))
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        self._accept(state, outbox)
+        self._spawn(self._run(state))
 
     async def _run(self, state: SpeechJob) -> None:
         params = state.job.speech
@@ -189,7 +181,9 @@ class SpeechWorker(BaseWorker):
             outbox.set_status(job.id, status=JobStatus.DONE, result=done.model_dump(mode="json"), **summary)
             end = JobStatus.DONE
         if job.traceparent is not None:
-            times = JobTimes(state.received, state.received, first_token=state.first, generated=state.generated)
+            work = "speech.synthesize" if self.kind is ServableType.T2S else "speech.transcribe"
+            times = JobTimes(state.received, state.received, first_token=state.first, generated=state.generated,
+                             work=work)
             published = times.spans(job, self.id, end, 0, state.pieces, time.time())
             if published is not None:
                 outbox.sent.append(published)

@@ -20,15 +20,16 @@ from pathlib import Path
 import numpy as np
 
 from common.errors import ErrorBody
-from common.events import Accepted, Cancelled, Done, Error, Timings, Usage
+from common.events import Cancelled, Done, Error, Timings, Usage
 from common.jobs import EmbedParams, Job, JobStatus
 from common.modelcard import ModelCard
 from common.models.config import ModelConfig
 from common.servable import ServableType, infer_servable, vocab_size
 from common.settings import Settings
-from workers.base import BaseWorker
 from workers.embed.pipelines import EncoderPipelines, TooLong, cut, encoder_limits
 from workers.engine.continuous import error_message
+from workers.ops.tracing import JobTimes
+from workers.pipeline import PipelineWorker
 from workers.queue.publisher import Outbox
 
 log = logging.getLogger("ovq.embed_worker")
@@ -44,6 +45,10 @@ class EncoderJob:
     received: float = field(default_factory=time.time)
     texts: list[str] | None = None  # the inputs as text, once prepared
     lengths: list[int] = field(default_factory=list)  # tokens of each text (of each query and document pair)
+    prepared: float | None = None  # when its texts were counted (unix s)
+    started: float | None = None  # when its batch's pipeline call began
+    generated: float | None = None  # when it returned
+    batch: int = 0  # the jobs in that call
 
     @property
     def params(self) -> EmbedParams:
@@ -83,7 +88,7 @@ def encode_vectors(vectors: np.ndarray) -> list[str]:
     return [base64.b64encode(row.tobytes()).decode() for row in little]
 
 
-class EncoderWorker(BaseWorker):
+class EncoderWorker(PipelineWorker):
     def __init__(self, settings: Settings, model: ModelConfig, device: str) -> None:
         super().__init__(settings, model, device)
         self.capacity = model.max_num_seqs
@@ -128,12 +133,7 @@ class EncoderWorker(BaseWorker):
 
     def _start(self, entry_id: bytes, job: Job, outbox: Outbox) -> None:
         state = EncoderJob(job, entry_id)
-        self.running[job.id] = state
-        queue_ms = (state.received - job.created) * 1000
-        outbox.publish(job.reply_to, Accepted(job=job.id, seq=state.next_seq(), worker=self.id, prompt_tokens=0,
-                                              queue_ms=queue_ms))
-        outbox.set_status(job.id, status=JobStatus.RUNNING, worker=self.id, streamed=0)
-        outbox.observe("queue", queue_ms)
+        self._accept(state, outbox)
         self.waiting.append(state)
         self._wake.set()
 
@@ -152,34 +152,65 @@ class EncoderWorker(BaseWorker):
         """Texts and token counts of newcomers; a job with an input over the context ends with a 400."""
         if not states:
             return
-        results = await asyncio.to_thread(lambda: [self._prepared(s) for s in states])
+        results = await asyncio.to_thread(self._prepared_all, states)
         for state, error in zip(states, results, strict=True):
             if error is not None and state in self.waiting:
                 self.waiting.remove(state)
                 self._end(state, error=error, status=400)
 
-    def _prepared(self, state: EncoderJob) -> str | None:
-        """Runs in a thread: the job's texts and token counts; the reason it cannot run, if so."""
-        params = state.params
+    def _prepared_all(self, states: list[EncoderJob]) -> list[str | None]:
+        """Runs in a thread: every newcomer's texts counted in one tokenizer call (a call per job cost more than
+        the embedding itself); should that call fail, job by job, so that one bad input fails its job only."""
+        errors: list[str | None] = [None] * len(states)
+        texts: list[list[str]] = [[] for _ in states]
+        for index, state in enumerate(states):
+            try:
+                texts[index] = [text if isinstance(text, str) else self.pipes.decode(text)
+                                for text in state.params.inputs]
+            except Exception as exc:  # a token id the tokenizer cannot decode, say: this job's fault only
+                errors[index] = f"the input could not be tokenized: {error_message(exc)}"
+        ready = [i for i in range(len(states)) if errors[i] is None]
         try:
-            texts = [text if isinstance(text, str) else self.pipes.decode(text) for text in params.inputs]
-            if params.query is not None:  # a pair counts the query's tokens and the document's
-                query = self.pipes.lengths([params.query])[0]
-                lengths = [min(query + n, self.limits.max_length) for n in self.pipes.lengths(texts)]
+            counted = self._count([states[i] for i in ready], [texts[i] for i in ready])
+        except Exception:
+            counted = [self._count_one(states[i], texts[i]) for i in ready]
+        for i, result in zip(ready, counted, strict=True):
+            if isinstance(result, str):
+                errors[i] = result
             else:
-                lengths = self.pipes.check(self.pipes.lengths(texts))
-        except TooLong as exc:
-            error: str | None = str(exc)
-        except Exception as exc:  # a token id the tokenizer cannot decode, say: this job's fault only
-            error = f"the input could not be tokenized: {error_message(exc)}"
-        else:
-            state.lengths, error = lengths, None
-        state.texts = [] if error else texts
-        return error
+                states[i].lengths = result
+        prepared = time.time()
+        for index, state in enumerate(states):
+            state.texts, state.prepared = [] if errors[index] else texts[index], prepared
+        return errors
+
+    def _count_one(self, state: EncoderJob, texts: list[str]) -> list[int] | str:
+        try:
+            return self._count([state], [texts])[0]
+        except Exception as exc:
+            return f"the input could not be tokenized: {error_message(exc)}"
+
+    def _count(self, states: list[EncoderJob], texts: list[list[str]]) -> list[list[int] | str]:
+        """Each job's token counts (a query and document pair counts both), or why it cannot run."""
+        queries = [s.params.query for s in states if s.params.query is not None]
+        flat = self.pipes.lengths([*queries, *(text for mine in texts for text in mine)])
+        query_lengths, lengths = iter(flat[:len(queries)]), iter(flat[len(queries):])
+        results: list[list[int] | str] = []
+        for state, mine in zip(states, texts, strict=True):
+            counts = [next(lengths) for _ in mine]
+            if state.params.query is not None:
+                query = next(query_lengths)
+                results.append([min(query + n, self.limits.max_length) for n in counts])
+                continue
+            try:
+                results.append(self.pipes.check(counts))
+            except TooLong as exc:
+                results.append(str(exc))
+        return results
 
     async def _run(self, batch: list[EncoderJob]) -> None:
         live = [s for s in batch if not s.cancelled]
-        started = time.monotonic()
+        started, wall = time.monotonic(), time.time()
         try:
             results = await asyncio.to_thread(self._compute, live)
         except Exception as exc:
@@ -189,6 +220,9 @@ class EncoderWorker(BaseWorker):
                 self._end(state, error=message, status=500)
             return
         self.batches += 1
+        generated = time.time()
+        for state in live:
+            state.started, state.generated, state.batch = wall, generated, len(live)
         log.debug("batch of %d jobs, %d texts in %.1f ms", len(live), sum(len(s.lengths) for s in live),
                   (time.monotonic() - started) * 1000)
         outbox = Outbox()  # the whole batch's answers in one round trip
@@ -257,5 +291,17 @@ class EncoderWorker(BaseWorker):
             # The result itself stays out of the job's hash: vectors are large and the caller has them.
             outbox.set_status(job.id, status=JobStatus.DONE, **summary)
             outbox.count("prompt_tokens", tokens)
+        if job.traceparent is not None:
+            self._trace(state, outbox, JobStatus.ERROR if error is not None
+                        else JobStatus.CANCELLED if state.cancelled or result is None else JobStatus.DONE)
         if own:
             self.publisher.put(outbox)
+
+    def _trace(self, state: EncoderJob, outbox: Outbox, end: JobStatus) -> None:
+        """The job's spans (admission to counted tokens, its batch's pipeline call), sent once its outbox is."""
+        work = "rerank.batch" if self.kind is ServableType.RERANK else "embed.batch"
+        times = JobTimes(state.received, state.prepared, generated=state.generated, work=work,
+                         started=state.started, batch=state.batch or None)
+        published = times.spans(state.job, self.id, end, sum(state.lengths), 0, time.time())
+        if published is not None:
+            outbox.sent.append(published)

@@ -15,16 +15,16 @@ from pathlib import Path
 from typing import Any
 
 from common.errors import ErrorBody
-from common.events import Accepted, Cancelled, Done, Error, Progress, Timings
+from common.events import Cancelled, Done, Error, Progress, Timings
 from common.jobs import Job, JobStatus
 from common.modelcard import ModelCard
 from common.models.config import ModelConfig
 from common.servable import ServableType
 from common.settings import Settings
-from workers.base import BaseWorker
 from workers.engine.continuous import error_message
 from workers.image.pipelines import ImagePipelines, decode_image, image_limits, latent_preview, to_png
 from workers.ops.tracing import JobTimes
+from workers.pipeline import PipelineWorker
 from workers.queue.publisher import Outbox
 
 log = logging.getLogger("ovq.image_worker")
@@ -50,7 +50,7 @@ class ImageJob:
                 "total_ms": round((time.time() - self.job.created) * 1000, 1)}
 
 
-class ImageWorker(BaseWorker):
+class ImageWorker(PipelineWorker):
     def __init__(self, settings: Settings, model: ModelConfig, device: str) -> None:
         super().__init__(settings, model, device)
         self.capacity = 1
@@ -61,7 +61,6 @@ class ImageWorker(BaseWorker):
             preference=model.devices.index(device) if device in model.devices else len(model.devices),
         )
         self.pipes = ImagePipelines(model, device)
-        self._tasks: set[asyncio.Task[None]] = set()
 
     async def start_backend(self) -> None:
         await asyncio.to_thread(self.pipes.pipe, "text")
@@ -78,15 +77,8 @@ class ImageWorker(BaseWorker):
 
     def _start(self, entry_id: bytes, job: Job, outbox: Outbox) -> None:
         state = ImageJob(job, entry_id)
-        self.running[job.id] = state
-        queue_ms = (state.received - job.created) * 1000
-        outbox.publish(job.reply_to, Accepted(job=job.id, seq=state.next_seq(), worker=self.id, prompt_tokens=0,
-                                              queue_ms=queue_ms))
-        outbox.set_status(job.id, status=JobStatus.RUNNING, worker=self.id, streamed=0)
-        outbox.observe("queue", queue_ms)
-        task = asyncio.create_task(self._generate(state))
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        self._accept(state, outbox)
+        self._spawn(self._generate(state))
 
     async def _inputs(self, state: ImageJob) -> tuple[Any, Any]:
         params = state.job.image

@@ -26,8 +26,11 @@ class JobTimes:
     accepted: float | None = None  # the engine took it (tokenized, checked, added)
     first_token: float | None = None
     last_token: float | None = None
-    generated: float | None = None  # an image job: its pipeline's generate() returned
+    generated: float | None = None  # a pipeline job (image, speech, embeddings): its pipeline call returned
     steps: int | None = None  # an image job's denoising steps
+    work: str = "image.generate"  # the pipeline call's span
+    started: float | None = None  # when that call began (unset: when the job was accepted, else received)
+    batch: int | None = None  # an embeddings or rerank job: the jobs its pipeline call ran together
 
     def spans(self, job: Job, worker: str, outcome: str, prompt_tokens: int, tokens: int,
               ended: float) -> Callable[[], None] | None:
@@ -50,8 +53,8 @@ class JobTimes:
             tracing.record("engine.decode", span, _ns(self.first_token), _ns(last), **{
                 "gen_ai.usage.output_tokens": tokens, "ovq.itl_ms.mean": itl})
         if self.generated is not None:
-            tracing.record("image.generate", span, _ns(start), _ns(self.generated),
-                           **{"ovq.steps": self.steps})
+            tracing.record(self.work, span, _ns(self.started or start), _ns(self.generated),
+                           **{"ovq.steps": self.steps, "ovq.batch_jobs": self.batch})
         handed = _ns(ended)
 
         def published() -> None:

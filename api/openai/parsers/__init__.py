@@ -14,14 +14,14 @@ from .base import (
     ToolParser,
 )
 from .devstral import DevstralToolParser
-from .gemma4 import Gemma4ToolParser
+from .gemma4 import Gemma4ReasoningParser, Gemma4ToolParser
 from .harmony import GptOssReasoningParser, GptOssToolParser
 from .hermes3 import Hermes3ToolParser
-from .lfm2 import Lfm2ToolParser
+from .lfm2 import Lfm2ReasoningParser, Lfm2ToolParser
 from .llama3 import Llama3ToolParser
-from .minicpm5 import Minicpm5ToolParser
+from .minicpm5 import Minicpm5ReasoningParser, Minicpm5ToolParser
 from .mistral import MistralToolParser
-from .onyx import OnyxToolParser
+from .onyx import OnyxReasoningParser, OnyxToolParser
 from .output import OutputParser
 from .phi4 import Phi4ToolParser
 from .qwen3 import Qwen3ReasoningParser
@@ -33,7 +33,8 @@ TOOL_PARSERS: dict[str, type[ToolParser]] = {
                                        Gemma4ToolParser, OnyxToolParser, Minicpm5ToolParser)
 }
 REASONING_PARSERS: dict[str, type[ReasoningParser]] = {
-    parser.name: parser for parser in (Qwen3ReasoningParser, GptOssReasoningParser)
+    parser.name: parser for parser in (Qwen3ReasoningParser, GptOssReasoningParser, Gemma4ReasoningParser,
+                                       Lfm2ReasoningParser, OnyxReasoningParser, Minicpm5ReasoningParser)
 }
 
 
@@ -51,11 +52,15 @@ def output_parser(tool_parser: str | None, reasoning_parser: str | None, prompt:
 __all__ = [
     "REASONING_PARSERS",
     "DevstralToolParser",
+    "Gemma4ReasoningParser",
     "Gemma4ToolParser",
     "GptOssReasoningParser",
     "GptOssToolParser",
+    "Lfm2ReasoningParser",
     "Lfm2ToolParser",
+    "Minicpm5ReasoningParser",
     "Minicpm5ToolParser",
+    "OnyxReasoningParser",
     "OnyxToolParser",
     "Qwen3CoderToolParser",
     "TOOL_PARSERS",

@@ -10,6 +10,7 @@ import re
 
 from .base import Step, ToolCall
 from .marked import MarkedToolParser
+from .tagged import TaggedReasoningParser
 
 END = "<tool_call|>"
 QUOTE = '<|"|>'
@@ -97,12 +98,14 @@ class Gemma4ToolParser(MarkedToolParser):
     guidable = False
 
     def _call(self, buffer: str, final: bool) -> Step | None:
-        end = buffer.find(END, len(self.marker))
-        if end < 0 and not final:
-            return None
-        if end < 0 and self._cut:
-            return Step(len(buffer))
-        calls = gemma_calls(buffer[len(self.marker):end if end >= 0 else len(buffer)])
-        if calls is None:
-            return self._not_a_call()
-        return Step(end + len(END) if end >= 0 else len(buffer), calls=calls)
+        return self._closed(buffer, final, END, gemma_calls)
+
+
+class Gemma4ReasoningParser(TaggedReasoningParser):
+    """Gemma 4's thinking channel: `<|channel>thought\n...<channel|>` before the answer; the channel markers are
+    special tokens (OVMS's `gemma4`)."""
+
+    name = "gemma4"
+    open_tag = "<|channel>thought\n"
+    end_tag = "<channel|>"
+    needs_special_tokens = True

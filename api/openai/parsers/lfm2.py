@@ -13,6 +13,7 @@ from typing import Any
 
 from .base import Step, ToolCall
 from .marked import MarkedToolParser
+from .tagged import TaggedReasoningParser
 
 END = "<|tool_call_end|>"
 _NAMES = {"true": True, "false": False, "null": None, "True": True, "False": False, "None": None}
@@ -66,13 +67,13 @@ class Lfm2ToolParser(MarkedToolParser):
     guidable = False
 
     def _call(self, buffer: str, final: bool) -> Step | None:
-        end = buffer.find(END, len(self.marker))
-        if end < 0 and not final:
-            return None
-        if end < 0 and self._cut:
-            return Step(len(buffer))
-        body = buffer[len(self.marker):end if end >= 0 else len(buffer)]
-        calls = python_calls(body)
-        if calls is None:
-            return self._not_a_call()
-        return Step(end + len(END) if end >= 0 else len(buffer), calls=calls)
+        return self._closed(buffer, final, END, python_calls)
+
+
+class Lfm2ReasoningParser(TaggedReasoningParser):
+    """LFM2.5's thinking: `<think>...</think>` before the answer, both special tokens (OVMS's `lfm2`)."""
+
+    name = "lfm2"
+    open_tag = "<think>"
+    end_tag = "</think>"
+    needs_special_tokens = True

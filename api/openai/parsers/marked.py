@@ -2,9 +2,10 @@
 from __future__ import annotations
 
 from abc import abstractmethod
+from collections.abc import Callable
 from typing import ClassVar
 
-from .base import Step, ToolParser
+from .base import Step, ToolCall, ToolParser
 from .calls import calls_from_array
 from .jsonscan import NOT_JSON
 from .text import before_marker
@@ -48,3 +49,16 @@ class MarkedToolParser(ToolParser):
             return self._unsettled(buffer, final)
         calls = calls_from_array(buffer[start:end]) if end != NOT_JSON else None
         return Step(end, calls=calls) if calls else self._not_a_call()
+
+    def _closed(self, buffer: str, final: bool, end: str, read: Callable[[str], list[ToolCall] | None]) -> Step | None:
+        """The calls `read` finds between the marker and `end`, once `end` has arrived or the output has ended (the
+        model may stop right after its calls); a region cut by the token limit is dropped."""
+        close = buffer.find(end, len(self.marker))
+        if close < 0 and not final:
+            return None
+        if close < 0 and self._cut:
+            return Step(len(buffer))
+        calls = read(buffer[len(self.marker):close if close >= 0 else len(buffer)])
+        if calls is None:
+            return self._not_a_call()
+        return Step(close + len(end) if close >= 0 else len(buffer), calls=calls)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import re
 
+from .tagged import TaggedReasoningParser
 from .xmlcalls import XmlToolParser
 
 
@@ -24,3 +25,12 @@ class Minicpm5ToolParser(XmlToolParser):
 
     def _opening(self, region: str) -> int:
         return 0  # the marker is the start of the function element itself
+
+
+class Minicpm5ReasoningParser(TaggedReasoningParser):
+    """MiniCPM 5's thinking: `<think>...</think>` before the answer, special tokens (OVMS's `minicpm5`)."""
+
+    name = "minicpm5"
+    open_tag = "<think>"
+    end_tag = "</think>"
+    needs_special_tokens = True

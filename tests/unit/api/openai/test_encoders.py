@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 from pydantic import ValidationError
 
-from api.openai.encoder_protocol import EmbeddingRequest, RerankRequest
-from api.openai.encoders import check_embedding, decode_vector, ranked
+from api.openai.encoder_protocol import EmbeddingRequest, EmbeddingResponse, RerankRequest
+from api.openai.encoders import check_embedding, decode_vector, embedding_body, ranked
 from common.errors import OvqError
 from common.modelcard import EncoderLimits
 
@@ -50,7 +50,17 @@ def test_allowed_dimensions_and_long_ids_when_truncating() -> None:
 
 def test_vector_decoding() -> None:
     values = np.asarray([0.5, -1.25], dtype="<f4")
-    assert decode_vector(base64.b64encode(values.tobytes()).decode()) == [0.5, -1.25]
+    assert decode_vector(base64.b64encode(values.tobytes()).decode()).tolist() == [0.5, -1.25]
+
+
+def test_embedding_body_is_openais_response_in_either_format() -> None:
+    values = np.asarray([0.1, -2.5, 3e-8], dtype="<f4")
+    encoded = base64.b64encode(values.tobytes()).decode()
+    floats = EmbeddingResponse.model_validate_json(embedding_body([encoded, encoded], "m", 7, floats=True))
+    assert [d.index for d in floats.data] == [0, 1] and floats.usage.total_tokens == 7 and floats.model == "m"
+    assert np.asarray(floats.data[1].embedding, dtype="<f4").tobytes() == values.tobytes()  # float32 round trip
+    assert EmbeddingResponse.model_validate_json(embedding_body([encoded], "m", 7, floats=False)).data[0].embedding \
+        == encoded
 
 
 def test_ranking_top_n_ties_and_documents() -> None:

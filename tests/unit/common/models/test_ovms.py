@@ -30,6 +30,7 @@ from tests.ovms_repository import (
 MODELS = Path(__file__).resolve().parents[3] / "models"
 LLAMA, LLAVA, SD = MODELS / "tiny-llama", MODELS / "tiny-llava", MODELS / "tiny-sd"
 EMBED, RERANK = MODELS / "tiny-embed", MODELS / "tiny-rerank"
+SD_LORA = MODELS / "tiny-sd-lora" / "tiny_sd_lora.safetensors"
 
 
 def only(config: Path) -> ModelConfig:
@@ -210,7 +211,7 @@ def test_unknown_options_are_one_warning_each_with_file_and_line(tmp_path: Path)
         "cache_eviction_config: {start_size: 1, recent_size: 2, max_cache_size: 3, snapkv_window_size: 8}",
         'unknown_list: [1, 2], best_of_limit: 3',
         """chat_template_mode: JINJA generation_config_path: "gen" 'config.json' max_tokens_limit: 7""",
-    ), "sd": image_graph(f'models_path: "{SD}"', "guidance_scale: 7.5", "lora_adapters { alias: 'a' path: 'p' }")})
+    ), "sd": image_graph(f'models_path: "{SD}"', "guidance_scale: 7.5", "lora_weights: 2")})
     imported = load_ovms(config)
     graph, image = tmp_path / "m" / "graph.pbtxt", tmp_path / "sd" / "graph.pbtxt"
     first, image_first = LLM_FIRST_OPTION_LINE, IMAGE_FIRST_OPTION_LINE
@@ -225,11 +226,48 @@ def test_unknown_options_are_one_warning_each_with_file_and_line(tmp_path: Path)
         f"{graph}:{first + 6}: 'chat_template_mode' is an OVMS option ovq does not implement; ignored",
         f"{graph}:{first + 6}: 'generation_config_path' is an OVMS option ovq does not implement; ignored",
         f"{image}:{image_first + 1}: 'guidance_scale' is an OVMS option ovq does not implement; ignored",
-        f"{image}:{image_first + 2}: 'lora_adapters' is an OVMS option ovq does not implement; ignored",
+        f"{image}:{image_first + 2}: 'lora_weights' is not an option of mediapipe.ImageGenCalculatorOptions that "
+        "ovq knows; ignored",
     ]
     llm = imported.models[0]  # the known options around the ignored ones still apply
     assert (llm.max_num_seqs, llm.best_of_limit, llm.cache_eviction_config.max_cache_size) == (5, 3, 3)
     assert llm.max_tokens_limit == 7
+
+
+def test_image_lora_adapters_are_the_image_models_adapters(tmp_path: Path) -> None:
+    link_model(SD, tmp_path / "sd")
+    (tmp_path / "sd" / "loras").mkdir()
+    style = tmp_path / "sd" / "loras" / "style.safetensors"
+    style.write_bytes((SD_LORA).read_bytes())
+    config = write_repository(tmp_path, {"sd": image_graph(
+        'models_path: "./"',
+        "lora_adapters { alias: 'style' path: 'loras/style.safetensors' alpha: 0.6 mode: DYNAMIC }",
+        f"lora_adapters {{ alias: 'npu' path: '{SD_LORA}' mode: STATIC }}",
+        "composite_lora_adapters { alias: 'blend' components { adapter_alias: 'style' alpha: 0.5 } }",
+    )})
+    imported = load_ovms(config)
+    (model,) = imported.models
+    assert {name: (a.path, a.alpha) for name, a in model.lora_adapters.items()} == {
+        "style": (style, pytest.approx(0.6)), "npu": (SD_LORA, 1.0)}
+    graph, first = tmp_path / "sd" / "graph.pbtxt", IMAGE_FIRST_OPTION_LINE
+    assert imported.warnings == [
+        f"{graph}:{first + 3}: 'composite_lora_adapters' is an OVMS option ovq does not implement; ignored",
+        f"{graph}:{first + 1}: lora_adapters 'npu': mode STATIC is loaded as DYNAMIC (ovq weighs adapters per "
+        "request)",
+    ]
+
+
+@pytest.mark.parametrize(("entries", "error"), [
+    (["lora_adapters { alias: 'a' path: 'missing.safetensors' }"], "'a': .*missing.safetensors is not a file"),
+    (["lora_adapters { alias: 'a' }"], "each entry needs an alias and a path"),
+    ([f"lora_adapters {{ alias: 'a' path: '{MODELS / 'tiny-sd-lora' / 'tiny_sd_lora.safetensors'}' }}"] * 2,
+     "alias 'a' is given twice"),
+])
+def test_image_lora_adapter_errors_name_the_graph_line(tmp_path: Path, entries: list[str], error: str) -> None:
+    config = write_repository(tmp_path, {"sd": image_graph(f'models_path: "{SD}"', *entries)})
+    with pytest.raises(ConfigError, match=rf"^{tmp_path / 'sd' / 'graph.pbtxt'}:{IMAGE_FIRST_OPTION_LINE + 1}: "
+                                          rf"lora_adapters: {error}"):
+        load_ovms(config)
 
 
 def test_speculative_decoding_options(tmp_path: Path) -> None:

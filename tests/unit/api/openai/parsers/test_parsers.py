@@ -444,7 +444,7 @@ def test_qwen3_opens() -> None:
 def test_registries() -> None:
     assert set(TOOL_PARSERS) == {"hermes3", "llama3", "phi4", "mistral", "qwen3coder", "devstral", "gptoss", "lfm2",
                                  "gemma4", "onyx", "minicpm5"}
-    assert set(REASONING_PARSERS) == {"qwen3", "gptoss"}
+    assert set(REASONING_PARSERS) == {"qwen3", "gptoss", "gemma4", "lfm2", "onyx", "minicpm5"}
     assert all(kind.name == name for name, kind in {**TOOL_PARSERS, **REASONING_PARSERS}.items())
 
 
