@@ -58,6 +58,9 @@ AVERAGE = 0.1  # weight of a new step time in its n's average
 MEASURED = 4  # decode steps at one n before its average counts
 FULL_WEIGHT = 8  # steps at one n after which its average counts fully in the fit
 HALF_LIFE = 512  # decode steps after which an average not measured again counts half in the fit
+# The line is fitted again every this many decode steps, and whenever an n gets its MEASURED-th step (a new point):
+# a fit over ~50 averages takes ~100 µs, a few µs a token when done every step, and one step moves no average far.
+REFIT_EVERY = 8
 
 
 @dataclass
@@ -109,7 +112,8 @@ class Knee:
             self.held += 1
             if self.held >= PROBE_EVERY:
                 self.probing, self.held = True, 0
-        self.fit = self._fit() or self.fit
+        if self.curve[tokens].steps == MEASURED or self.observed % REFIT_EVERY == 0:
+            self.fit = self._fit() or self.fit
 
     def _fit(self) -> tuple[float, float] | None:
         """Weighted least squares through the averages, the older the lighter (the machine's load changes); None
