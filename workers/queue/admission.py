@@ -58,8 +58,8 @@ AVERAGE = 0.1  # weight of a new step time in its n's average
 MEASURED = 4  # decode steps at one n before its average counts
 FULL_WEIGHT = 8  # steps at one n after which its average counts fully in the fit
 HALF_LIFE = 512  # decode steps after which an average not measured again counts half in the fit
-# The line is fitted again every this many decode steps, and whenever an n gets its MEASURED-th step (a new point):
-# a fit over ~50 averages takes ~100 µs, a few µs a token when done every step, and one step moves no average far.
+# Once there is a line, it is fitted again every this many decode steps (until then, every step): a fit over ~50
+# averages took ~130 µs, a few µs a token when done every step, and one step moves no average far.
 REFIT_EVERY = 8
 
 
@@ -112,25 +112,33 @@ class Knee:
             self.held += 1
             if self.held >= PROBE_EVERY:
                 self.probing, self.held = True, 0
-        if self.curve[tokens].steps == MEASURED or self.observed % REFIT_EVERY == 0:
+        if self.fit is None or self.observed % REFIT_EVERY == 0:
             self.fit = self._fit() or self.fit
 
     def _fit(self) -> tuple[float, float] | None:
         """Weighted least squares through the averages, the older the lighter (the machine's load changes); None
-        until two of them stand far enough apart."""
-        points = [(n, c.seconds, min(c.steps, FULL_WEIGHT) * 0.5 ** ((self.observed - c.last) / HALF_LIFE))
-                  for n, c in self.curve.items() if c.steps >= MEASURED]
-        points = [p for p in points if p[2] >= 0.5]
-        if len(points) < 2:
+        until two of them stand far enough apart. One pass over the averages (it runs every few steps)."""
+        observed = self.observed
+        w = wn = wt = wnn = wnt = 0.0
+        low, high, count = self.ceiling + 1, 0, 0
+        for n, c in self.curve.items():
+            if c.steps < MEASURED:
+                continue
+            weight = min(c.steps, FULL_WEIGHT) * 0.5 ** ((observed - c.last) / HALF_LIFE)
+            if weight < 0.5:
+                continue
+            count += 1
+            low, high = min(low, n), max(high, n)
+            t = c.seconds
+            w += weight
+            wn += weight * n
+            wt += weight * t
+            wnn += weight * n * n
+            wnt += weight * n * t
+        if count < 2 or high - low < max(2, low // 4):
             return None
-        low, high = min(p[0] for p in points), max(p[0] for p in points)
-        if high - low < max(2, low // 4):
-            return None
-        w = sum(p[2] for p in points)
-        mean_n = sum(p[0] * p[2] for p in points) / w
-        mean_t = sum(p[1] * p[2] for p in points) / w
-        var = sum(p[2] * (p[0] - mean_n) ** 2 for p in points)
-        b = sum(p[2] * (p[0] - mean_n) * (p[1] - mean_t) for p in points) / var
+        mean_n, mean_t = wn / w, wt / w
+        b = (wnt - wn * mean_t) / (wnn - wn * mean_n)  # covariance over variance, from the sums
         a = mean_t - b * mean_n
         return (a, b) if a > 0 else None  # every step has a cost of its own: a line without one is noise
 
