@@ -30,7 +30,7 @@ from api.openai.choices import ChoiceState
 from api.openai.formats import Format
 from api.queue.client import ClientGone, Generation, JobClient
 from api.queue.hub import Express
-from api.queue.journal import Journal
+from api.queue.journal import Journal, paced
 from common.errors import OvqError
 from common.events import ACCEPTED, DELTA, DONE, ERROR, TERMINAL, EventDict
 from common.jobs import Job, JobHash
@@ -194,21 +194,13 @@ class Resumable:
         return SSEResponse(self._replay(request, frames, job_id, after), _nothing, {"X-Request-Id": job_id})
 
     async def _replay(self, request: Request, frames: Frames, job_id: str, after: int) -> AsyncIterator[bytes]:
-        last = time.monotonic()
+        def render(events: list[EventDict]) -> bytes:
+            return b"".join(frame for event in events if (frame := frames.of(event)) and event["seq"] > after)
+
         try:
-            async for events in self.journal.follow(job_id, self.settings.background_stall_s, self.lease(job_id)):
-                out = b"".join(frame for event in events if (frame := frames.of(event)) and event["seq"] > after)
-                if frames.ended:
-                    yield Last(out)
-                    return
-                if out:
-                    last = time.monotonic()
-                    yield out
-                elif time.monotonic() - last >= PING_S:
-                    last = time.monotonic()
-                    yield PING
-                if await request.is_disconnected():
-                    return
+            async for out in paced(self.journal, job_id, self.settings.background_stall_s, render,
+                                   lambda: frames.ended, request.is_disconnected, self.lease(job_id)):
+                yield out
         except OvqError as exc:
             yield Last(b"data: " + orjson.dumps({"error": exc.body.model_dump()}) + b"\n\n" + END)
 
