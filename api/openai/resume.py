@@ -4,8 +4,9 @@
 Opt-in per request, with the header `X-Ovq-Resumable: true` on a streamed request of one prompt. Not on by default:
 a resumable job's worker writes every step to the job's journal too (`Keys.journal`: one more command in the same
 round trip, Redis CPU and memory per token, measured by `benchmarks/scale.py`), and the stream goes out one frame
-per worker event (no merging, no express lane). The OpenAI SDKs never reconnect, so most clients would pay for
-nothing; the ones that do (an EventSource-style client, a proxy that retries) ask for it.
+per worker event (no merging; a plain text delta takes the hub's express lane, as on a plain stream). The OpenAI
+SDKs never reconnect, so most clients would pay for nothing; the ones that do (an EventSource-style client, a proxy
+that retries) ask for it.
 
 Every frame of such a stream carries `id: <job id>:<seq>`, the worker event it came from. Reconnecting is sending
 the same request again with `Last-Event-ID` set to the last id seen: the API replays the journal through the same
@@ -24,11 +25,12 @@ import orjson
 from starlette.requests import Request
 
 from api.http.sse import DONE as END
-from api.http.sse import PING, Last, SSEResponse
+from api.http.sse import PING, Last, SSEResponse, Write
 from api.openai.choices import ChoiceState
 from api.openai.formats import Format
 from api.queue.client import ClientGone, Generation, JobClient
-from api.queue.journal import Journal
+from api.queue.hub import Express
+from api.queue.journal import Journal, paced
 from common.errors import OvqError
 from common.events import ACCEPTED, DELTA, DONE, ERROR, TERMINAL, EventDict
 from common.jobs import Job, JobHash
@@ -130,30 +132,54 @@ class Resumable:
                         last = time.monotonic()
                         yield PING
             out = b"".join(frames.of(event) for event in generation.accepted.values())
-            while True:
-                if out:
-                    last = time.monotonic()
-                    yield out
-                if generation.finished or frames.ended:
-                    break
-                events = await generation.events()
-                out = b"".join(frames.of(event) for event in events)
-                now = time.monotonic()
-                if frames.ended:
-                    yield Last(out)
-                    return
-                if now - renewed >= ttl / 3:
-                    renewed = now
-                    await self.jobs.redis.set(key, value, ex=max(1, round(ttl)))
-                if not out and now - max(last, generation.inbox.last) >= PING_S:
-                    last = now
-                    yield PING
+            if out:
+                last = time.monotonic()
+                yield out
+            due = [renewed + ttl / 3]  # the lease's next renewal: the express lane declines from then on
+            with generation.express(lambda write: self._express(write, generation, frames, due)):
+                while not (generation.finished or frames.ended):
+                    events = await generation.events()
+                    out = b"".join(frames.of(event) for event in events)
+                    now = time.monotonic()
+                    if frames.ended:
+                        yield Last(out)
+                        return
+                    if now - renewed >= ttl / 3:
+                        renewed = now
+                        due[0] = now + ttl / 3
+                        await self.jobs.redis.set(key, value, ex=max(1, round(ttl)))
+                    if out:
+                        last = now
+                        yield out
+                    elif now - max(last, generation.inbox.last) >= PING_S:
+                        last = now
+                        yield PING
         except OvqError as exc:
             yield Last(b"data: " + orjson.dumps({"error": exc.body.model_dump()}) + b"\n\n" + END)
             return
         except ClientGone:
             return
         yield Last(b"")
+
+    @staticmethod
+    def _express(write: Write, generation: Generation, frames: Frames, due: list[float]) -> Express | None:
+        """A plain text delta with nothing queued ahead of it goes to the client from the hub's callback, as its own
+        tagged frame: the bytes `Frames.of` makes of it, without a task wake-up per event. Anything else, and
+        every event once the reader lease is due for renewal (only the loop renews it), takes the loop."""
+        fmt = frames.fmt
+        if fmt.running is not None:  # usage on every chunk: each delta is counted in `Frames.of`
+            return None
+        choices = frames.choices
+
+        def express(event: EventDict) -> bool:
+            if event["type"] != DELTA or event.get("finish_reason") or not generation.quiet:
+                return False
+            choice = choices.get((event["job"], event.get("index", 0)))
+            if choice is None or not choice.plain or time.monotonic() >= due[0]:
+                return False
+            return write(tagged(fmt.plain(choice, event["text"], None), event["job"], event["seq"]))
+
+        return express
 
     async def resume(self, request: Request, model: str, frames: Frames, job_id: str, after: int) -> SSEResponse:
         """The rest of the stream after event `after` of job `job_id`, from its journal, on this API process."""
@@ -168,21 +194,13 @@ class Resumable:
         return SSEResponse(self._replay(request, frames, job_id, after), _nothing, {"X-Request-Id": job_id})
 
     async def _replay(self, request: Request, frames: Frames, job_id: str, after: int) -> AsyncIterator[bytes]:
-        last = time.monotonic()
+        def render(events: list[EventDict]) -> bytes:
+            return b"".join(frame for event in events if (frame := frames.of(event)) and event["seq"] > after)
+
         try:
-            async for events in self.journal.follow(job_id, self.settings.background_stall_s, self.lease(job_id)):
-                out = b"".join(frame for event in events if (frame := frames.of(event)) and event["seq"] > after)
-                if frames.ended:
-                    yield Last(out)
-                    return
-                if out:
-                    last = time.monotonic()
-                    yield out
-                elif time.monotonic() - last >= PING_S:
-                    last = time.monotonic()
-                    yield PING
-                if await request.is_disconnected():
-                    return
+            async for out in paced(self.journal, job_id, self.settings.background_stall_s, render,
+                                   lambda: frames.ended, request.is_disconnected, self.lease(job_id)):
+                yield out
         except OvqError as exc:
             yield Last(b"data: " + orjson.dumps({"error": exc.body.model_dump()}) + b"\n\n" + END)
 

@@ -3,7 +3,8 @@ worker's publisher appends one entry to per round trip (the same events it publi
 
 `follow` replays the journal from the start and then waits for more (XREAD, blocking at most a second at a time)
 until the job's terminal event: a stream resumed on another API process, or a background response folded into its
-`Response`, sees exactly the events the worker sent, in order. Each event's `seq` runs 1, 2, 3, ... per job: a gap
+`Response`, sees exactly the events the worker sent, in order (`paced`: the same read as a client's SSE frames, with
+keep-alives, for both). Each event's `seq` runs 1, 2, 3, ... per job: a gap
 (entries trimmed past the cap, or lost with a Redis that restarted without them) ends the read with an error
 rather than a wrong answer, and so does a journal that gains nothing for `stall_s`.
 """
@@ -11,16 +12,18 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 import redis.asyncio as aioredis
 
+from api.http.sse import PING, Last
 from common.errors import OvqError
 from common.events import TERMINAL, EventDict, read_batch
 from common.keys import Keys
 from common.redis.client import UNAVAILABLE, Backoff
 
 BLOCK_MS = 1000
+PING_S = 15.0  # a paced reader's client gets a keep-alive after this long without a frame
 
 
 class JournalBroken(OvqError):
@@ -88,6 +91,29 @@ class Journal:
                 yield events
                 if any(event["type"] in TERMINAL for event in events):
                     return
+
+
+async def paced(journal: Journal, job_id: str, stall_s: float, render: Callable[[list[EventDict]], bytes],
+                ended: Callable[[], bool], gone: Callable[[], Awaitable[bool]],
+                lease: tuple[str, str, float] | None = None) -> AsyncIterator[bytes]:
+    """A client's stream of the job from its journal (`Journal.follow`): each batch of events as `render` makes
+    them into SSE frames, a PING after `PING_S` without any, until `ended()` says the job's stream is over (its
+    last frames come as `Last`) or the client is `gone()`. `JournalBroken` goes to the caller."""
+    last = time.monotonic()
+    async for events in journal.follow(job_id, stall_s, lease):
+        out = render(events)
+        if ended():
+            yield Last(out)
+            return
+        now = time.monotonic()
+        if out:
+            last = now
+            yield out
+        elif now - last >= PING_S:
+            last = now
+            yield PING
+        if await gone():
+            return
 
 
 def _checked(entries: list[tuple[bytes, dict[bytes, bytes]]], seq: int) -> list[EventDict]:

@@ -25,9 +25,9 @@ tokens/s T(n) = n / (a + b n), rising to 1 / b. The knee is the smallest n where
 `GAIN_FRACTION` (1 %) of the single-sequence rate: dT/dn = a / (a + b n)^2 < f / (a + b), so
 n = (sqrt(a (a + b) / f) - a) / b. There T(n) is 1 - sqrt(f a / (a + b)), about 90 %, of the asymptote; on
 SmolLM2 on 2 cores (a 11 ms, b 1.3 ms) that is about 79 sequences. 2 % gave 53 (97 % of the tokens/s of 64 by the
-line), but noisy step times drag a fit's knee down (the unit test's noise: mostly 52-62 for 79, 32-54 for 53) and a busy
-machine measured 7-10 % less than greedy at 64 streams; at 1 % the knee sits above 64 there, so 64 streams run
-as greedily as before and a 120-stream burst still leaves about 40 for another worker.
+line), but noisy step times drag a fit's knee down (the unit test's noise, 40 seeds: median 69 for 79, 42 for
+53) and a busy machine measured 7-10 % less than greedy at 64 streams; at 1 % the knee sits above 64 there, so
+64 streams run as greedily as before and a 120-stream burst still leaves about 40 for another worker.
 A fraction instead of a fixed share of the asymptote keeps the definition local (it needs the curve only near
 where the worker runs) and scale-free (any model, any device). The model's `target_itl_ms` caps it further: the
 most sequences whose fitted step time a + b n stays under it (unset: the knee alone).
@@ -61,6 +61,9 @@ AVERAGE = 0.1  # weight of a new step time in its n's average
 MEASURED = 4  # decode steps at one n before its average counts
 FULL_WEIGHT = 8  # steps at one n after which its average counts fully in the fit
 HALF_LIFE = 512  # decode steps after which an average not measured again counts half in the fit
+# Once there is a line, it is fitted again every this many decode steps (until then, every step): a fit over ~50
+# averages took ~130 µs, a few µs a token when done every step, and one step moves no average far.
+REFIT_EVERY = 8
 
 
 @dataclass
@@ -112,24 +115,33 @@ class Knee:
             self.held += 1
             if self.held >= PROBE_EVERY:
                 self.probing, self.held = True, 0
-        self.fit = self._fit() or self.fit
+        if self.fit is None or self.observed % REFIT_EVERY == 0:
+            self.fit = self._fit() or self.fit
 
     def _fit(self) -> tuple[float, float] | None:
         """Weighted least squares through the averages, the older the lighter (the machine's load changes); None
-        until two of them stand far enough apart."""
-        points = [(n, c.seconds, min(c.steps, FULL_WEIGHT) * 0.5 ** ((self.observed - c.last) / HALF_LIFE))
-                  for n, c in self.curve.items() if c.steps >= MEASURED]
-        points = [p for p in points if p[2] >= 0.5]
-        if len(points) < 2:
+        until two of them stand far enough apart. One pass over the averages (it runs every few steps)."""
+        observed = self.observed
+        w = wn = wt = wnn = wnt = 0.0
+        low, high, count = self.ceiling + 1, 0, 0
+        for n, c in self.curve.items():
+            if c.steps < MEASURED:
+                continue
+            weight = min(c.steps, FULL_WEIGHT) * 0.5 ** ((observed - c.last) / HALF_LIFE)
+            if weight < 0.5:
+                continue
+            count += 1
+            low, high = min(low, n), max(high, n)
+            t = c.seconds
+            w += weight
+            wn += weight * n
+            wt += weight * t
+            wnn += weight * n * n
+            wnt += weight * n * t
+        if count < 2 or high - low < max(2, low // 4):
             return None
-        low, high = min(p[0] for p in points), max(p[0] for p in points)
-        if high - low < max(2, low // 4):
-            return None
-        w = sum(p[2] for p in points)
-        mean_n = sum(p[0] * p[2] for p in points) / w
-        mean_t = sum(p[1] * p[2] for p in points) / w
-        var = sum(p[2] * (p[0] - mean_n) ** 2 for p in points)
-        b = sum(p[2] * (p[0] - mean_n) * (p[1] - mean_t) for p in points) / var
+        mean_n, mean_t = wn / w, wt / w
+        b = (wnt - wn * mean_t) / (wnn - wn * mean_n)  # covariance over variance, from the sums
         a = mean_t - b * mean_n
         return (a, b) if a > 0 else None  # every step has a cost of its own: a line without one is noise
 

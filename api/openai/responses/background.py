@@ -33,9 +33,9 @@ from api.openai.responses.events import TERMINAL, ResponseStream, counted_ids, i
 from api.openai.responses.protocol import Response as ResponseObject
 from api.openai.responses.protocol import ResponsesRequest, StreamEvent
 from api.openai.responses.store import ResponseStore, response_not_found
-from api.openai.serving import PING_S, add_usage, finish_choices
+from api.openai.serving import add_usage, finish_choices
 from api.queue.client import JobClient
-from api.queue.journal import Journal, JournalBroken
+from api.queue.journal import Journal, JournalBroken, paced
 from api.queue.priority import priority_of
 from api.queue.registry import Servable
 from common.errors import OvqError
@@ -255,22 +255,13 @@ class BackgroundResponses:
     async def _frames(self, request: Request, record: Background, fold: Fold, after: int) -> AsyncIterator[bytes]:
         """The response's events after `after`, each with its `id:`; pings while it waits; ends with the last."""
         yield render(fold.started, after, ids=True) or PING
-        last = time.monotonic()
         try:
-            async for events in self.journal.follow(record.job, self.settings.background_stall_s):
-                out = render(fold.feed(events), after, ids=True)
-                if fold.ended:
+            async for out in paced(self.journal, record.job, self.settings.background_stall_s,
+                                   lambda events: render(fold.feed(events), after, ids=True), lambda: fold.ended,
+                                   request.is_disconnected):
+                if type(out) is Last:
                     await self._save(fold)
-                    yield Last(out)
-                    return
-                if out:
-                    last = time.monotonic()
-                    yield out
-                elif time.monotonic() - last >= PING_S:
-                    last = time.monotonic()
-                    yield PING
-                if await request.is_disconnected():
-                    return
+                yield out
         except JournalBroken as exc:
             out = await self._broken(fold, exc)
             yield Last(render(out, after, ids=True))

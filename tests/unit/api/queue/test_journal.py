@@ -7,7 +7,8 @@ import time
 import pytest
 import redis.asyncio as aioredis
 
-from api.queue.journal import Journal, JournalBroken
+from api.http.sse import Last
+from api.queue.journal import Journal, JournalBroken, paced
 from common.events import delta, pack
 from common.keys import Keys
 
@@ -46,3 +47,33 @@ async def test_a_journal_that_gains_nothing_is_given_up_on(journal) -> None:
     with pytest.raises(JournalBroken, match="No progress"):
         async for _ in reader.follow("nothing", stall_s=0.5):
             pass
+
+
+async def test_paced_renders_each_batch_and_ends_with_the_last_frames(journal) -> None:
+    redis, keys, reader = journal
+    key = keys.journal("j")
+    await redis.xadd(key, {"e": pack([{"type": "accepted", "job": "j", "seq": 1}, delta("j", 2, 0, "a", 1)])})
+    await redis.xadd(key, {"e": pack([delta("j", 3, 0, "b", 1), {"type": "cancelled", "job": "j", "seq": 4}])})
+    seen: list[str] = []
+
+    def render(events: list) -> bytes:
+        seen.extend(event["type"] for event in events)
+        return b"".join(b"%d," % event["seq"] for event in events)
+
+    async def here() -> bool:
+        return False
+
+    out = [frame async for frame in paced(reader, "j", 30, render, lambda: "cancelled" in seen, here)]
+    assert out == [b"1,2,", b"3,4,"] and type(out[-1]) is Last and type(out[0]) is not Last
+
+
+async def test_paced_stops_when_the_client_is_gone(journal) -> None:
+    redis, keys, reader = journal
+    await redis.xadd(keys.journal("j"), {"e": pack([{"type": "accepted", "job": "j", "seq": 1}])})
+    await redis.xadd(keys.journal("j"), {"e": pack([delta("j", 2, 0, "a", 1)])})
+
+    async def gone() -> bool:
+        return True
+
+    out = [frame async for frame in paced(reader, "j", 30, lambda events: b"x", lambda: False, gone)]
+    assert out == [b"x"]  # the first batch went out; then the client was gone

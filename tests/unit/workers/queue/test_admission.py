@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import random
+import statistics
 
 import pytest
 
@@ -101,9 +102,12 @@ def test_a_burst_climbs_from_the_floor_to_the_knee_and_leaves_the_rest_waiting()
 
 
 def test_the_knee_holds_under_noisy_step_times() -> None:
-    k = Knee(ceiling=256)
-    run_burst(k, waiting=120, steps=400, noise=random.Random(7))
-    assert 40 <= k.knee() <= 115  # 79 without noise (noise drags it down, to 52-62 mostly); greedy 120, floor 16
+    knees = []
+    for seed in range(7):  # one noisy run's knee is one draw of a wide spread (26-195 over 40 seeds): the median
+        k = Knee(ceiling=256)
+        run_burst(k, waiting=120, steps=400, noise=random.Random(seed))
+        knees.append(k.knee())
+    assert 40 <= statistics.median(knees) <= 115  # 79 without noise; greedy would be 120, the floor 16
 
 
 def test_fewer_streams_than_the_knee_run_at_once() -> None:
