@@ -98,7 +98,7 @@ class ImageServing:
         job = self._job(body, limits, request_id(request))
         uploads = {"input": await self._upload(form.get("image"), "image", required=True),
                    "mask": await self._upload(form.get("mask"), "mask", required=False)}
-        keys = {name: self.jobs.keys.blob(job.id, name) for name, data in uploads.items() if data}
+        keys = {name: self.jobs.keys.blob(job.id, name, job.model) for name, data in uploads.items() if data}
         pipe = self.jobs.redis.pipeline(transaction=False)
         for name, key in keys.items():
             pipe.set(key, uploads[name], ex=self.settings.blob_ttl_s)
