@@ -160,7 +160,8 @@ def replicas_wanted(settings: Settings) -> int:
     """How many replicas must have an enqueued job before the API acknowledges it (`common/redis/replicas.py`)."""
     if settings.redis_wait_replicas is not None:
         return max(settings.redis_wait_replicas, 0)
-    return 1 if is_sentinel(redis_url(settings)) else 0
+    url = redis_url(settings)
+    return 1 if is_sentinel(url) or is_cluster(url) else 0
 
 
 def describe(url: str) -> str:

@@ -105,7 +105,7 @@ def key_of(command: Command) -> Any:
                 return command[i + 1]
     if name == "PUBSUB":
         return command[2] if len(command) > 2 else None
-    if name in ("PING", "TIME", "WAIT"):
+    if name in ("PING", "TIME", "WAIT", "INFO"):
         return None
     return command[1] if len(command) > 1 else None
 
@@ -174,8 +174,10 @@ class ClusterLane:
         todo = list(range(len(commands)))
         for attempt in range(ATTEMPTS):
             groups: dict[str, list[int]] = {}
-            for i in todo:
-                groups.setdefault(self._node(commands[i]), []).append(i)
+            node = None
+            for i in todo:  # a command without a key (WAIT, INFO) goes where the one before it went
+                node = self._node(commands[i], node)
+                groups.setdefault(node, []).append(i)
             results = await asyncio.gather(*(self._lane(node).execute([commands[i] for i in group], blocks_s)
                                              for node, group in groups.items()), return_exceptions=True)
             todo = []
@@ -202,11 +204,11 @@ class ClusterLane:
         for lane in lanes.values():
             await lane.close()
 
-    def _node(self, command: Command) -> str:
+    def _node(self, command: Command, before: str | None) -> str:
         key = key_of(command)
-        manager = self._cluster.nodes_manager
-        node = manager.get_node_from_slot(slot_of(key)) if key is not None else self._cluster.get_default_node()
-        return node.name
+        if key is None:
+            return before or self._cluster.get_default_node().name
+        return self._cluster.nodes_manager.get_node_from_slot(slot_of(key)).name
 
     def _lane(self, name: str) -> Lane:
         lane = self._lanes.get(name)

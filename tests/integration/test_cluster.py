@@ -4,18 +4,25 @@ through the OpenAI SDK; a stream closed early is cancelled at its worker (sharde
 every key a job wrote lives on its model's master."""
 from __future__ import annotations
 
+import subprocess
+import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+import orjson
 import pytest
+import redis
 from openai import OpenAI
 
+from common.jobs import ENTRY_JOB
 from common.keys import GROUP, Keys
 from common.redis.client import sync_client
-from tests.conftest import Tiers
-from tests.integration.redis_ha import ClusterSet, missing_for_sentinel
-from tests.integration.test_faults import TINY, tiny
+from tests.conftest import ROOT, Tiers
+from tests.integration.redis_ha import ClusterSet, Node, missing_for_sentinel
+from tests.integration.test_failover import QUEUED, STREAMS, probe, unary_as
+from tests.integration.test_faults import HELLO, TINY, Counts, in_threads, join, stream, tiny
 
 pytestmark = pytest.mark.skipif(missing_for_sentinel() is not None, reason=str(missing_for_sentinel()))
 HI = [{"role": "user", "content": "hi"}]
@@ -57,3 +64,63 @@ def test_chat_streams_unary_and_cancels_on_a_cluster(tiers: Callable[..., Tiers]
     logs = "".join(t.log(p) for p in t.procs)
     assert "Traceback" not in logs and "CROSSSLOT" not in logs, logs[-3000:]
     r.close()
+
+
+def live_client(cluster: ClusterSet, dead: Node) -> redis.RedisCluster:
+    """A client that learns the cluster from a node still running."""
+    return redis.RedisCluster(host="127.0.0.1", port=next(n.port for n in cluster.nodes if n is not dead))
+
+
+def test_a_killed_master_fails_over_with_nothing_hung_or_lost(tiers: Callable[..., Tiers], cluster: ClusterSet) -> None:
+    """The master of the model's queue SIGKILLed while 32 streams run and 200 unary requests wait in its queue:
+    nothing hangs, nothing 5xx but 503, no acknowledged job is lost (each enqueue WAITs for the replica), and new
+    requests are served through the promoted replica without a restart."""
+    t = tiers(tiny(max_num_seqs=STREAMS), url=cluster.url)
+    api = t.api()
+    worker = t.worker(TINY)
+    t.wait_served(TINY)
+    keys, r = Keys(t.prefix, cluster=True), cluster.client()
+    master = cluster.node(r.get_node_from_key(keys.jobs(TINY, "CPU")).port)
+    long = {"model": TINY, "messages": [{"role": "user", "content": "go"}], "max_tokens": 1900, "ignore_eos": True}
+    streams, unaries = Counts(), Counts()
+    started = [threading.Event() for _ in range(STREAMS)]
+    running = in_threads(STREAMS, lambda i: stream(t.base_url, long, streams, started[i]))
+    for event in started:
+        assert event.wait(60)
+    queued = in_threads(QUEUED, lambda i: unary_as(f"unary-{i}", t.base_url, HELLO, unaries))
+    deadline = time.monotonic() + 120
+    while sum(r.exists(keys.job(f"unary-{i}", TINY)) for i in range(QUEUED)) < QUEUED:  # all enqueued
+        assert time.monotonic() < deadline, "the unary requests were not all queued"
+        time.sleep(0.1)
+    waiting = [entry for _, entry in r.xrange(keys.jobs(TINY, "CPU"))]
+    r.close()
+    master.kill()
+    again, served, live = Counts(), [], []
+    killed = time.monotonic()
+    prober = threading.Thread(target=probe, args=(t, again, killed, served, live))
+    prober.start()
+    join([*running, *queued, prober])
+    assert served, f"no new request completed within 60s of the kill: {again}"
+    assert set(live) <= {200}, f"liveness during the failover: {live}"
+    after = live_client(cluster, master)
+    ids = {orjson.loads(entry[ENTRY_JOB.encode()])["id"] for entry in waiting} | {f"unary-{i}" for i in range(QUEUED)}
+    lost = [job_id for job_id in ids if not after.exists(keys.job(job_id, TINY))]
+    promoted = after.get_node_from_key(keys.jobs(TINY, "CPU")).port
+    print(f"cluster failover: streams {streams}; unary {unaries}; new requests {again}; a new request completed "
+          f"{served[0]:.1f}s after the kill; acknowledged before it: {len(ids)} jobs ({len(waiting)} in the stream), "
+          f"lost: {len(lost)}; the queue's master now on port {promoted} (was {master.port})")
+    assert not lost
+    assert promoted != master.port
+    for counts in (streams, unaries):
+        assert counts.hung == counts.internal == 0, counts
+        assert counts.completed + counts.failed == (STREAMS if counts is streams else QUEUED), counts
+    for counts in (unaries, again):
+        other = [error for error in counts.errors if not error.startswith("503 ")]
+        assert not other, other[:5]
+    status = subprocess.run([sys.executable, "-m", "cli.main", "status", "--json"], env=t.env, cwd=ROOT,
+                            capture_output=True, timeout=60, check=True)
+    [queue] = orjson.loads(status.stdout)["streams"]
+    assert queue["node"] == f"127.0.0.1:{promoted}", "ovq status names the queue's master now"
+    assert worker.poll() is None and api.poll() is None
+    assert "Traceback" not in t.log(worker) + t.log(api)
+    after.close()

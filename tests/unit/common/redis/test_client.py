@@ -97,6 +97,7 @@ def test_a_cluster_url_is_taken_and_names_tagged_keys() -> None:
     settings = Settings(REDIS_URL="redis+cluster://h1:7000,h2:7001")
     assert redis_url(settings) == "redis+cluster://h1:7000,h2:7001"
     assert keys_for(settings).cluster and not keys_for(Settings(REDIS_URL="redis://h:6379/0")).cluster
+    assert replicas_wanted(settings) == 1  # an enqueue waits for the model's master's replica
     assert describe("redis+cluster://u:secret@h1:7000,h2:7001") == "cluster via h1:7000,h2:7001"
 
 
