@@ -31,6 +31,7 @@ from common.redis.cluster import (
     initialized,
     is_cluster,
     sync_cluster,
+    sync_slot_client,
 )
 from common.settings import Settings
 
@@ -249,6 +250,15 @@ def sync_client(url: str, **options: Any) -> redis.Redis:
 
 def connect_sync(settings: Settings) -> redis.Redis:
     return sync_client(redis_url(settings), socket_connect_timeout=settings.redis_timeout_s)
+
+
+def connect_rq(settings: Settings) -> redis.Redis:
+    """rq's connection (the Batch API's queue): `connect_sync`'s, or on a Cluster a plain client on the master that
+    owns the slot every rq key shares (`Keys.rq_prefix`; rq runs MULTI and WATCH, which a cluster client cannot)."""
+    url = redis_url(settings)
+    if is_cluster(url):
+        return sync_slot_client(url, keys_for(settings).rq_prefix, socket_connect_timeout=settings.redis_timeout_s)
+    return connect_sync(settings)
 
 
 async def wait_until_up(client: aioredis.Redis, url: str, max_wait_s: float, who: str) -> None:

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import parse_qs, unquote, urlencode, urlparse
@@ -20,7 +22,7 @@ import redis
 import redis.asyncio as aioredis
 from redis.asyncio.cluster import ClusterNode, RedisCluster
 from redis.crc import key_slot
-from redis.exceptions import AskError, ClusterDownError, MovedError, TryAgainError
+from redis.exceptions import AskError, ClusterDownError, MovedError, RedisClusterException, TryAgainError
 
 from common.redis.lane import RETRIED, Command, Lane
 
@@ -238,3 +240,52 @@ class ClusterLane:
 def open_lane(client: Any) -> Lane | ClusterLane:
     """A lane on `client`'s Redis: a `ClusterLane` on a Cluster, else a plain `Lane`."""
     return ClusterLane(client) if isinstance(client, RedisCluster) else Lane(client)
+
+
+class SlotMaster:
+    """A connection to whichever master owns one slot when it connects: a plain client for rq (the Batch API), whose
+    keys all share one slot (`Keys.rq_prefix`) but which speaks to one Redis (MULTI, WATCH). After a failover the
+    next connection reaches the promoted replica, as a Sentinel-managed connection reaches the new primary."""
+
+    def __init__(self, *, locate: Callable[[bool], tuple[str, int]], **kwargs: Any) -> None:
+        self._locate = locate
+        super().__init__(**kwargs)  # type: ignore[call-arg]
+
+    def _connect(self) -> Any:
+        self.host, self.port = self._locate(False)
+        try:
+            return super()._connect()  # type: ignore[misc]
+        except OSError:
+            self._locate(True)  # the master may have failed over: ask the cluster again for the next try
+            raise
+
+
+class SlotMasterConnection(SlotMaster, redis.Connection):
+    pass
+
+
+class SlotMasterSSLConnection(SlotMaster, redis.SSLConnection):
+    pass
+
+
+def sync_slot_client(url: str, key: str, **options: Any) -> redis.Redis:
+    """A blocking client on the master that owns `key`'s slot now (`SlotMaster`)."""
+    target = ClusterURL.parse(url)
+    clusters: list[redis.RedisCluster] = []  # made at the first connect: it reads the slot map
+    lock = threading.Lock()
+
+    def locate(refresh: bool) -> tuple[str, int]:
+        with lock:
+            try:
+                if not clusters:
+                    clusters.append(sync_cluster(url, **options))
+                elif refresh:
+                    clusters[0].nodes_manager.initialize()
+                node = clusters[0].get_node_from_key(key)
+            except (redis.RedisError, RedisClusterException) as exc:
+                raise redis.ConnectionError(f"the Redis Cluster's slot map could not be read: {exc}") from exc
+            return node.host, int(node.port)
+
+    kwargs = {k: v for k, v in {**options, **target.node_kwargs()}.items() if k != "ssl"}
+    connection = SlotMasterSSLConnection if target.ssl else SlotMasterConnection
+    return redis.Redis(connection_pool=redis.ConnectionPool(connection_class=connection, locate=locate, **kwargs))

@@ -1,7 +1,9 @@
 """ovq on a Redis Cluster (`REDIS_URL=redis+cluster://...`): a real 3-master cluster with one replica each, from
 Debian's redis-server >= 7 on loopback ports. The API and a worker of the tiny model serve chat, streamed and unary,
 through the OpenAI SDK; a stream closed early is cancelled at its worker (sharded pub/sub, on the model's node);
-every key a job wrote lives on its model's master."""
+every key a job wrote lives on its model's master; a batch runs (rq on the master of the Batch API's slot). Then the
+model's master is SIGKILLed under load (the issue's counts: accepted, completed, failed cleanly, hung, lost, 5xx
+other than 503, seconds until a new request succeeds)."""
 from __future__ import annotations
 
 import subprocess
@@ -21,6 +23,7 @@ from common.keys import GROUP, Keys
 from common.redis.client import sync_client
 from tests.conftest import ROOT, Tiers
 from tests.integration.redis_ha import ClusterSet, Node, missing_for_sentinel
+from tests.integration.test_batch import BATCH_ENV, answered_once, batch_worker, client_for, line, results, start, wait
 from tests.integration.test_failover import QUEUED, STREAMS, probe, unary_as
 from tests.integration.test_faults import HELLO, TINY, Counts, in_threads, join, stream, tiny
 
@@ -36,11 +39,13 @@ def cluster(tmp_path: Path) -> Iterator[ClusterSet]:
     made.stop()
 
 
-def test_chat_streams_unary_and_cancels_on_a_cluster(tiers: Callable[..., Tiers], cluster: ClusterSet) -> None:
-    t = tiers(tiny(), url=cluster.url)
+def test_chat_streams_unary_cancels_and_batches_on_a_cluster(tiers: Callable[..., Tiers], cluster: ClusterSet) -> None:
+    t = tiers(tiny(), url=cluster.url, **BATCH_ENV)
     t.api()
     t.worker(TINY)
     t.wait_served(TINY)
+    batcher = batch_worker(t, "bw")
+    batch = start(client_for(t), [line(i) for i in range(6)])  # rq on the master of the Batch API's slot
     client = OpenAI(base_url=t.base_url, api_key="unused", max_retries=0, timeout=60)
     unary = client.chat.completions.create(model=TINY, messages=HI, max_tokens=3, extra_body=ONCE)
     assert unary.usage.completion_tokens == 3
@@ -61,6 +66,11 @@ def test_chat_streams_unary_and_cancels_on_a_cluster(tiers: Callable[..., Tiers]
     job = keys.job(unary.id.removeprefix("chatcmpl-"), TINY)
     assert r.hget(job, "status") == b"done", r.hgetall(job)
     assert r.get_node_from_key(job).name == node
+    ended = wait(client_for(t), batch.id)
+    assert ended.status == "completed", ended
+    answered_once(*results(client_for(t), ended), [f"req-{i}" for i in range(6)])
+    assert r.get_node_from_key(keys.batch(batch.id)).name == r.get_node_from_key(keys.rq_prefix + ":queues").name
+    assert batcher.poll() is None
     logs = "".join(t.log(p) for p in t.procs)
     assert "Traceback" not in logs and "CROSSSLOT" not in logs, logs[-3000:]
     r.close()
