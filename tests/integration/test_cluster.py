@@ -13,6 +13,7 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+import httpx
 import orjson
 import pytest
 import redis
@@ -71,6 +72,10 @@ def test_chat_streams_unary_cancels_and_batches_on_a_cluster(tiers: Callable[...
     answered_once(*results(client_for(t), ended), [f"req-{i}" for i in range(6)])
     assert r.get_node_from_key(keys.batch(batch.id)).name == r.get_node_from_key(keys.rq_prefix + ":queues").name
     assert batcher.poll() is None
+    ops = httpx.get(t.base_url.replace("/v3", "/ops/data"), timeout=30)  # the operators' views read every model's keys
+    assert ops.status_code == 200, ops.text[:500]
+    assert [s["node"] for s in ops.json()["streams"] if s["model"] == TINY] == [node], ops.json()["streams"]
+    assert httpx.get(t.base_url.replace("/v3", "/metrics"), timeout=30).status_code == 200
     logs = "".join(t.log(p) for p in t.procs)
     assert "Traceback" not in logs and "CROSSSLOT" not in logs, logs[-3000:]
     r.close()
@@ -103,6 +108,8 @@ def test_a_killed_master_fails_over_with_nothing_hung_or_lost(tiers: Callable[..
         assert time.monotonic() < deadline, "the unary requests were not all queued"
         time.sleep(0.1)
     waiting = [entry for _, entry in r.xrange(keys.jobs(TINY, "CPU"))]
+    [reply_to] = r.zrange(keys.apis, 0, -1)
+    shared = r.get_node_from_key(keys.events(reply_to.decode())).port == master.port  # then its events are lost too
     r.close()
     master.kill()
     again, served, live = Counts(), [], []
@@ -118,7 +125,8 @@ def test_a_killed_master_fails_over_with_nothing_hung_or_lost(tiers: Callable[..
     promoted = after.get_node_from_key(keys.jobs(TINY, "CPU")).port
     print(f"cluster failover: streams {streams}; unary {unaries}; new requests {again}; a new request completed "
           f"{served[0]:.1f}s after the kill; acknowledged before it: {len(ids)} jobs ({len(waiting)} in the stream), "
-          f"lost: {len(lost)}; the queue's master now on port {promoted} (was {master.port})")
+          f"lost: {len(lost)}; the queue's master now on port {promoted} (was {master.port}); the API's event channel "
+          f"{'was' if shared else 'was not'} on the killed master")
     assert not lost
     assert promoted != master.port
     for counts in (streams, unaries):
