@@ -55,7 +55,7 @@ def test_chat_streams_unary_cancels_and_batches_on_a_cluster(tiers: Callable[...
     assert streamed[-1].usage.completion_tokens == 3
     assert "".join(c.choices[0].delta.content or "" for c in streamed if c.choices)
     long = client.chat.completions.create(model=TINY, messages=HI, max_tokens=1900, stream=True, extra_body=ONCE)
-    next(iter(long))
+    first = next(iter(long))
     long.close()
     keys, r = Keys(t.prefix, cluster=True), sync_client(t.redis_url)
     stream = keys.jobs(TINY, "CPU")
@@ -63,6 +63,8 @@ def test_chat_streams_unary_cancels_and_batches_on_a_cluster(tiers: Callable[...
     while r.xpending(stream, GROUP)["pending"] and time.monotonic() < deadline:
         time.sleep(0.1)
     assert r.xpending(stream, GROUP)["pending"] == 0
+    cancelled = keys.job(first.id.removeprefix("chatcmpl-"), TINY)
+    assert r.hget(cancelled, "status") == b"cancelled", r.hgetall(cancelled)  # it heard the cancel: not 1900 tokens
     node = r.get_node_from_key(stream).name
     job = keys.job(unary.id.removeprefix("chatcmpl-"), TINY)
     assert r.hget(job, "status") == b"done", r.hgetall(job)
