@@ -8,7 +8,9 @@ message comes with every engine step of every worker. Measured here with one 1.8
 80 µs of CPU per message through `PubSub` (90 with RESP3, whose push messages redis-py formats for a debug log
 line), about 40 µs through this protocol.
 
-The connection speaks RESP2: a message is a plain array, `[b"message", channel, data]`.
+The connection speaks RESP2: a message is a plain array, `[b"message", channel, data]`. On a Redis Cluster the
+channel is sharded: SSUBSCRIBE on the master that owns its slot, messages `[b"smessage", channel, data]`; Redis
+ends the subscription (`sunsubscribe`) when the slot moves, and the hub subscribes again where it is now.
 
 A subscription that hears nothing for `ping_s` sends PING (answered even while subscribed); one that then hears
 nothing for `timeout_s` more is dropped, so a Redis gone silent (a partition, a host that vanished) is noticed.
