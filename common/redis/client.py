@@ -24,6 +24,7 @@ from common.errors import OvqError
 from common.keys import Keys
 from common.redis.cluster import (
     CLUSTER_SCHEMES,
+    FAILING_OVER,
     ClusterURL,
     ClusterURLError,
     connect_cluster,
@@ -38,7 +39,8 @@ from common.settings import Settings
 log = logging.getLogger("ovq.redis")
 
 # Errors that mean "Redis is not there right now" (restarting, unreachable, loading its data), not a bug.
-UNAVAILABLE = (redis.ConnectionError, redis.TimeoutError, redis.BusyLoadingError, ConnectionError, OSError)
+UNAVAILABLE = (redis.ConnectionError, redis.TimeoutError, redis.BusyLoadingError, ConnectionError, OSError,
+               *FAILING_OVER)  # a Redis Cluster between a master's death and its replica's promotion
 
 
 class RedisURLError(ValueError):

@@ -13,7 +13,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import parse_qs, unquote, urlencode, urlparse
@@ -22,13 +23,22 @@ import redis
 import redis.asyncio as aioredis
 from redis.asyncio.cluster import ClusterNode, RedisCluster
 from redis.crc import key_slot
-from redis.exceptions import AskError, ClusterDownError, MovedError, RedisClusterException, TryAgainError
+from redis.exceptions import (
+    AskError,
+    ClusterDownError,
+    MovedError,
+    RedisClusterException,
+    SlotNotCoveredError,
+    TryAgainError,
+)
 
 from common.redis.lane import RETRIED, Command, Lane
 
 log = logging.getLogger("ovq.redis")
 CLUSTER_SCHEMES = ("redis+cluster", "rediss+cluster")
 REROUTED = (MovedError, AskError, TryAgainError, ClusterDownError)  # the command did not run: send it again
+# What a Cluster answers while a master is down and before its replica is promoted.
+FAILING_OVER = (ClusterDownError, TryAgainError, SlotNotCoveredError)
 ATTEMPTS = 3  # sends of one command across MOVED replies and failovers
 
 
@@ -119,17 +129,28 @@ def slot_of(key: Any) -> int:
 async def initialized(cluster: RedisCluster) -> RedisCluster:
     """The client with its slot map learnt (the first command does it too; lanes need it before that)."""
     if cluster._initialize:  # noqa: SLF001 - redis-py's own flag: no slot map yet
-        await cluster.initialize()
+        with unreachable():
+            await cluster.initialize()
     return cluster
+
+
+@contextmanager
+def unreachable() -> Iterator[None]:
+    """redis-py's "no node answers" (RedisClusterException) as what the tiers wait out: a ConnectionError."""
+    try:
+        yield
+    except RedisClusterException as exc:
+        raise redis.ConnectionError(f"the Redis Cluster's slot map could not be read: {exc}") from exc
 
 
 async def node_client(cluster: RedisCluster, key: str, refresh: bool = False) -> aioredis.Redis:
     """A plain client on the master that owns `key`'s slot (for a connection of one's own there: a lane, a sharded
     subscription); `refresh`: learn the slot map again first (after a failover)."""
     await initialized(cluster)
-    if refresh:
-        await cluster.nodes_manager.initialize()
-    node = cluster.nodes_manager.get_node_from_slot(slot_of(key))
+    with unreachable():
+        if refresh:
+            await cluster.nodes_manager.initialize()
+        node = cluster.nodes_manager.get_node_from_slot(slot_of(key))
     return aioredis.Redis(connection_pool=aioredis.ConnectionPool(connection_class=node.connection_class,
                                                                   **node.connection_kwargs))
 
@@ -177,9 +198,10 @@ class ClusterLane:
         for attempt in range(ATTEMPTS):
             groups: dict[str, list[int]] = {}
             node = None
-            for i in todo:  # a command without a key (WAIT, INFO) goes where the one before it went
-                node = self._node(commands[i], node)
-                groups.setdefault(node, []).append(i)
+            with unreachable():
+                for i in todo:  # a command without a key (WAIT, INFO) goes where the one before it went
+                    node = self._node(commands[i], node)
+                    groups.setdefault(node, []).append(i)
             results = await asyncio.gather(*(self._lane(node).execute([commands[i] for i in group], blocks_s)
                                              for node, group in groups.items()), return_exceptions=True)
             todo = []
@@ -233,7 +255,7 @@ class ClusterLane:
         await asyncio.sleep(pause_s)
         try:
             await asyncio.wait_for(self._cluster.nodes_manager.initialize(), self._timeout)
-        except (asyncio.TimeoutError, *RETRIED, redis.RedisError) as exc:
+        except (asyncio.TimeoutError, *RETRIED, redis.RedisError, RedisClusterException) as exc:
             log.warning("the Redis Cluster's slot map could not be read again: %s", exc)
 
 

@@ -1,8 +1,11 @@
 from __future__ import annotations
 
 import pytest
+import redis
+from redis.exceptions import ClusterDownError, RedisClusterException, SlotNotCoveredError, TryAgainError
 
-from common.redis.cluster import ClusterURL, ClusterURLError, is_cluster, key_of, slot_of
+from common.redis.client import UNAVAILABLE
+from common.redis.cluster import ClusterURL, ClusterURLError, is_cluster, key_of, slot_of, unreachable
 
 
 def test_a_cluster_url_names_its_seed_nodes_and_credentials() -> None:
@@ -33,3 +36,11 @@ def test_each_command_is_routed_by_its_key(command: list, key: str | None) -> No
 
 def test_a_models_keys_share_its_slot() -> None:
     assert slot_of("ovq:job:{m:a}:1") == slot_of(b"ovq:jobs:{m:a}:CPU") != slot_of("ovq:jobs:{m:b}:CPU")
+
+
+def test_a_cluster_failing_over_is_waited_out_as_redis_away() -> None:
+    """No node answering, a master down before its replica's promotion: what the tiers' retry loops wait out."""
+    with pytest.raises(redis.ConnectionError), unreachable():
+        raise RedisClusterException("Redis Cluster cannot be connected")
+    for failing in (ClusterDownError("CLUSTERDOWN"), TryAgainError("TRYAGAIN"), SlotNotCoveredError("slot 7")):
+        assert isinstance(failing, UNAVAILABLE)
