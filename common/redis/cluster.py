@@ -117,7 +117,7 @@ def key_of(command: Command) -> Any:
                 return command[i + 1]
     if name == "PUBSUB":
         return command[2] if len(command) > 2 else None
-    if name in ("PING", "TIME", "WAIT", "INFO"):
+    if name in ("PING", "TIME", "WAIT", "INFO", "ASKING"):
         return None
     return command[1] if len(command) > 1 else None
 
@@ -158,8 +158,9 @@ async def node_client(cluster: RedisCluster, key: str, refresh: bool = False) ->
 class ClusterLane:
     """`Lane`'s interface over a Cluster: each command goes to the lane of the master that owns its key's slot (a
     call whose commands live on several masters is sent to each at once and answered in order). A command answered
-    MOVED, ASK, TRYAGAIN or CLUSTERDOWN did not run: the slot map is learnt again and it is sent again, as is a call
-    whose connection was lost (its master failed over), up to ATTEMPTS times."""
+    ASK goes to the migrating slot's target behind ASKING. One answered MOVED, TRYAGAIN or CLUSTERDOWN did not run:
+    the slot map is learnt again and it is sent again, as is a call whose connection was lost (its master failed
+    over), up to ATTEMPTS times."""
 
     def __init__(self, cluster: RedisCluster) -> None:
         self._cluster = cluster
@@ -204,7 +205,7 @@ class ClusterLane:
                     groups.setdefault(node, []).append(i)
             results = await asyncio.gather(*(self._lane(node).execute([commands[i] for i in group], blocks_s)
                                              for node, group in groups.items()), return_exceptions=True)
-            todo = []
+            todo, asked = [], []
             lost: BaseException | None = None
             for group, result in zip(groups.values(), results, strict=True):
                 if isinstance(result, BaseException):
@@ -214,14 +215,27 @@ class ClusterLane:
                     todo += group
                     continue
                 for i, reply in zip(group, result, strict=True):
-                    if isinstance(reply, REROUTED) and attempt < ATTEMPTS - 1:
+                    if isinstance(reply, AskError) and not isinstance(reply, MovedError):
+                        asked.append(i)
+                    elif isinstance(reply, REROUTED) and attempt < ATTEMPTS - 1:
                         todo.append(i)
                     replies[i] = reply
+            for i in asked:  # its slot is migrating and the key is on the target already: ask there, this once
+                replies[i] = await self._ask(commands[i], replies[i], blocks_s)
             if not todo:
                 return replies
             await self._refresh(lost)
             todo.sort()
         return replies
+
+    async def _ask(self, command: Command, ask: AskError, blocks_s: float) -> Any:
+        """`command` on the node an ASK named, behind ASKING (which lets only the next command in): both in one
+        call, so adjacent on that node's connection."""
+        target = self._cluster.get_node(host=ask.host, port=ask.port)
+        if target is None:
+            return ask
+        _, reply = await self._lane(target.name).execute([["ASKING"], command], blocks_s)
+        return reply
 
     async def close(self) -> None:
         lanes, self._lanes = self._lanes, {}

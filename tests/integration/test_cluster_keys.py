@@ -160,3 +160,35 @@ async def test_a_lane_follows_moved_to_the_slots_master(cluster: ClusterSet) -> 
     assert counts == [part for c in channels for part in (c.encode(), 0)]
     await lane.close()
     await client.aclose()
+
+
+async def test_a_lane_follows_ask_to_a_migrating_slots_target(cluster: ClusterSet) -> None:
+    """A slot migrating between masters: a key its source no longer has is answered ASK; the lane sends the command
+    to the target behind ASKING, and it lands there."""
+    sync = cluster.client()
+    key = KEYS.job("asked", MODELS[6])
+    slot, source = sync.keyslot(key), sync.get_node_from_key(key)
+    target = next(n for n in sync.get_primaries() if n.name != source.name)
+    src, dst = redis.Redis(port=source.port), redis.Redis(port=target.port)
+    src_id, dst_id = (node.execute_command("CLUSTER", "MYID").decode() for node in (src, dst))
+    dst.execute_command("CLUSTER", "SETSLOT", slot, "IMPORTING", src_id)
+    src.execute_command("CLUSTER", "SETSLOT", slot, "MIGRATING", dst_id)
+    client = RedisCluster(host="127.0.0.1", port=cluster.nodes[0].port)
+    lane = ClusterLane(client)
+    try:
+        assert await lane.execute([["SET", key, "v"], ["PING"]]) == [b"OK", b"PONG"]
+        with pytest.raises(redis.exceptions.AskError):  # the source has not got it: it sends askers on
+            src.exists(key)
+        pipe = dst.pipeline(transaction=False)  # one connection: ASKING lets the next command into the slot
+        pipe.execute_command("ASKING")
+        pipe.get(key)
+        pipe.execute_command("ASKING")
+        pipe.delete(key)
+        assert pipe.execute()[1] == b"v"
+    finally:
+        for node in (src, dst):
+            node.execute_command("CLUSTER", "SETSLOT", slot, "STABLE")
+            node.close()
+        await lane.close()
+        await client.aclose()
+        sync.close()
