@@ -39,9 +39,8 @@ from api.queue.hub import EventHub
 from api.queue.registry import Registry
 from common import heap, tracing
 from common.errors import ErrorBody, OvqError, not_found, unavailable
-from common.keys import Keys
 from common.models.sources import configured_models, has_models
-from common.redis.client import UNAVAILABLE, connect, redis_url
+from common.redis.client import UNAVAILABLE, connect, keys_for, redis_url
 from common.settings import Settings, get_settings
 
 log = logging.getLogger("ovq.api")
@@ -68,7 +67,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         redis = connect(settings)
-        keys = Keys(settings.key_prefix)
+        keys = keys_for(settings)
         hub = EventHub(redis, keys, redis_url(settings), settings.redis_timeout_s)
         await hub.start()
         heartbeat = await ApiHeartbeat(redis, keys, hub.reply_to, settings).start()

@@ -14,17 +14,15 @@ import sys
 import time
 
 from common.batch.rq_keys import RQPrefixError, use_rq_prefix
-from common.keys import Keys
-from common.redis.client import Backoff, RedisURLError, connect_sync, describe, reason, redis_url
+from common.redis.client import Backoff, RedisURLError, connect_rq, describe, keys_for, reason, redis_url
 from common.settings import Settings
 
 
 def _wait_for_redis(settings: Settings) -> bool:
-    connection = connect_sync(settings)
     deadline, backoff = time.monotonic() + settings.redis_wait_s, Backoff()
     while True:
         try:
-            connection.ping()
+            connect_rq(settings).ping()  # rq's own connection: on a Cluster, to the master of rq's slot
             return True
         except Exception as exc:  # redis-py's connection errors, whatever the version
             if time.monotonic() + backoff.delay > deadline:
@@ -45,7 +43,7 @@ def batch_worker(args: argparse.Namespace) -> int:
         print(f"ovq batch-worker: {exc}", file=sys.stderr)
         return 2
     try:
-        use_rq_prefix(Keys(settings.key_prefix))  # before rq is imported: rq reads its key prefix only then
+        use_rq_prefix(keys_for(settings))  # before rq is imported: rq reads its key prefix only then
     except (ValueError, RQPrefixError) as exc:
         print(f"ovq batch-worker: {exc}", file=sys.stderr)
         return 2
@@ -53,9 +51,9 @@ def batch_worker(args: argparse.Namespace) -> int:
         return 1
     from workers.batch.worker import BatchWorker
 
-    worker = BatchWorker(settings, connect_sync(settings), name=args.name)
+    worker = BatchWorker(settings, connect_rq(settings), name=args.name)
     logging.getLogger("ovq.batch").info("batch worker on queue %s, sending lines to %s",
-                                        Keys(settings.key_prefix).batch_queue, settings.batch_api)
+                                        keys_for(settings).batch_queue, settings.batch_api)
     worker.work(burst=args.burst, logging_level=settings.log_level.upper())
     return 0
 

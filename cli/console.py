@@ -11,7 +11,7 @@ import redis.asyncio as aioredis
 from rich.console import Console
 
 from common.keys import Keys
-from common.redis.client import UNAVAILABLE, RedisURLError, connect, describe, reason, redis_url
+from common.redis.client import UNAVAILABLE, RedisURLError, connect, describe, keys_for, reason, redis_url
 from common.settings import Settings
 
 Action = Callable[[aioredis.Redis, Keys, Settings], Awaitable[int]]
@@ -42,7 +42,7 @@ def run(action: Action) -> int:
     async def go() -> int:
         redis = connect(settings, max_connections=2)
         try:
-            return await action(redis, Keys(settings.key_prefix), settings)
+            return await action(redis, keys_for(settings), settings)
         finally:
             await redis.aclose()
 

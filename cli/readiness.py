@@ -14,8 +14,7 @@ import time
 
 import httpx
 
-from common.keys import Keys
-from common.redis.client import UNAVAILABLE, sync_client
+from common.redis.client import UNAVAILABLE, keys_for, sync_client
 from common.settings import Settings
 
 START_SLACK_S = 60.0
@@ -52,7 +51,7 @@ class Announcements:
 
     def __init__(self, url: str, settings: Settings) -> None:
         self.client = sync_client(url, socket_connect_timeout=PROBE_TIMEOUT_S, socket_timeout=PROBE_TIMEOUT_S)
-        self.keys = Keys(settings.key_prefix)
+        self.keys = keys_for(settings)
         self.worker_ttl_s = settings.worker_ttl_s
         self.host = socket.gethostname()
 

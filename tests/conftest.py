@@ -18,6 +18,7 @@ import redis
 from common.keys import Keys
 from common.models.sources import default_model
 from common.redis.client import sync_client
+from common.redis.cluster import is_cluster
 from common.redis.server import EmbeddedRedis
 from common.settings import Settings
 
@@ -237,8 +238,8 @@ class Tiers:
 
     def wait_served(self, *models: str, workers: int = 1, timeout: float = 120) -> None:
         """Until the API is up and each model has `workers` live workers."""
-        keys = Keys(self.prefix)
-        r = sync_client(self.redis_url)  # any REDIS_URL, a redis+sentinel:// one too
+        keys = Keys(self.prefix, cluster=is_cluster(self.redis_url))
+        r = sync_client(self.redis_url)  # any REDIS_URL, a redis+sentinel:// or redis+cluster:// one too
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             for proc in self.procs:

@@ -18,16 +18,19 @@ import uuid
 from typing import Any, Protocol
 
 import orjson
+import redis
+from redis.asyncio.client import PubSub
 from redis.exceptions import ResponseError
 
 from common import heap, tracing
 from common.errors import ErrorBody, OvqError
 from common.events import Cancelled, Error
 from common.jobs import ENTRY_JOB, ENTRY_REASON, ENTRY_WORKER, LEVELS, Job, JobStatus
-from common.keys import GROUP, Keys
+from common.keys import GROUP
 from common.modelcard import ModelCard
 from common.models.config import ModelConfig
-from common.redis.client import UNAVAILABLE, Backoff, connect, is_busygroup, is_nogroup
+from common.redis.client import UNAVAILABLE, Backoff, connect, is_busygroup, is_nogroup, keys_for
+from common.redis.cluster import node_client
 from common.redis.lane import Command, Lane
 from common.settings import Settings
 from workers.ops.health import HealthServer
@@ -61,7 +64,7 @@ class BaseWorker:
         self.settings, self.model, self.device = settings, model, device
         self.id = f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
         tracing.setup("worker", self.id, settings.tracing)
-        self.keys = Keys(settings.key_prefix)
+        self.keys = keys_for(settings)
         self.stream = self.keys.jobs(model.name, device)
         self.batch_stream = self.keys.batch_jobs(model.name, device)
         self.levels = tuple((level, self.keys.level_jobs(model.name, device, level)) for level in LEVELS)
@@ -80,7 +83,7 @@ class BaseWorker:
         self.redis = connect(settings, max_connections=32)
         accounting = Accounting(self.keys, model.name, device, self.id, settings)
         self.publisher = Publisher(self.redis, self.keys, self.stream, settings.job_ttl_s, accounting,
-                                   settings.journal_ttl_s, settings.journal_max_entries)
+                                   settings.journal_ttl_s, settings.journal_max_entries, model.name)
         self.intake = Intake(self.redis, self.id, *(s for _, s in self.levels), aging_s=settings.priority_aging_s)
         self._orphaned: set[str] = set()  # running jobs cancelled because their API process is gone
         self._overdue: set[str] = set()  # running jobs cancelled because their deadline passed
@@ -377,7 +380,7 @@ class BaseWorker:
             return set()
         pipe = self.redis.pipeline(transaction=False)
         for job in jobs:
-            pipe.exists(self.keys.cancel(job.id))
+            pipe.exists(self.keys.cancel(job.id, job.model))
         return {job.id for job, hit in zip(jobs, await pipe.execute(), strict=True) if hit}
 
     async def _screen(self, jobs: list[Job], reply_tos: set[str],
@@ -387,7 +390,7 @@ class BaseWorker:
         would be lost, so its jobs wait until it listens again."""
         if not jobs and not reply_tos:
             return set(), set(), set()
-        commands: list[Command] = [["EXISTS", self.keys.cancel(job.id)] for job in jobs]
+        commands: list[Command] = [["EXISTS", self.keys.cancel(job.id, job.model)] for job in jobs]
         listeners = sorted(reply_tos)
         if listeners:
             commands += [["ZMSCORE", self.keys.apis, *listeners],
@@ -504,25 +507,40 @@ class BaseWorker:
         """Hear cancels on the channel; after a lost connection, resubscribe and look up the flags of every
         running job (a cancel published meanwhile was missed)."""
         while True:
-            pubsub = self.redis.pubsub()
+            pubsub = None
             try:
-                await pubsub.subscribe(self.keys.cancel_channel)
+                pubsub = await self._cancels()
                 async for message in pubsub.listen():
-                    if message["type"] == "subscribe":
+                    if message["type"] in ("subscribe", "ssubscribe"):
                         seconds, micros = await self.redis.time()
                         self._cancels_heard_ms = seconds * 1000 + micros // 1000
                         for job_id in await self._flagged([s.job for s in self.running.values()]):
                             self.cancel(job_id)
-                    elif message["type"] == "message":
+                    elif message["type"] in ("message", "smessage"):
                         self.cancel(message["data"].decode())
+                    elif message["type"] == "sunsubscribe":  # the channel's slot moved: subscribe where it is now
+                        raise redis.ConnectionError("the cancel channel's slot moved")
             except UNAVAILABLE:
                 self._cancels_heard_ms = None  # cancels may be missed until resubscribed: look flags up
                 await asyncio.sleep(1.0)
             finally:
                 try:
-                    await pubsub.aclose()
+                    if pubsub is not None:
+                        await pubsub.aclose()
                 except UNAVAILABLE:
                     pass
+
+    async def _cancels(self) -> PubSub:
+        """Subscribed to the channel cancels come on: the one channel on one Redis; on a Cluster the model's own,
+        sharded, on the master that owns its slot."""
+        if not self.keys.cluster:
+            pubsub = self.redis.pubsub()
+            await pubsub.subscribe(self.keys.cancel_channel)
+            return pubsub
+        channel = self.keys.model_cancel_channel(self.model.name)
+        pubsub = (await node_client(self.redis, channel, refresh=True)).pubsub()
+        await pubsub.ssubscribe(channel)
+        return pubsub
 
     def cancel(self, job_id: str) -> None:
         if job_id in self.running:

@@ -18,7 +18,7 @@ from api.batch.protocol import Batch, BatchCreateRequest, BatchList
 from common.batch.rq_keys import RQPrefixError
 from common.batch.store import TERMINAL, Batches, BatchQueue, BatchState, new_batch_id, per_model, window_seconds
 from common.errors import OvqError
-from common.redis.client import connect_sync
+from common.redis.client import connect_rq
 
 router = APIRouter()
 ENDPOINTS = ("/chat/completions", "/completions", "/embeddings", "/responses")
@@ -35,7 +35,7 @@ def batch_queue(request: Request) -> BatchQueue:
     if getattr(state, "batch_queue", None) is None:
         registry = state.registry
         try:
-            state.batch_queue = BatchQueue(connect_sync(registry.settings), registry.keys, registry.settings)
+            state.batch_queue = BatchQueue(connect_rq(registry.settings), registry.keys, registry.settings)
         except (ValueError, RQPrefixError) as exc:  # a deployment's settings, not the request: said, not a crash
             raise OvqError(f"The Batch API cannot run here: {exc}", 500, "server_error") from exc
     return state.batch_queue

@@ -98,7 +98,7 @@ class ImageServing:
         job = self._job(body, limits, request_id(request))
         uploads = {"input": await self._upload(form.get("image"), "image", required=True),
                    "mask": await self._upload(form.get("mask"), "mask", required=False)}
-        keys = {name: self.jobs.keys.blob(job.id, name) for name, data in uploads.items() if data}
+        keys = {name: self.jobs.keys.blob(job.id, name, job.model) for name, data in uploads.items() if data}
         pipe = self.jobs.redis.pipeline(transaction=False)
         for name, key in keys.items():
             pipe.set(key, uploads[name], ex=self.settings.blob_ttl_s)
@@ -156,10 +156,14 @@ class ImageServing:
             return await self._whole(generation, record, headers)
 
     async def _images(self, keys: list[str]) -> list[str]:
-        pipe = self.jobs.redis.pipeline(transaction=False)
-        pipe.mget(keys)
-        pipe.delete(*keys)
-        blobs, _ = await pipe.execute()
+        if self.jobs.keys.cluster:  # redis-py's cluster pipelines refuse MGET (the keys share their job's slot)
+            blobs = await self.jobs.redis.mget(keys)
+            await self.jobs.redis.delete(*keys)
+        else:
+            pipe = self.jobs.redis.pipeline(transaction=False)
+            pipe.mget(keys)
+            pipe.delete(*keys)
+            blobs, _ = await pipe.execute()
         if any(b is None for b in blobs):
             raise internal("the generated images expired before they could be read")
         return [base64.b64encode(b).decode() for b in blobs]

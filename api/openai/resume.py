@@ -109,20 +109,20 @@ class Resumable:
         self.jobs, self.keys, self.settings = jobs, jobs.keys, jobs.settings
         self.journal = Journal(jobs.redis, jobs.keys)
 
-    def lease(self, job_id: str) -> tuple[str, str, float]:
-        return self.keys.reader(job_id), self.jobs.hub.reply_to, self.settings.resume_grace_s
+    def lease(self, job_id: str, model: str = "") -> tuple[str, str, float]:
+        return self.keys.reader(job_id, model), self.jobs.hub.reply_to, self.settings.resume_grace_s
 
     async def hold(self, job: Job) -> None:
         """Before the job is queued: it is resumable, and this process reads it (the worker checks the lease)."""
         job.journal = True
-        key, value, ttl = self.lease(job.id)
+        key, value, ttl = self.lease(job.id, job.model)
         await self.jobs.redis.set(key, value, ex=max(1, round(ttl)))
 
     async def live(self, generation: Generation, frames: Frames) -> AsyncIterator[bytes]:
         """The stream as it starts, from the hub: one tagged write per wake-up; the client leaving does not cancel
         the job (the lease lapses instead), so the generation is detached."""
         generation.detached = True
-        key, value, ttl = self.lease(generation.job.id)
+        key, value, ttl = self.lease(generation.job.id, generation.job.model)
         renewed = last = time.monotonic()
         try:
             if generation.pending:
@@ -184,22 +184,24 @@ class Resumable:
     async def resume(self, request: Request, model: str, frames: Frames, job_id: str, after: int) -> SSEResponse:
         """The rest of the stream after event `after` of job `job_id`, from its journal, on this API process."""
         redis = self.jobs.redis
-        owner, exists = await asyncio.gather(redis.hget(self.keys.job(job_id), JobHash.MODEL),
-                                             self.journal.exists(job_id))
+        owner, exists = await asyncio.gather(redis.hget(self.keys.job(job_id, model), JobHash.MODEL),
+                                             self.journal.exists(job_id, model))
         if not exists or (owner is not None and owner.decode() != model):
             raise OvqError(f"No resumable stream `{job_id}` of `{model}` to resume: it was not resumable, its "
                            "model differs, or it ended longer ago than its journal is kept", 404,
                            code="stream_not_found")
         request.state.record.request_id = job_id
-        return SSEResponse(self._replay(request, frames, job_id, after), _nothing, {"X-Request-Id": job_id})
+        return SSEResponse(self._replay(request, frames, job_id, after, model), _nothing, {"X-Request-Id": job_id})
 
-    async def _replay(self, request: Request, frames: Frames, job_id: str, after: int) -> AsyncIterator[bytes]:
+    async def _replay(self, request: Request, frames: Frames, job_id: str, after: int,
+                      model: str = "") -> AsyncIterator[bytes]:
         def render(events: list[EventDict]) -> bytes:
             return b"".join(frame for event in events if (frame := frames.of(event)) and event["seq"] > after)
 
         try:
             async for out in paced(self.journal, job_id, self.settings.background_stall_s, render,
-                                   lambda: frames.ended, request.is_disconnected, self.lease(job_id)):
+                                   lambda: frames.ended, request.is_disconnected, self.lease(job_id, model),
+                                   model=model):
                 yield out
         except OvqError as exc:
             yield Last(b"data: " + orjson.dumps({"error": exc.body.model_dump()}) + b"\n\n" + END)

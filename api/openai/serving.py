@@ -123,16 +123,16 @@ class Serving:
         skip = False if plan.tool_parser or plan.keeps_special_tokens() else None
         params = sampling_params(body, plan.structure, skip)
         job = self._job(body, servable, "chat", prompt, params, request_id(request))
-        job.images = await self._store_images(job.id, urls)
+        job.images = await self._store_images(job.id, urls, job.model)
         return servable, job, plan
 
-    async def _store_images(self, job_id: str, urls: list[str]) -> list[str]:
+    async def _store_images(self, job_id: str, urls: list[str], model: str = "") -> list[str]:
         """Fetch and check every image now (a bad one is the request's 400); the worker reads them by key."""
         if not urls:
             return []
         settings = self.jobs.settings
         images = [await load_image(url, settings) for url in urls]
-        keys = [self.jobs.keys.blob(job_id, f"chat{i}") for i in range(len(images))]
+        keys = [self.jobs.keys.blob(job_id, f"chat{i}", model) for i in range(len(images))]
         pipe = self.jobs.redis.pipeline(transaction=False)
         for key, data in zip(keys, images, strict=True):
             pipe.set(key, data, ex=settings.blob_ttl_s)

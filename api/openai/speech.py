@@ -129,7 +129,7 @@ class SpeechServing:
                               stream=body.stream)
         job = Job(id=request_id(request), model=body.model, device="", kind="transcription", prompt="",
                   speech=params, reply_to=self.jobs.hub.reply_to)
-        params.audio_key = self.jobs.keys.blob(job.id, "audio")
+        params.audio_key = self.jobs.keys.blob(job.id, "audio", job.model)
         await self.jobs.redis.set(params.audio_key, data, ex=self.settings.blob_ttl_s)
         record: Record = request.state.record
         record.model = body.model

@@ -124,17 +124,21 @@ class JobClient:
         generation.holds = not stream
         return generation
 
-    async def cancel(self, job_ids: list[str]) -> None:
+    async def cancel(self, job_ids: list[str], model: str = "") -> None:
+        """`model`: the jobs' (one response's jobs share it), which names their keys on a Cluster."""
         pipe = self.redis.pipeline(transaction=False)
         for job_id in job_ids:
-            pipe.set(self.keys.cancel(job_id), 1, ex=self.settings.cancel_ttl_s)
-            pipe.publish(self.keys.cancel_channel, job_id)
+            pipe.set(self.keys.cancel(job_id, model), 1, ex=self.settings.cancel_ttl_s)
+            if self.keys.cluster:  # sharded: to the model's workers' node only
+                pipe.spublish(self.keys.model_cancel_channel(model), job_id)
+            else:
+                pipe.publish(self.keys.cancel_channel, job_id)
         await pipe.execute()
 
-    async def statuses(self, job_ids: list[str]) -> list[bytes | None]:
+    async def statuses(self, job_ids: list[str], model: str = "") -> list[bytes | None]:
         pipe = self.redis.pipeline(transaction=False)
         for job_id in job_ids:
-            pipe.hget(self.keys.job(job_id), JobHash.STATUS)
+            pipe.hget(self.keys.job(job_id, model), JobHash.STATUS)
         return await pipe.execute()
 
     async def workers_alive(self, workers: list[str]) -> list[bool]:
@@ -396,8 +400,8 @@ class Generation:
         """Jobs no worker took yet leave their stream (nobody runs them later); all are cancelled at their workers."""
         for job_id in job_ids:
             if job_id not in self.accepted:
-                await self.client.registry.withdraw(self._queued[job_id], job_id)
-        await self.client.cancel(job_ids)
+                await self.client.registry.withdraw(self._queued[job_id], job_id, self.jobs[0].model)
+        await self.client.cancel(job_ids, self.jobs[0].model)
 
     async def _survived(self) -> bool:
         """After the hub lost its subscription: jobs still queued (none started, so no event was missed) wait on,
@@ -407,7 +411,7 @@ class Generation:
         if not self.client.hub.subscribed.is_set():
             return True  # still away: wait (bounded by queue_timeout_s), then look again
         try:
-            statuses = await self.client.statuses([job.id for job in self.jobs])
+            statuses = await self.client.statuses([job.id for job in self.jobs], self.jobs[0].model)
         except UNAVAILABLE:
             return True
         if all(status == QUEUED for status in statuses):

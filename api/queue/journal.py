@@ -37,24 +37,25 @@ class Journal:
     def __init__(self, redis: aioredis.Redis, keys: Keys) -> None:
         self.redis, self.keys = redis, keys
 
-    async def exists(self, job_id: str) -> bool:
-        return bool(await self.redis.exists(self.keys.journal(job_id)))
+    async def exists(self, job_id: str, model: str = "") -> bool:
+        """(`model`, here and below: the job's, which names its keys on a Cluster.)"""
+        return bool(await self.redis.exists(self.keys.journal(job_id, model)))
 
-    async def read(self, job_id: str) -> tuple[list[EventDict], float | None]:
+    async def read(self, job_id: str, model: str = "") -> tuple[list[EventDict], float | None]:
         """Everything journaled so far (checked for gaps), and when the last entry was written (unix s)."""
-        entries = await self.redis.xrange(self.keys.journal(job_id))
+        entries = await self.redis.xrange(self.keys.journal(job_id, model))
         events = _checked(entries, 0)
         last = int(entries[-1][0].split(b"-")[0]) / 1000 if entries else None
         return events, last
 
     async def follow(self, job_id: str, stall_s: float, lease: tuple[str, str, float] | None = None,
-                     block: bool = True) -> AsyncIterator[list[EventDict]]:
+                     block: bool = True, model: str = "") -> AsyncIterator[list[EventDict]]:
         """The job's events from its first, a batch per entry (an empty one after a quiet second), until its
         terminal event. `block`: wait for new entries in Redis (a pooled connection held up to a second at a
         time: for a client's stream), else poll once a second (for a background keeper, which nobody waits on).
         `lease`: (key, value,
         ttl_s) of a reader lease renewed every third of its TTL while this reads (`Keys.reader`)."""
-        key, cursor, seq = self.keys.journal(job_id), b"0-0", 0
+        key, cursor, seq = self.keys.journal(job_id, model), b"0-0", 0
         heard = renewed = time.monotonic()
         backoff = Backoff()
         if lease is not None:
@@ -95,12 +96,12 @@ class Journal:
 
 async def paced(journal: Journal, job_id: str, stall_s: float, render: Callable[[list[EventDict]], bytes],
                 ended: Callable[[], bool], gone: Callable[[], Awaitable[bool]],
-                lease: tuple[str, str, float] | None = None) -> AsyncIterator[bytes]:
+                lease: tuple[str, str, float] | None = None, model: str = "") -> AsyncIterator[bytes]:
     """A client's stream of the job from its journal (`Journal.follow`): each batch of events as `render` makes
     them into SSE frames, a PING after `PING_S` without any, until `ended()` says the job's stream is over (its
     last frames come as `Last`) or the client is `gone()`. `JournalBroken` goes to the caller."""
     last = time.monotonic()
-    async for events in journal.follow(job_id, stall_s, lease):
+    async for events in journal.follow(job_id, stall_s, lease, model=model):
         out = render(events)
         if ended():
             yield Last(out)

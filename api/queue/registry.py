@@ -17,7 +17,8 @@ from common.keys import GROUP, Keys
 from common.modelcard import ModelCard
 from common.ops.stats import OUTCOMES, WINDOW_S, window_of
 from common.redis.client import UNAVAILABLE, replicas_wanted
-from common.redis.lane import Lane, Script
+from common.redis.cluster import open_lane
+from common.redis.lane import Script
 from common.redis.replicas import ReplicaWait
 from common.settings import Settings
 
@@ -109,7 +110,7 @@ class Registry:
         self._withdraw = Script(WITHDRAW)
         # Every request's enqueue, on a connection of its own: those made in one event-loop turn go out in one
         # write (a burst of requests costs Redis and this process a few writes).
-        self._lane = Lane(redis)
+        self._lane = open_lane(redis)
         wanted = replicas_wanted(settings)
         self._replicas = ReplicaWait(wanted, settings.redis_wait_timeout_ms) if wanted else None
 
@@ -216,7 +217,7 @@ class Registry:
         since = time.time() - self.settings.worker_ttl_s
         args = [since, self.settings.max_queue_depth, self.settings.job_ttl_s, job.created, job.reply_to,
                 servable.model, job.priority, *(part for pair in jobs for part in pair)]
-        touched = [self.keys.job(job.id), *keys]
+        touched = [self.keys.job(job.id, job.model), *keys]
         reply = await (self._enqueue(self._lane, touched, args) if self._replicas is None
                        else self._replicas.run(self._lane, self._enqueue, touched, args))
         if reply[0] < 0:
@@ -278,9 +279,9 @@ class Registry:
         levels = LEVELS[:LEVELS.index(priority) + 1] if priority in LEVELS else LEVELS
         return [self.keys.level_jobs(model, device, level) for level in levels]
 
-    async def withdraw(self, queued: Queued, job_id: str) -> bool:
+    async def withdraw(self, queued: Queued, job_id: str, model: str = "") -> bool:
         """Take a job back out of its stream if no worker has taken it yet (its wait for one timed out)."""
-        return bool(await self._withdraw(self._lane, keys=[queued.stream, self.keys.job(job_id)],
+        return bool(await self._withdraw(self._lane, keys=[queued.stream, self.keys.job(job_id, model)],
                                          args=[queued.entry]))
 
     async def close(self) -> None:

@@ -108,8 +108,14 @@ class JobInfo(BaseModel):
     text: str | None = None  # only with OVQ_KEEP_JOB_TEXT
 
 
-async def job_info(redis: aioredis.Redis, keys: Keys, settings: Settings, job_id: str) -> JobInfo:
-    raw = {k.decode(): v.decode(errors="replace") for k, v in (await redis.hgetall(keys.job(job_id))).items()}
+async def job_info(redis: aioredis.Redis, keys: Keys, settings: Settings, job_id: str, model: str = "") -> JobInfo:
+    """`model`: the job's, which names its hash on a Cluster; there, without it, each model announced is tried."""
+    models = [model] if model or not keys.cluster else [m.decode() for m in await redis.zrange(keys.models, 0, -1)]
+    found: dict[bytes, bytes] = {}
+    for each in models:
+        if found := await redis.hgetall(keys.job(job_id, each)):
+            break
+    raw = {k.decode(): v.decode(errors="replace") for k, v in found.items()}
     if not raw:
         raise NotFound(f"no job {job_id!r} (unknown, or ended more than OVQ_JOB_TTL_S ago)")
 
@@ -191,8 +197,8 @@ async def background_responses(redis: aioredis.Redis, keys: Keys, limit: int = 5
     found = [(rid.decode(), created, job.decode(), model.decode())
              for (rid, created), (job, model) in zip(listed, records, strict=True) if job is not None]
     pipe = redis.pipeline(transaction=False)
-    for _, _, job, _ in found:
-        pipe.hget(keys.job(job), H.STATUS)
+    for _, _, job, model in found:
+        pipe.hget(keys.job(job, model), H.STATUS)
     statuses = await pipe.execute() if found else []
     return [BackgroundResponse(id=rid, job=job, model=model, created=created,
                                status=status.decode() if status else JobStatus.QUEUED)
@@ -202,14 +208,18 @@ async def background_responses(redis: aioredis.Redis, keys: Keys, limit: int = 5
 async def cancel_background(redis: aioredis.Redis, keys: Keys, settings: Settings, response_id: str) -> str:
     """Cancel a background response's job at its worker (or before one takes it); the response is stored
     `cancelled` by the next API process that reads it. Returns the job's id."""
-    job = await redis.hget(keys.background(response_id), "job")
+    job, model_raw = await redis.hmget(keys.background(response_id), ["job", "model"])
     if job is None:
         raise NotFound(f"no background response {response_id!r}")
-    status = await redis.hget(keys.job(job.decode()), H.STATUS)
+    model = model_raw.decode() if model_raw else ""
+    status = await redis.hget(keys.job(job.decode(), model), H.STATUS)
     if status is not None and status.decode() in (JobStatus.DONE, JobStatus.ERROR, JobStatus.CANCELLED):
         raise Refused(f"background response {response_id!r} has ended ({status.decode()})")
     pipe = redis.pipeline(transaction=False)
-    pipe.set(keys.cancel(job.decode()), 1, ex=settings.cancel_ttl_s)
-    pipe.publish(keys.cancel_channel, job)
+    pipe.set(keys.cancel(job.decode(), model), 1, ex=settings.cancel_ttl_s)
+    if keys.cluster:
+        pipe.spublish(keys.model_cancel_channel(model), job)
+    else:
+        pipe.publish(keys.cancel_channel, job)
     await pipe.execute()
     return job.decode()

@@ -15,17 +15,32 @@ import redis
 import redis.asyncio as aioredis
 import redis.asyncio.sentinel as aiosentinel
 import redis.sentinel
+from redis.asyncio.cluster import RedisCluster
 from redis.backoff import ExponentialBackoff
 from redis.exceptions import ResponseError
 from redis.retry import Retry
 
 from common.errors import OvqError
+from common.keys import Keys
+from common.redis.cluster import (
+    CLUSTER_SCHEMES,
+    FAILING_OVER,
+    ClusterURL,
+    ClusterURLError,
+    connect_cluster,
+    describe_cluster,
+    initialized,
+    is_cluster,
+    sync_cluster,
+    sync_slot_client,
+)
 from common.settings import Settings
 
 log = logging.getLogger("ovq.redis")
 
 # Errors that mean "Redis is not there right now" (restarting, unreachable, loading its data), not a bug.
-UNAVAILABLE = (redis.ConnectionError, redis.TimeoutError, redis.BusyLoadingError, ConnectionError, OSError)
+UNAVAILABLE = (redis.ConnectionError, redis.TimeoutError, redis.BusyLoadingError, ConnectionError, OSError,
+               *FAILING_OVER)  # a Redis Cluster between a master's death and its replica's promotion
 
 
 class RedisURLError(ValueError):
@@ -68,11 +83,15 @@ def redis_url(settings: Settings) -> str:
     if scheme in SENTINEL_SCHEMES:
         SentinelURL.parse(url)
         return url
-    if scheme in ("redis+cluster", "rediss+cluster"):
-        raise RedisURLError("REDIS_URL: Redis Cluster is not supported yet (README \"Scaling Redis\"); use one Redis, "
-                            "or redis+sentinel:// for failover")
+    if scheme in CLUSTER_SCHEMES:
+        try:
+            ClusterURL.parse(url)
+        except ClusterURLError as exc:
+            raise RedisURLError(str(exc)) from None
+        return url
     if scheme not in ("redis", "rediss", "unix"):
-        raise RedisURLError(f"REDIS_URL must start with redis://, rediss://, unix:// or redis+sentinel://, "
+        raise RedisURLError(f"REDIS_URL must start with redis://, rediss://, unix://, redis+sentinel:// or "
+                            f"redis+cluster://, "
                             f"not {url!r}")
     try:
         redis.connection.parse_url(url)
@@ -135,11 +154,17 @@ def is_sentinel(url: str) -> bool:
     return urlparse(url).scheme in SENTINEL_SCHEMES
 
 
+def keys_for(settings: Settings) -> Keys:
+    """The key names for this deployment's Redis: hash-tagged on a Cluster (`Keys.cluster`), plain otherwise."""
+    return Keys(settings.key_prefix, cluster=is_cluster(redis_url(settings)))
+
+
 def replicas_wanted(settings: Settings) -> int:
     """How many replicas must have an enqueued job before the API acknowledges it (`common/redis/replicas.py`)."""
     if settings.redis_wait_replicas is not None:
         return max(settings.redis_wait_replicas, 0)
-    return 1 if is_sentinel(redis_url(settings)) else 0
+    url = redis_url(settings)
+    return 1 if is_sentinel(url) or is_cluster(url) else 0
 
 
 def describe(url: str) -> str:
@@ -147,6 +172,8 @@ def describe(url: str) -> str:
     parsed = urlparse(url)
     if parsed.scheme == "unix":
         return parsed.path
+    if parsed.scheme in CLUSTER_SCHEMES:
+        return describe_cluster(url)
     if parsed.scheme in SENTINEL_SCHEMES:
         target = SentinelURL.parse(url)
         return f"{target.service} via sentinels {','.join(f'{h}:{p}' for h, p in target.sentinels)}"
@@ -192,6 +219,9 @@ def connect(settings: Settings, max_connections: int | None = None) -> aioredis.
     """A client whose pool blocks (bounded) instead of failing when every connection is busy, and which
     retries a command once on a fresh connection (a stale pooled one after a Redis restart is not an error)."""
     url = redis_url(settings)
+    if is_cluster(url):  # one pool per node, each command routed to its slot's master (common/redis/cluster.py)
+        return connect_cluster(url, max_connections or settings.redis_max_connections, settings.redis_timeout_s,
+                               **NO_CLIENT_INFO)
     options = {"max_connections": max_connections or settings.redis_max_connections,
                "timeout": settings.redis_pool_timeout_s, "socket_connect_timeout": settings.redis_timeout_s,
                "health_check_interval": 30, **NO_CLIENT_INFO}
@@ -210,6 +240,8 @@ def connect(settings: Settings, max_connections: int | None = None) -> aioredis.
 def sync_client(url: str, **options: Any) -> redis.Redis:
     """A blocking client for `url` (any scheme `redis_url` accepts), with `options` for its connections."""
     options = {**NO_CLIENT_INFO, **options}
+    if is_cluster(url):
+        return sync_cluster(url, **options)
     if is_sentinel(url):
         target = SentinelURL.parse(url)
         timeout = options.get("socket_connect_timeout") or 5.0
@@ -220,6 +252,15 @@ def sync_client(url: str, **options: Any) -> redis.Redis:
 
 def connect_sync(settings: Settings) -> redis.Redis:
     return sync_client(redis_url(settings), socket_connect_timeout=settings.redis_timeout_s)
+
+
+def connect_rq(settings: Settings) -> redis.Redis:
+    """rq's connection (the Batch API's queue): `connect_sync`'s, or on a Cluster a plain client on the master that
+    owns the slot every rq key shares (`Keys.rq_prefix`; rq runs MULTI and WATCH, which a cluster client cannot)."""
+    url = redis_url(settings)
+    if is_cluster(url):
+        return sync_slot_client(url, keys_for(settings).rq_prefix, socket_connect_timeout=settings.redis_timeout_s)
+    return connect_sync(settings)
 
 
 async def wait_until_up(client: aioredis.Redis, url: str, max_wait_s: float, who: str) -> None:
@@ -273,7 +314,12 @@ class Backoff:
 
 async def node_of(client: aioredis.Redis, key: str) -> str:
     """The Redis node `key` lives on, HOST:PORT (or a socket path), for operators: the one Redis, or the primary
-    the sentinels named when this client last connected (one node holds every key: no Cluster yet)."""
+    the sentinels named when this client last connected, or, on a Cluster, the master that owns the key's slot."""
+    if isinstance(client, RedisCluster):
+        try:
+            return (await initialized(client)).get_node_from_key(key).name
+        except UNAVAILABLE:
+            return "(no cluster)"
     pool = client.connection_pool
     if isinstance(pool, aiosentinel.SentinelConnectionPool):
         try:

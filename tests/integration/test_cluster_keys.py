@@ -1,8 +1,8 @@
 """The Redis Cluster key layout on a real 3-master cluster with one replica each (Debian's redis-server >= 7 on
 loopback ports): the queue and Batch API scripts find all their keys in one slot when they are named by
 `Keys(cluster=True)` (a cross-slot script is refused: CROSSSLOT); the dead-letter retry and the reclaimer's cleanup work
-across slots; the queues of different models spread over the masters. The tiers themselves do not run on a
-Cluster yet (`redis+cluster://` is refused)."""
+across slots; the queues of different models spread over the masters. The tiers on a Cluster:
+tests/integration/test_cluster.py."""
 from __future__ import annotations
 
 import asyncio
@@ -18,6 +18,7 @@ from common.batch.store import CANCEL, END, RECORD, RENEW, UPDATE
 from common.jobs import Job
 from common.keys import GROUP, Keys
 from common.ops import control
+from common.redis.cluster import ClusterLane, slot_of
 from common.settings import Settings
 from tests.integration.redis_ha import ClusterSet, missing_for_sentinel
 from workers.queue.intake import READ
@@ -139,3 +140,55 @@ async def test_dead_consumers_are_forgotten_but_not_a_live_workers(cluster: Clus
     assert [c["name"] for c in await client.xinfo_consumers(member.stream, GROUP)] == [b"alive"]
     await client.aclose()
 
+
+
+async def test_a_lane_follows_moved_to_the_slots_master(cluster: ClusterSet) -> None:
+    """A stale slot map (the slot's master moved): the lane's command is answered MOVED, the map is learnt again
+    and the command sent to the right master; a keyless command goes where the one before it went; subscriber
+    counts of channels on several masters come back as one PUBSUB NUMSUB reply."""
+    client = RedisCluster(host="127.0.0.1", port=cluster.nodes[0].port)
+    await client.initialize()
+    key = KEYS.job("j", MODELS[5])
+    right = client.get_node_from_key(key)
+    client.nodes_manager.slots_cache[slot_of(key)] = [next(n for n in client.get_primaries() if n.name != right.name)]
+    lane = ClusterLane(client)
+    assert await lane.execute([["SET", key, "v"], ["GET", key], ["PING"]]) == [b"OK", b"v", b"PONG"]
+    assert client.get_node_from_key(key).name == right.name
+    channels = [KEYS.events(f"api-{i}") for i in range(6)]
+    assert len({client.get_node_from_key(c).name for c in channels}) > 1
+    [counts] = await lane.execute([["PUBSUB", "NUMSUB", *channels]])
+    assert counts == [part for c in channels for part in (c.encode(), 0)]
+    await lane.close()
+    await client.aclose()
+
+
+async def test_a_lane_follows_ask_to_a_migrating_slots_target(cluster: ClusterSet) -> None:
+    """A slot migrating between masters: a key its source no longer has is answered ASK; the lane sends the command
+    to the target behind ASKING, and it lands there."""
+    sync = cluster.client()
+    key = KEYS.job("asked", MODELS[6])
+    slot, source = sync.keyslot(key), sync.get_node_from_key(key)
+    target = next(n for n in sync.get_primaries() if n.name != source.name)
+    src, dst = redis.Redis(port=source.port), redis.Redis(port=target.port)
+    src_id, dst_id = (node.execute_command("CLUSTER", "MYID").decode() for node in (src, dst))
+    dst.execute_command("CLUSTER", "SETSLOT", slot, "IMPORTING", src_id)
+    src.execute_command("CLUSTER", "SETSLOT", slot, "MIGRATING", dst_id)
+    client = RedisCluster(host="127.0.0.1", port=cluster.nodes[0].port)
+    lane = ClusterLane(client)
+    try:
+        assert await lane.execute([["SET", key, "v"], ["PING"]]) == [b"OK", b"PONG"]
+        with pytest.raises(redis.exceptions.AskError):  # the source has not got it: it sends askers on
+            src.exists(key)
+        pipe = dst.pipeline(transaction=False)  # one connection: ASKING lets the next command into the slot
+        pipe.execute_command("ASKING")
+        pipe.get(key)
+        pipe.execute_command("ASKING")
+        pipe.delete(key)
+        assert pipe.execute()[1] == b"v"
+    finally:
+        for node in (src, dst):
+            node.execute_command("CLUSTER", "SETSLOT", slot, "STABLE")
+            node.close()
+        await lane.close()
+        await client.aclose()
+        sync.close()

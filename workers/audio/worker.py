@@ -138,7 +138,7 @@ class SpeechWorker(PipelineWorker):
         if state.cancelled:
             return Outcome()
         data = await asyncio.to_thread(encode, samples, rate, params.response_format)
-        key = self.keys.blob(state.job.id, "speech")
+        key = self.keys.blob(state.job.id, "speech", state.job.model)
         await self.redis.set(key, data, ex=self.settings.blob_ttl_s)
         return Outcome(audio=key)
 

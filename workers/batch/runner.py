@@ -28,8 +28,7 @@ from common.batch.models import LineError
 from common.batch.rq_keys import use_rq_prefix
 from common.batch.store import TERMINAL, Batches, BatchQueue, BatchState, result_file_id
 from common.jobs import PRIORITY_HEADER
-from common.keys import Keys
-from common.redis.client import UNAVAILABLE, Backoff, connect, connect_sync
+from common.redis.client import UNAVAILABLE, Backoff, connect, connect_rq, keys_for
 from common.settings import Settings, get_settings
 from workers.batch.inputs import InputLine, ParsedInput, parse_input
 
@@ -54,7 +53,7 @@ def run_batch(batch_id: str) -> str:
     settings = get_settings()
     # A plain `rq worker` must run with RQ_KEY_PREFIX=Keys.rq_prefix of the OVQ_KEY_PREFIX it serves: else fail
     # the job, rather than run a batch whose rq keys belong to another deployment.
-    use_rq_prefix(Keys(settings.key_prefix))
+    use_rq_prefix(keys_for(settings))
     return asyncio.run(BatchRunner(settings, batch_id, _rq_worker_key()).run())
 
 
@@ -70,7 +69,7 @@ def _rq_worker_key() -> str | None:
 class BatchRunner:
     def __init__(self, settings: Settings, batch_id: str, rq_worker_key: str | None = None) -> None:
         self.settings, self.batch_id, self.rq_worker_key = settings, batch_id, rq_worker_key
-        self.keys = Keys(settings.key_prefix)
+        self.keys = keys_for(settings)
         self.token = uuid.uuid4().hex
         self.beat_s = min(1.0, settings.batch_lease_s / 3)
         self.stop: Stop | None = None
@@ -202,7 +201,7 @@ class BatchRunner:
         if self.stop == "lost":
             return "lost"
         await self.store.release(self.batch_id, self.token)
-        queue = await asyncio.to_thread(BatchQueue, connect_sync(self.settings), self.keys, self.settings)
+        queue = await asyncio.to_thread(BatchQueue, connect_rq(self.settings), self.keys, self.settings)
         rq_job = await asyncio.to_thread(queue.enqueue, self.batch_id)
         await self.store.set_rq_job(self.batch_id, rq_job)
         return "handed back"

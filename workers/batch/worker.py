@@ -24,6 +24,7 @@ from rq.worker import WorkerStatus
 from common.batch.rq_keys import use_rq_prefix
 from common.batch.store import TERMINAL, BatchQueue
 from common.keys import Keys
+from common.redis.client import keys_for
 from common.settings import Settings
 
 log = logging.getLogger("ovq.batch")
@@ -75,7 +76,7 @@ class Sweeper(threading.Thread):
     def __init__(self, settings: Settings, connection: redis.Redis) -> None:
         super().__init__(name="batch-sweeper", daemon=True)
         self.settings, self.connection = settings, connection
-        self.keys = Keys(settings.key_prefix)
+        self.keys = keys_for(settings)
         self.queue = BatchQueue(connection, self.keys, settings)
         self.stopped = threading.Event()
 
@@ -93,7 +94,7 @@ class BatchWorker(SimpleWorker):
     """rq's SimpleWorker, keeping rq's heartbeats while a (long) batch runs, with a sweeper beside it."""
 
     def __init__(self, settings: Settings, connection: redis.Redis, **kwargs: Any) -> None:
-        keys = Keys(settings.key_prefix)
+        keys = keys_for(settings)
         use_rq_prefix(keys)  # rq is imported by now: this checks it names its keys under this deployment's prefix
         super().__init__([Queue(keys.batch_queue, connection=connection)], connection=connection, **kwargs)
         self.sweeper = Sweeper(settings, connection)

@@ -119,7 +119,7 @@ class ImageWorker(PipelineWorker):
         if state.cancelled or not pngs:
             self._end(state)
             return
-        keys = [self.keys.blob(job.id, f"image{i}") for i in range(len(pngs))]
+        keys = [self.keys.blob(job.id, f"image{i}", job.model) for i in range(len(pngs))]
         pipe = self.redis.pipeline(transaction=False)
         for key, png in zip(keys, pngs, strict=True):
             pipe.set(key, png, ex=self.settings.blob_ttl_s)

@@ -92,7 +92,7 @@ class Heartbeat:
         pipe.exists(keys.drain(m.id))
         followed = sorted(v.followed)
         for job in followed:  # a resumable stream's reader lease: gone once its client stayed away the grace period
-            pipe.exists(keys.reader(job))
+            pipe.exists(keys.reader(job, m.model))
         listeners = sorted(v.listeners)
         if listeners:
             pipe.zmscore(keys.apis, listeners)

@@ -18,7 +18,8 @@ import redis.asyncio as aioredis
 from redis.exceptions import ResponseError
 
 from common.keys import GROUP
-from common.redis.lane import Lane, Script
+from common.redis.cluster import open_lane
+from common.redis.lane import Script
 
 Entries = list[tuple[bytes, dict[bytes, bytes]]]
 
@@ -78,7 +79,7 @@ class Intake:
         self.streams = streams
         self.aging_ms = int(aging_s * 1000)
         # A lane of its own: the blocking read holds its connection for up to `block_ms`.
-        self.lane = Lane(redis)
+        self.lane = open_lane(redis)
         self._read = Script(READ)
 
     async def read(self, count: int, block_ms: int) -> list[tuple[str, Entries]]:

@@ -26,7 +26,8 @@ from common.jobs import JobHash
 from common.keys import GROUP, Keys
 from common.ops.stats import observe
 from common.redis.client import UNAVAILABLE, Backoff, reason
-from common.redis.lane import Command, Lane
+from common.redis.cluster import open_lane
+from common.redis.lane import Command
 from workers.queue.accounting import STATS_EVERY_S, Accounting
 
 log = logging.getLogger("ovq.publisher")
@@ -108,15 +109,17 @@ class Outbox:
 class Publisher:
     def __init__(self, redis: aioredis.Redis, keys: Keys, stream: str, job_ttl: int,
                  accounting: Accounting | None = None, journal_ttl: int = 3600,
-                 journal_max: int = 100_000) -> None:
-        self.keys, self.stream, self.job_ttl = keys, stream, job_ttl
+                 journal_max: int = 100_000, model: str = "") -> None:
+        """`model`: the worker's, which names its jobs' keys on a Cluster."""
+        self.keys, self.stream, self.job_ttl, self.model = keys, stream, job_ttl, model
         self.journal_ttl, self.journal_max = journal_ttl, journal_max
         self._journaled: dict[str, int] = {}  # resumable jobs running -> entries written to their journal
         self.accounting = accounting
-        self.lane = Lane(redis)  # one round trip per engine step: no pool checkout, no pipeline object
+        self.lane = open_lane(redis)  # one round trip per engine step: no pool checkout, no pipeline object
         self._queue: asyncio.Queue[Outbox] = asyncio.Queue()
         self._task: asyncio.Task[None] | None = None
         self._ticker: asyncio.Task[None] | None = None
+        self._publish = "SPUBLISH" if keys.cluster else "PUBLISH"  # sharded on a Cluster: to its node only
 
     def start(self) -> None:
         self._task = asyncio.create_task(self._run(), name="publisher")
@@ -188,19 +191,19 @@ class Publisher:
         commands: list[Command] = []
         for job, values in batch.status.items():
             values[JobHash.UPDATED] = time.time()
-            key = self.keys.job(job)
+            key = self.keys.job(job, self.model)
             fields = [part for k, v in values.items() if v is not None
                       for part in (k, v if isinstance(v, (str, int, float)) else orjson.dumps(v))]
             commands += [["HSET", key, *fields], ["EXPIRE", key, self.job_ttl]]
         # Before the events they match: a worker that dies after this round trip leaves ids and text agreeing.
         for job, records in batch.records.items():
             if job not in batch.forgotten:
-                key = self.keys.generated(job)
+                key = self.keys.generated(job, self.model)
                 commands.append(["APPEND", key, records[0] if len(records) == 1 else b"".join(records)])
                 if job in batch.fresh:
                     commands.append(["EXPIRE", key, self.job_ttl])
         for reply_to, events in batch.events.items():
-            commands.append(["PUBLISH", self.keys.events(reply_to), pack(events)])
+            commands.append([self._publish, self.keys.events(reply_to), pack(events)])
         if batch.journaled:
             self._journaled.update(dict.fromkeys(batch.journaled - self._journaled.keys(), 0))
         ended = self._journal(batch, commands) if self._journaled else []  # plain jobs: this is all they cost
@@ -210,7 +213,7 @@ class Publisher:
         for stream, entry_ids in by_stream.items():
             commands += [["XACK", stream, GROUP, *entry_ids], ["XDEL", stream, *entry_ids]]
         if batch.forgotten:
-            commands.append(["UNLINK", *(self.keys.generated(job) for job in batch.forgotten)])
+            commands.append(["UNLINK", *(self.keys.generated(job, self.model) for job in batch.forgotten)])
         if self.accounting is not None:
             self.accounting.write(commands, failures, everything)
         if not commands:
@@ -233,7 +236,7 @@ class Publisher:
                     by_job.setdefault(event["job"], []).append(event)
         finished = []
         for job, events in by_job.items():
-            key = self.keys.journal(job)
+            key = self.keys.journal(job, self.model)
             commands.append(["XADD", key, "MAXLEN", "~", self.journal_max, "*", "e", pack(events)])
             written = journaled[job]
             ended = any(event["type"] in TERMINAL for event in events)

@@ -172,10 +172,10 @@ class Reclaimer:
     async def _progress(self, job: Job) -> tuple[bytes | None, bytes | None, bytes | None]:
         """Whether the job had streamed; if this worker could continue it, its prompt tokens and generated ids."""
         if not (self.settings.worker_takeover and self.resumable(job)):
-            return await self.redis.hget(self.keys.job(job.id), JobHash.STREAMED), None, None
+            return await self.redis.hget(self.keys.job(job.id, job.model), JobHash.STREAMED), None, None
         pipe = self.redis.pipeline(transaction=False)
-        pipe.hmget(self.keys.job(job.id), [JobHash.STREAMED, JobHash.PROMPT_TOKENS])
-        pipe.get(self.keys.generated(job.id))
+        pipe.hmget(self.keys.job(job.id, job.model), [JobHash.STREAMED, JobHash.PROMPT_TOKENS])
+        pipe.get(self.keys.generated(job.id, job.model))
         (streamed, prompt_tokens), generated = await pipe.execute()
         return streamed, prompt_tokens, generated
 

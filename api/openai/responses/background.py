@@ -163,7 +163,8 @@ class BackgroundResponses:
         """Follow the job to its end and store the response (another API process does if this one dies first)."""
         fold = self._fold(record, servable)
         try:
-            async for events in self.journal.follow(record.job, self.settings.background_stall_s, block=False):
+            async for events in self.journal.follow(record.job, self.settings.background_stall_s, block=False,
+                                                    model=record.body.model):
                 fold.feed(events)
         except JournalBroken as exc:
             await self._broken(fold, exc)
@@ -192,7 +193,7 @@ class BackgroundResponses:
         """The response as its journal tells it now; an ended one is stored, a stalled one failed and stored."""
         fold = self._fold(record, await self._servable(record))
         try:
-            events, last = await self.journal.read(record.job)
+            events, last = await self.journal.read(record.job, record.body.model)
             fold.feed(events)
             if not fold.ended:
                 seconds, _ = await self.redis.time()
@@ -241,7 +242,7 @@ class BackgroundResponses:
                            code="invalid_request")
         fold = await self.current(record)
         if not fold.ended:
-            await self.jobs.cancel([record.job])
+            await self.jobs.cancel([record.job], record.body.model)
             waited = time.monotonic()
             while not fold.ended and time.monotonic() - waited < CANCEL_WAIT_S:
                 await asyncio.sleep(0.1)
@@ -249,7 +250,7 @@ class BackgroundResponses:
             if not fold.ended:  # no worker has it (still queued): it is cancelled as it stands
                 fold.state.cancel()
                 await self._save(fold)
-                await self.redis.hset(self.keys.job(record.job), JobHash.STATUS, JobStatus.CANCELLED)
+                await self.redis.hset(self.keys.job(record.job, record.body.model), JobHash.STATUS, JobStatus.CANCELLED)
         return Response(orjson.dumps(fold.response.model_dump(by_alias=True)), media_type="application/json")
 
     async def _frames(self, request: Request, record: Background, fold: Fold, after: int) -> AsyncIterator[bytes]:
@@ -258,7 +259,7 @@ class BackgroundResponses:
         try:
             async for out in paced(self.journal, record.job, self.settings.background_stall_s,
                                    lambda events: render(fold.feed(events), after, ids=True), lambda: fold.ended,
-                                   request.is_disconnected):
+                                   request.is_disconnected, model=record.body.model):
                 if type(out) is Last:
                     await self._save(fold)
                 yield out
@@ -271,7 +272,7 @@ class BackgroundResponses:
         log.warning("background response %s failed: %s", fold.record.id, exc)
         out = fold.state.fail(exc.body, exc.status)
         try:
-            await self.jobs.cancel([fold.record.job])
+            await self.jobs.cancel([fold.record.job], fold.record.body.model)
         except UNAVAILABLE:
             pass
         await self._save(fold)

@@ -76,9 +76,13 @@ class ResponseStore:
         key = self.keys.response(response.id)
         pipe.hset(key, mapping=record)
         pipe.expire(key, self.ttl_s)
+        # On a Cluster each response has its own slot: the chain's are renewed beside the transaction, not in it.
+        renew = self.redis.pipeline(transaction=False) if self.keys.cluster else pipe
         for earlier in chain:
-            pipe.expire(self.keys.response(earlier), self.ttl_s)
+            renew.expire(self.keys.response(earlier), self.ttl_s)
         await pipe.execute()
+        if renew is not pipe:
+            await renew.execute()
         return True
 
     async def get(self, response_id: str) -> bytes:

@@ -33,7 +33,7 @@ async def test_a_closed_generation_is_freed_without_the_cycle_collector() -> Non
     client: Any = SimpleNamespace(hub=hub)
     gc.disable()
     try:
-        generation = Generation(client, [SimpleNamespace(id="job-1")], None, None)  # type: ignore[list-item]
+        generation = Generation(client, [SimpleNamespace(id="job-1", model="m")], None, None)  # type: ignore[list-item]
         generation.watch(SilentClient())  # type: ignore[arg-type]
         await asyncio.sleep(0)  # the watcher waits on the client
         await generation.close()
@@ -59,12 +59,12 @@ class Jobs:
                                    "queue_ms": 0.0})
         return "CPU"
 
-    async def cancel(self, job_ids: list[str]) -> None:
+    async def cancel(self, job_ids: list[str], model: str = "") -> None:
         self.cancelled += job_ids
 
 
 def generation(jobs: Jobs) -> Generation:
-    return Generation(jobs, [SimpleNamespace(id="job-1")], None, None)  # type: ignore[arg-type,list-item]
+    return Generation(jobs, [SimpleNamespace(id="job-1", model="m")], None, None)  # type: ignore[arg-type,list-item]
 
 
 async def test_leaving_the_generation_cancels_its_unfinished_jobs() -> None:

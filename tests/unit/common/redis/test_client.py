@@ -16,6 +16,7 @@ from common.redis.client import (
     is_busygroup,
     is_nogroup,
     is_sentinel,
+    keys_for,
     redis_away,
     redis_url,
     replicas_wanted,
@@ -92,6 +93,15 @@ def test_enqueues_wait_for_a_replica_by_default_with_sentinel_only() -> None:
     assert replicas_wanted(Settings(REDIS_URL="redis://h:6379/0", redis_wait_replicas=2)) == 2
 
 
-def test_a_cluster_url_is_refused_saying_what_to_use_instead() -> None:
-    with pytest.raises(RedisURLError, match="redis\\+sentinel://"):
-        redis_url(Settings(REDIS_URL="redis+cluster://h1:7000,h2:7001"))
+def test_a_cluster_url_is_taken_and_names_tagged_keys() -> None:
+    settings = Settings(REDIS_URL="redis+cluster://h1:7000,h2:7001")
+    assert redis_url(settings) == "redis+cluster://h1:7000,h2:7001"
+    assert keys_for(settings).cluster and not keys_for(Settings(REDIS_URL="redis://h:6379/0")).cluster
+    assert replicas_wanted(settings) == 1  # an enqueue waits for the model's master's replica
+    assert describe("redis+cluster://u:secret@h1:7000,h2:7001") == "cluster via h1:7000,h2:7001"
+
+
+@pytest.mark.parametrize("url", ["redis+cluster://", "redis+cluster://h1:x", "redis+cluster://h1:7000/0"])
+def test_a_malformed_cluster_url_is_refused_in_one_line(url: str) -> None:
+    with pytest.raises(RedisURLError, match="redis\\+cluster://"):
+        redis_url(Settings(REDIS_URL=url))
