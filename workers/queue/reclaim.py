@@ -70,8 +70,10 @@ class Takeover:
 
 class Reclaimer:
     def __init__(self, redis: aioredis.Redis, keys: Keys, settings: Settings, member: Member,
-                 room: Callable[[], int], resumable: Callable[[Job], bool] = lambda job: False) -> None:
+                 room: Callable[[], int], resumable: Callable[[Job], bool] = lambda job: False,
+                 extra: Callable[[], tuple[str, ...]] = tuple) -> None:
         self.redis, self.keys, self.settings, self.member, self.room = redis, keys, settings, member, room
+        self.extra = extra  # more streams to cover, after the member's own (prefix affinity's)
         self.resumable = resumable  # whether this worker can continue a job that had streamed
         self.reclaimed = 0
         self._forget = redis.register_script(FORGET)
@@ -108,6 +110,13 @@ class Reclaimer:
             if takeover := await self._take_over(stream, live):
                 taken.append(takeover)
             await self.forget_dead_consumers(stream, live)
+        for stream in self.extra():
+            try:
+                if takeover := await self._take_over(stream, live):
+                    taken.append(takeover)
+                await self.forget_dead_consumers(stream, live)
+            except ResponseError:
+                continue  # expired, or without its group yet: nothing of it to take over
         return taken
 
     async def forget_dead_consumers(self, stream: str, live: set[str]) -> int:
