@@ -147,7 +147,9 @@ class BaseWorker:
             listeners=frozenset(state.job.reply_to for state in self.running.values()),
             port=self.health.port if self.health else 0, redis_silent_s=time.monotonic() - self.heartbeat.last_ok,
             followed=frozenset(s.job.id for s in self.running.values() if s.job.journal and not s.job.background),
-            admission_knee=knee, admission_limit=limit)
+            admission_knee=knee, admission_limit=limit,
+            affinity_hits=self.affinity.hits if self.affinity is not None else 0,
+            affinity_steals=self.affinity.steals if self.affinity is not None else 0)
 
     # ---- lifecycle -------------------------------------------------------------------------------------
     async def run(self) -> None:

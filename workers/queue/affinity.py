@@ -135,7 +135,10 @@ class Affinity:
         pipe.expire(owners, ttl)
         pipe.expire(self.stream, ttl)
         pipe.zrangebyscore(owners, "-inf", "+inf")
-        *_, members = await pipe.execute()
+        # Beside the heartbeat's fields, for the ops page (the heartbeat just wrote the hash and its TTL).
+        pipe.hset(self.keys.worker(m.id), mapping={"affinity_hits": self.hits, "affinity_steals": self.steals})
+        pipe.pexpire(self.keys.worker(m.id), int(self.settings.worker_ttl_s * 1000))
+        *_, members, _, _ = await pipe.execute()
         self.others = [self.keys.affinity_jobs(m.model, m.device, w.decode()) for w in members
                        if w.decode() != m.id]
 
