@@ -32,8 +32,9 @@ def fleet(redis_url: str, model_dir: Path, tmp_path_factory: pytest.TempPathFact
     t.stop()
 
 
-def _chat(t: Tiers, messages: list[dict], rid: str, **extra: object) -> str:
-    response = httpx.post(f"{t.base_url}/chat/completions", timeout=300, headers={"X-Request-Id": rid},
+def _chat(t: Tiers, messages: list[dict], rid: str, session: str | None = None, **extra: object) -> str:
+    headers = {"X-Request-Id": rid, **({"X-Ovq-Session": session} if session else {})}
+    response = httpx.post(f"{t.base_url}/chat/completions", timeout=300, headers=headers,
                           json={"model": MODEL, "messages": messages, "max_tokens": 6, "temperature": 0, **extra})
     assert response.status_code == 200, response.text
     return response.json()["choices"][0]["message"]["content"]
@@ -50,7 +51,7 @@ def _conversation(i: int) -> list[dict]:
 
 def test_a_conversations_next_turns_run_on_the_worker_that_ran_its_first(fleet: Tiers) -> None:
     t = fleet
-    conversations = {i: _conversation(i) for i in range(4)}
+    conversations = {i: _conversation(i) for i in range(3)}
     first = {}
     for i, messages in conversations.items():
         messages.append({"role": "assistant", "content": _chat(t, messages, f"c{i}-1")})
@@ -60,12 +61,18 @@ def test_a_conversations_next_turns_run_on_the_worker_that_ran_its_first(fleet: 
             messages.append({"role": "user", "content": f"And on which floor, for visitor {i}?"})
             messages.append({"role": "assistant", "content": _chat(t, messages, f"c{i}-{turn}")})
             assert _worker(t, f"c{i}-{turn}") == first[i], f"conversation {i}, turn {turn}"
-    # A cache key names the conversation outright: a short prompt (no prefix block) still follows it.
+    # A `prompt_cache_key` names the conversation outright: a short prompt (no prefix block) still follows it.
     _chat(t, [{"role": "user", "content": "hi"}], "k-1", prompt_cache_key="session-7")
     owner = _worker(t, "k-1")
     for n in range(2, 5):
         _chat(t, [{"role": "user", "content": f"hello {n}"}], f"k-{n}", prompt_cache_key="session-7")
         assert _worker(t, f"k-{n}") == owner
+    # So does the session header, for clients that cannot add a field.
+    _chat(t, [{"role": "user", "content": "hi"}], "h-1", session="session-8")
+    owner = _worker(t, "h-1")
+    for n in range(2, 4):
+        _chat(t, [{"role": "user", "content": f"hello {n}"}], f"h-{n}", session="session-8")
+        assert _worker(t, f"h-{n}") == owner
 
 
 def test_a_job_in_a_stopped_workers_affinity_stream_is_stolen_after_the_threshold(fleet: Tiers) -> None:
