@@ -65,18 +65,24 @@ return {}
 
 # KEYS: other workers' affinity streams. ARGV: group, consumer, count, threshold (ms).
 # From the first stream whose oldest undelivered entries have waited the threshold: those (up to count).
-# Returns {the stream's index (1-based), its entries}, or {0, {}}.
+# Returns {the stream's index (1-based), its entries}, or {0, {}, ms until the first entry waiting reaches the
+# threshold (-1: none waits)}.
 STEAL = _LAST_DELIVERED + """
 local now = redis.call('TIME')
 local now_ms = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
 local threshold = tonumber(ARGV[4])
+local soonest = -1
 for i = 1, #KEYS do
   if redis.call('XLEN', KEYS[i]) > 0 then
     local last = last_delivered(KEYS[i])
     if last then
       local n = 0
       for _, entry in ipairs(redis.call('XRANGE', KEYS[i], '(' .. last, '+', 'COUNT', ARGV[3])) do
-        if now_ms - tonumber(string.match(entry[1], '^(%d+)')) < threshold then break end
+        local left = threshold - (now_ms - tonumber(string.match(entry[1], '^(%d+)')))
+        if left > 0 then
+          if soonest < 0 or left < soonest then soonest = left end
+          break
+        end
         n = n + 1
       end
       if n > 0 then
@@ -86,7 +92,7 @@ for i = 1, #KEYS do
     end
   end
 end
-return {0, {}}
+return {0, {}, soonest}
 """
 
 
@@ -106,6 +112,7 @@ class Affinity:
         self._own = Script(OWN)
         self._steal = Script(STEAL)
         self._tasks: set[asyncio.Task[None]] = set()
+        self.next_steal_ms = -1  # after a steal that found nothing: when the first job waiting may be stolen
 
     @property
     def streams(self) -> tuple[str, ...]:
@@ -117,12 +124,17 @@ class Affinity:
         return _entries(raw)
 
     async def steal(self, lane: Lane, count: int) -> tuple[str, Entries] | None:
+        """Others' jobs that waited the threshold; else None, and `next_steal_ms` says when one will have."""
+        self.next_steal_ms = -1
         if not self.others:
             return None
         victims = random.sample(self.others, len(self.others))  # thieves spread over the busy workers
-        which, raw = await self._steal(lane, keys=victims,
-                                       args=[GROUP, self.member.id, count, self.settings.affinity_steal_ms])
-        return (victims[which - 1], _entries(raw)) if which else None
+        which, raw, *soonest = await self._steal(lane, keys=victims,
+                                                 args=[GROUP, self.member.id, count, self.settings.affinity_steal_ms])
+        if which:
+            return victims[which - 1], _entries(raw)
+        self.next_steal_ms = int(soonest[0]) if soonest else -1
+        return None
 
     async def beat(self) -> None:
         """With each heartbeat: say it has a stream (and keep it), learn the others'."""
@@ -189,6 +201,8 @@ class AffineIntake(Intake):
         stolen = await self.affinity.steal(self.lane, count)
         if stolen is not None:
             return [stolen]
+        if self.affinity.next_steal_ms >= 0:  # wake when a job waiting elsewhere may be stolen
+            block_ms = max(1, min(block_ms, self.affinity.next_steal_ms + 1))
         streams = (*self.streams, self.affinity.stream)
         [reply] = await self.lane.execute([["XREADGROUP", "GROUP", GROUP, self.consumer, "COUNT", 1, "BLOCK", block_ms,
                                             "STREAMS", *streams, *(">" for _ in streams)]], block_ms / 1000)

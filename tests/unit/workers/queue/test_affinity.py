@@ -68,6 +68,7 @@ async def test_another_workers_jobs_are_stolen_only_once_they_waited_the_thresho
     await redis.xadd(victim, {"job": "new"})
     assert jobs(await w1.read(8, block_ms=50)) == [(victim, b"old1"), (victim, b"old2")]
     assert await w1.read(8, block_ms=50) == []  # the new one has not waited 5 s: w2 may still take it
+    assert 0 < w1.affinity.next_steal_ms <= 5000  # an idle thief blocks no longer than that
     pending = await redis.xpending_range(victim, GROUP, "-", "+", 10)
     assert [p["consumer"] for p in pending] == [b"w1", b"w1"]  # reclaimed from there if w1 dies
     assert jobs(await w2.read(8, block_ms=50)) == [(victim, b"new")]
