@@ -88,3 +88,17 @@ async def test_a_worker_that_cannot_continue_a_job_ends_it_with_an_error(dead_wo
     [takeover] = await reclaimer(redis, keys, member).reclaim_once()  # this worker continues nothing
     assert takeover.continued == [] and takeover.outbox.status[job.id]["status"] == "error"
     assert takeover.outbox.forgotten == {job.id}
+
+
+async def test_extra_streams_are_covered_and_one_gone_or_without_its_group_is_passed_over(dead_worker) -> None:
+    """Prefix affinity's streams: a dead thief's job pending in another worker's affinity stream comes back."""
+    redis, keys, member, jobs, _ = dead_worker
+    affine, gone = keys.affinity_jobs("m", "CPU", "w2"), keys.affinity_jobs("m", "CPU", "w3")
+    await redis.xgroup_create(affine, GROUP, id="0", mkstream=True)
+    entry = await redis.xadd(affine, jobs[0].to_fields())
+    await redis.xreadgroup(GROUP, "thief", {affine: ">"})
+    await asyncio.sleep(TTL_S * 3)
+    reclaim = Reclaimer(redis, keys, Settings(worker_ttl_s=TTL_S, max_deliveries=3), member, lambda: 10,
+                        extra=lambda: (gone, affine))
+    taken = await reclaim.reclaim_once()
+    assert [(t.stream, [e for e, _ in t.rerun]) for t in taken][1:] == [(affine, [entry])]
