@@ -16,7 +16,7 @@ ran where its cache most likely held the prefix), jobs stolen, and the longest w
 jobs). Then the same for a uniform load (every prompt different, no shared prefix): affinity's cost.
 
   python benchmarks/prefix.py                 # 2 workers per arm, 2 rounds of 60 s phases
-  python benchmarks/prefix.py --workers 4 --phase-s 30 --rounds 1
+  python benchmarks/prefix.py --workers 4 --phase-s 45 --rounds 1 --no-uniform
 """
 from __future__ import annotations
 
@@ -145,8 +145,9 @@ async def run(args: argparse.Namespace) -> None:
             for arm in ARMS:  # first steps of a fresh engine are slow (kernels for new shapes): not measured
                 await phase(fleet, arm, Arm(), argparse.Namespace(**{**vars(args), "phase_s": args.warmup_s,
                                                                      "conversations": 2 * args.workers}), False, 99)
-            for shared, title in ((True, "shared prefixes (conversations over a long system prompt)"),
-                                  (False, "uniform load (no shared prefix)")):
+            loads = ((True, "shared prefixes (conversations over a long system prompt)"),
+                     (False, "uniform load (no shared prefix)"))
+            for shared, title in loads if args.uniform else loads[:1]:
                 arms = {arm: Arm() for arm in ARMS}
                 before = {arm: counts(fleet, arm) for arm in ARMS}
                 for round_ in range(args.rounds):
@@ -172,6 +173,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--warmup-s", type=float, default=20.0)
     parser.add_argument("--steal-ms", type=int, default=500)
+    parser.add_argument("--no-uniform", dest="uniform", action="store_false", help="the shared-prefix load only")
     parser.add_argument("--heartbeat-wait-s", type=float, default=3.0)
     args = parser.parse_args()
     asyncio.run(run(args))
