@@ -4,10 +4,11 @@ record of which prefixes it served.
 Reading order (`AffineIntake.read`), one source per read as the shared intake does:
 1. the worker's affinity stream (`Keys.affinity_jobs`), unless a job of a level above interactive (high) waits in
    the shared streams: affinity jobs are interactive, and keep that level's place;
-2. the shared streams as before (`Intake.read`: levels, aging, batch last), without blocking;
-3. stealing: the oldest undelivered jobs of other workers' affinity streams that have waited at least
-   `affinity_steal_ms` (a stream id's milliseconds are its enqueue time, Redis clock): a busy, dead or draining
-   worker's jobs start elsewhere, no later than the threshold after a worker has room;
+2. stealing, on the same condition: the oldest undelivered jobs of other workers' affinity streams that have
+   waited at least `affinity_steal_ms` (a stream id's milliseconds are its enqueue time, Redis clock): a busy,
+   dead or draining worker's jobs start elsewhere, no later than the threshold after a worker has room; before
+   the shared interactive jobs (they have waited the threshold already), so before batch lines too;
+3. the shared streams as before (`Intake.read`: levels, aging, batch last), without blocking;
 4. a blocking read of the shared streams and its own affinity stream together, so it wakes for either.
 
 A stolen job stays an entry of its owner's stream: it is acked there (`Job.affinity` names it), and a thief that
@@ -37,6 +38,9 @@ from workers.vitals import Member
 log = logging.getLogger("ovq.affinity")
 
 _LAST_DELIVERED = """
+local function waiting(key, last)
+  return last and #redis.call('XRANGE', key, '(' .. last, '+', 'COUNT', 1) > 0
+end
 local function last_delivered(key)
   local ok, groups = pcall(redis.call, 'XINFO', 'GROUPS', key)
   if not ok then return nil end
@@ -55,16 +59,16 @@ OWN = _LAST_DELIVERED + """
 local own = KEYS[#KEYS]
 if redis.call('XLEN', own) == 0 then return {} end
 for i = 1, #KEYS - 1 do
-  local last = last_delivered(KEYS[i])
-  if last and #redis.call('XRANGE', KEYS[i], '(' .. last, '+', 'COUNT', 1) > 0 then return {} end
+  if waiting(KEYS[i], last_delivered(KEYS[i])) then return {} end
 end
 local reply = redis.call('XREADGROUP', 'GROUP', ARGV[1], ARGV[2], 'COUNT', ARGV[3], 'STREAMS', own, '>')
 if reply then return reply[1][2] end
 return {}
 """
 
-# KEYS: other workers' affinity streams. ARGV: group, consumer, count, threshold (ms).
-# From the first stream whose oldest undelivered entries have waited the threshold: those (up to count).
+# KEYS: the shared streams above interactive, then other workers' affinity streams. ARGV: group, consumer, count,
+# threshold (ms), how many of KEYS are shared streams. Nothing while a shared one has an undelivered entry; else from
+# the first affinity stream whose oldest undelivered entries have waited the threshold: those (up to count).
 # Returns {the stream's index (1-based), its entries}, or {0, {}, ms until the first entry waiting reaches the
 # threshold (-1: none waits)}.
 STEAL = _LAST_DELIVERED + """
@@ -72,7 +76,10 @@ local now = redis.call('TIME')
 local now_ms = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
 local threshold = tonumber(ARGV[4])
 local soonest = -1
-for i = 1, #KEYS do
+for i = 1, tonumber(ARGV[5]) do
+  if waiting(KEYS[i], last_delivered(KEYS[i])) then return {0, {}, -1} end
+end
+for i = tonumber(ARGV[5]) + 1, #KEYS do
   if redis.call('XLEN', KEYS[i]) > 0 then
     local last = last_delivered(KEYS[i])
     if last then
@@ -129,10 +136,11 @@ class Affinity:
         if not self.others:
             return None
         victims = random.sample(self.others, len(self.others))  # thieves spread over the busy workers
-        which, raw, *soonest = await self._steal(lane, keys=victims,
-                                                 args=[GROUP, self.member.id, count, self.settings.affinity_steal_ms])
+        which, raw, *soonest = await self._steal(lane, keys=[*self.above, *victims],
+                                                 args=[GROUP, self.member.id, count, self.settings.affinity_steal_ms,
+                                                       len(self.above)])
         if which:
-            return victims[which - 1], _entries(raw)
+            return victims[which - 1 - len(self.above)], _entries(raw)
         self.next_steal_ms = int(soonest[0]) if soonest else -1
         return None
 
@@ -195,12 +203,12 @@ class AffineIntake(Intake):
         own = await self.affinity.own(self.lane, count)
         if own:
             return [(self.affinity.stream, own)]
-        shared = await super().read(count, block_ms=1)
-        if shared:
-            return shared
         stolen = await self.affinity.steal(self.lane, count)
         if stolen is not None:
             return [stolen]
+        shared = await super().read(count, block_ms=1)
+        if shared:
+            return shared
         if self.affinity.next_steal_ms >= 0:  # wake when a job waiting elsewhere may be stolen
             block_ms = max(1, min(block_ms, self.affinity.next_steal_ms + 1))
         streams = (*self.streams, self.affinity.stream)

@@ -59,14 +59,18 @@ async def test_its_affinity_jobs_come_before_shared_interactive_ones_but_not_bef
 
 
 async def test_another_workers_jobs_are_stolen_only_once_they_waited_the_threshold(fleet) -> None:
-    redis, _, made = fleet
+    redis, keys, made = fleet
     w1, w2 = made["w1"], made["w2"]
-    victim = w2.affinity.stream
+    victim, high, batch = w2.affinity.stream, keys.level_jobs("m", "CPU", "high"), keys.batch_jobs("m", "CPU")
     old_ms = int(time.time() * 1000) - 10_000
     await redis.xadd(victim, {"job": "old1"}, id=f"{old_ms}-0")
     await redis.xadd(victim, {"job": "old2"}, id=f"{old_ms}-1")
     await redis.xadd(victim, {"job": "new"})
-    assert jobs(await w1.read(8, block_ms=50)) == [(victim, b"old1"), (victim, b"old2")]
+    await redis.xadd(batch, {"job": "line"})
+    await redis.xadd(high, {"job": "urgent"})
+    assert jobs(await w1.read(8, block_ms=50)) == [(high, b"urgent")]  # a higher level first, stolen or not
+    assert jobs(await w1.read(8, block_ms=50)) == [(victim, b"old1"), (victim, b"old2")]  # before batch lines
+    assert jobs(await w1.read(8, block_ms=50)) == [(batch, b"line")]
     assert await w1.read(8, block_ms=50) == []  # the new one has not waited 5 s: w2 may still take it
     assert 0 < w1.affinity.next_steal_ms <= 5000  # an idle thief blocks no longer than that
     pending = await redis.xpending_range(victim, GROUP, "-", "+", 10)
