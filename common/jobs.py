@@ -190,6 +190,12 @@ class Job(BaseModel):
     # dropped from its stream with a 504 `error` event, never run.
     start_by: float | None = None
 
+    # Prefix affinity (issue 30): the worker whose affinity stream the job waits in (`Keys.affinity_jobs`; it is
+    # acked there, whoever runs it), and the digests of its prompt's prefixes, most specific first, that the worker
+    # running it records as served by it (`Keys.prefix_owner`). None: the job is not subject to affinity.
+    affinity: str | None = None
+    prefixes: list[str] | None = None
+
     def expired(self, now: float) -> bool:
         """Too late to start: nobody waits for its answer any more."""
         return self.start_by is not None and now > self.start_by

@@ -51,6 +51,32 @@ class Keys:
             return f"{self.prefix}:leveljobs:{level}:{{m:{model}}}:{device}"
         return f"{self.prefix}:leveljobs:{level}:{model}:{device}"
 
+    def affinity_jobs(self, model: str, device: str, worker: str) -> str:
+        """One worker's affinity stream (prefix affinity, issue 30; a stream with consumer group `workers`): the
+        interactive jobs whose prompt prefix that worker served last. Created by its worker; entries XADDed by the API
+        (api/queue/affinity.py), acked and deleted by whichever worker ran them (its owner, or one that stole them
+        after OVQ_AFFINITY_STEAL_MS). TTL OVQ_JOB_TTL_S, renewed by its owner's heartbeats and by every XADD: a dead
+        worker's stream outlives it no longer than its jobs could."""
+        if self.cluster:
+            return f"{self.prefix}:affjobs:{{m:{model}}}:{device}:{worker}"
+        return f"{self.prefix}:affjobs:{model}:{device}:{worker}"
+
+    def affinity_owners(self, model: str, device: str) -> str:
+        """Sorted set: the workers of a model on a device that have an affinity stream, scored by their last
+        heartbeat (unix s): where idle workers look for jobs to steal. Owner: those workers' heartbeats, which trim
+        entries older than OVQ_JOB_TTL_S (their streams have expired by then) and give it that TTL."""
+        if self.cluster:
+            return f"{self.prefix}:affowners:{{m:{model}}}:{device}"
+        return f"{self.prefix}:affowners:{model}:{device}"
+
+    def prefix_owner(self, model: str, digest: str) -> str:
+        """String: `DEVICE|WORKER`, the worker that last served a prompt with this prefix digest
+        (api/queue/affinity.py computes the digests, the job carries them). Written by that worker when it starts the
+        job; TTL OVQ_AFFINITY_TTL_S, renewed by every job that has the prefix."""
+        if self.cluster:
+            return f"{self.prefix}:prefix:{{m:{model}}}:{digest}"
+        return f"{self.prefix}:prefix:{model}:{digest}"
+
     def awaiting(self, model: str, device: str) -> str:
         """Requests waiting for the first card of a model no worker has announced (a list of tokens, each removed
         when its wait ends; the key expires after the longest wait): what wakes a scaled-to-zero model's workers

@@ -211,6 +211,22 @@ class Settings(BaseSettings):
     # with a Redis that restarted) ends `failed` with that reason, instead of waiting forever.
     background_stall_s: float = 600.0
 
+    # ---- Prefix affinity (issue 30; api/queue/affinity.py, workers/queue/affinity.py) ------------------------
+    # On: an interactive text job whose prompt shares a prefix (or `prompt_cache_key` / X-Ovq-Session) with one a
+    # live worker served lately waits in that worker's own stream, where its engine's prefix cache likely holds it.
+    affinity: bool = False
+    # A job in a worker's affinity stream that has waited this long is taken by any worker with room and nothing
+    # else to read (and a dead or draining worker's are taken so).
+    affinity_steal_ms: int = 500
+    # How long a worker's record of a served prefix lasts (renewed by each job with it).
+    affinity_ttl_s: int = 600
+    # A preferred worker with this many jobs already waiting in its affinity stream is passed over: the job goes to
+    # the shared stream (load beats cache, as llm-d's and Dynamo's routers weigh it).
+    affinity_max_waiting: int = 4
+    # Characters per prefix block of the rendered prompt (the block grows x2 every 16 blocks: a long prompt has a
+    # few dozen digests, not hundreds).
+    affinity_block_chars: int = 256
+
     @model_validator(mode="after")
     def _files_dir_for_directory_backend(self) -> Settings:
         if self.files_backend == "directory" and self.files_dir is None:

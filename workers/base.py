@@ -35,6 +35,7 @@ from common.redis.lane import Command, Lane
 from common.settings import Settings
 from workers.ops.health import HealthServer
 from workers.queue.accounting import Accounting
+from workers.queue.affinity import AffineIntake, Affinity
 from workers.queue.heartbeat import Heartbeat, Steering, gone_apis
 from workers.queue.intake import Intake
 from workers.queue.publisher import Outbox, Publisher
@@ -91,9 +92,14 @@ class BaseWorker:
         # Jobs of dead workers to continue from what they had streamed, by id, until `_start` takes them.
         self._continuing: dict[str, Continued] = {}
         self.member = Member(self.id, model.name, device, self.stream, self.batch_stream, self.started, self.levels)
+        # Prefix affinity: its own stream read first, others' stolen from when idle (workers/queue/affinity.py).
+        self.affinity = Affinity(self.redis, self.keys, settings, self.member) if settings.affinity else None
+        if self.affinity is not None:
+            self.intake = AffineIntake(self.redis, self.id, *(s for _, s in self.levels),
+                                       aging_s=settings.priority_aging_s, affinity=self.affinity)
         self.heartbeat = Heartbeat(self.redis, self.keys, settings, self.member, self.vitals)
         self.reclaimer = Reclaimer(self.redis, self.keys, settings, self.member, self.room, self.resumable,
-                                   self.heartbeat.steady)
+                                   self.heartbeat.steady, self._affinity_streams)
         self.health = HealthServer(self.member, self.vitals, settings.heartbeat_s, settings.worker_host,
                                    settings.worker_port) if settings.worker_port is not None else None
 
@@ -144,7 +150,9 @@ class BaseWorker:
             listeners=frozenset(state.job.reply_to for state in self.running.values()),
             port=self.health.port if self.health else 0, redis_silent_s=time.monotonic() - self.heartbeat.last_ok,
             followed=frozenset(s.job.id for s in self.running.values() if s.job.journal and not s.job.background),
-            admission_knee=knee, admission_limit=limit)
+            admission_knee=knee, admission_limit=limit,
+            affinity_hits=self.affinity.hits if self.affinity is not None else 0,
+            affinity_steals=self.affinity.steals if self.affinity is not None else 0)
 
     # ---- lifecycle -------------------------------------------------------------------------------------
     async def run(self) -> None:
@@ -185,13 +193,19 @@ class BaseWorker:
         return self.member.streams
 
     def stream_of(self, job: Job) -> str:
-        """The stream a job was read from (admit sets its priority from that), where it must be acked."""
+        """The stream a job was read from (admit sets its priority from that), where it must be acked: an affinity
+        job's is the affinity stream it waited in, whoever runs it."""
+        if job.affinity:
+            return self.keys.affinity_jobs(self.model.name, self.device, job.affinity)
         return dict(self.levels).get(job.priority, self.stream)
+
+    def _affinity_streams(self) -> tuple[str, ...]:
+        return self.affinity.streams if self.affinity is not None else ()
 
     async def ensure_group(self) -> None:
         """Create both streams' consumer groups (at start, and again when Redis lost them: NOGROUP)."""
         backoff = Backoff()
-        for stream in self.streams:
+        for stream in (*self.streams, *self._affinity_streams()[:1]):
             while True:
                 try:
                     await self.redis.xgroup_create(stream, GROUP, id="0", mkstream=True)
@@ -290,6 +304,7 @@ class BaseWorker:
         cancelled, gone, deaf = await self._screen([j for e, j in jobs if not self._heard_since(e)],
                                                    {j.reply_to for _, j in jobs}, lane or self.publisher.lane)
         now = time.time()
+        started: list[Job] = []
         for entry_id, job in jobs:
             if job.expired(now):
                 self._drop_late(entry_id, job, outbox)
@@ -309,10 +324,13 @@ class BaseWorker:
                 continue
             self._deferred.pop(job.id, None)
             self.jobs_taken += 1
+            started.append(job)
             # Its stream entry (Redis time it was queued) and when it left the stream: the queue order, visible.
             outbox.set_status(job.id, entry=entry_id.decode(), taken=taken)
             self._start(entry_id, job, outbox)
         self.publisher.put(outbox)
+        if self.affinity is not None and started:
+            self.affinity.served(started)
 
     def _drop_late(self, entry_id: bytes, job: Job, outbox: Outbox) -> None:
         """A job read after its deadline leaves the stream unrun, with a 504 to whoever still listens."""
@@ -414,6 +432,11 @@ class BaseWorker:
     async def _heartbeat_loop(self) -> None:
         async for steering in self.heartbeat.beats():
             self.steer(steering)
+            if self.affinity is not None:
+                try:
+                    await self.affinity.beat()
+                except UNAVAILABLE:
+                    pass  # the heartbeat says so
 
     def steer(self, steering: Steering) -> None:
         self.cancel_orphans(steering.gone)

@@ -59,6 +59,9 @@ class Vitals:
     # target ITL, probing included); 0 where there is none.
     admission_knee: int = 0
     admission_limit: int = 0
+    # Prefix affinity (workers/queue/affinity.py): jobs it ran from its own affinity stream, and from others'.
+    affinity_hits: int = 0
+    affinity_steals: int = 0
 
     @property
     def kv_cache_usage(self) -> float:

@@ -25,6 +25,7 @@ from api.openai.protocol import ChatCompletionRequest, CompletionRequest, Sampli
 from api.openai.resume import Frames, Resumable, resume_point, wants_resumable
 from api.openai.templates import render, template_message
 from api.ops.metrics import Metrics, Record
+from api.queue.affinity import SESSION_HEADER, prefix_digests
 from api.queue.client import REQUEST_ID, ClientGone, Generation, JobClient, deadline, error_of, request_id
 from api.queue.hub import Express
 from api.queue.registry import Registry, Servable
@@ -124,6 +125,7 @@ class Serving:
         params = sampling_params(body, plan.structure, skip)
         job = self._job(body, servable, "chat", prompt, params, request_id(request))
         job.images = await self._store_images(job.id, urls, job.model)
+        self._prefixes(request, body, job)
         return servable, job, plan
 
     async def _store_images(self, job_id: str, urls: list[str], model: str = "") -> list[str]:
@@ -154,10 +156,23 @@ class Serving:
         prompts = body.prompts
         jobs = [self._job(body, servable, "completion", prompt, params, rid if len(prompts) == 1 else f"{rid}-{p}",
                           add_special_tokens=True) for p, prompt in enumerate(prompts)]
+        for job in jobs:
+            self._prefixes(request, body, job)
         choices = {(job.id, i): ChoiceState(p * body.n + i, None, params.logprobs)
                    for p, job in enumerate(jobs) for i in range(body.n)}
         fmt = CompletionFormat(f"cmpl-{rid}", body.model, body.include_usage, body.continuous_usage)
         return await self._respond(request, body, servable, jobs, fmt, choices)
+
+    def _prefixes(self, request: Request, body: SamplingRequest, job: Job) -> None:
+        """With prefix affinity on: the digests of the job's prompt prefixes, led by the conversation's own key
+        (OpenAI's `prompt_cache_key`, else the X-Ovq-Session header) when the client names one."""
+        settings = self.jobs.settings
+        if not settings.affinity:
+            return
+        key = (body.model_extra or {}).get("prompt_cache_key")
+        if not isinstance(key, str) or not key:
+            key = request.headers.get(SESSION_HEADER) or None
+        job.prefixes = prefix_digests(job.prompt, settings.affinity_block_chars, key) or None
 
     def _job(self, body: SamplingRequest, servable: Servable, kind: str, prompt: Any, params: SamplingParams,
              job_id: str, add_special_tokens: bool = False) -> Job:

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 import redis.asyncio as aioredis
 
+from api.queue import affinity
 from common.errors import OvqError, not_found, unavailable
 from common.jobs import ENTRY_JOB, LEVELS, Job, JobHash, JobStatus
 from common.keys import GROUP, Keys
@@ -108,6 +109,7 @@ class Registry:
         self._estimating: dict[tuple[str, str], asyncio.Future[float | None]] = {}
         self._enqueue = Script(ENQUEUE)
         self._withdraw = Script(WITHDRAW)
+        self._affine_enqueue = Script(affinity.ENQUEUE)
         # Every request's enqueue, on a connection of its own: those made in one event-loop turn go out in one
         # write (a burst of requests costs Redis and this process a few writes).
         self._lane = open_lane(redis)
@@ -206,7 +208,15 @@ class Registry:
         on the device stream with the shortest backlog all the same, to wait for one.
 
         Returns where it went; 429 when the chosen backlog is full.
+
+        With prefix affinity on (`affinity`), a job that carries prefix digests goes to the affinity stream of the
+        live worker that last served its longest recorded prefix, when there is one (api/queue/affinity.py).
         """
+        if self.settings.affinity and job.prefixes and affinity.eligible(job):
+            queued = await self._affine(servable, job)
+            if queued is not None:
+                return queued
+            job.affinity = None
         devices = list(servable.cards)
         keys = [k for d in devices for k in (self.keys.workers(servable.model, d), self.keys.jobs(servable.model, d),
                                              self.keys.level_jobs(servable.model, d, job.priority))]
@@ -227,6 +237,29 @@ class Registry:
         job.device = devices[chosen - 1]
         stream = keys[3 * (chosen - 1) + 2]
         return Queued(job.device, stream, entry.decode() if isinstance(entry, bytes) else entry, bool(live))
+
+    async def _affine(self, servable: Servable, job: Job) -> Queued | None:
+        """Into the preferred worker's affinity stream (two round trips: who served the prefixes, then the
+        enqueue); None when no live worker with room in its stream served any of them."""
+        digests = job.prefixes or []
+        owners = await self._lane.execute([["MGET", *(self.keys.prefix_owner(servable.model, d) for d in digests)]])
+        if not isinstance(owners[0], list):
+            return None
+        found = affinity.candidates(owners[0], list(servable.cards))
+        if not found:
+            return None
+        since = time.time() - self.settings.worker_ttl_s
+        touched, args = affinity.enqueue_args(self.keys, job, found, since, self.settings.affinity_max_waiting,
+                                              self.settings.job_ttl_s)
+        reply = await (self._affine_enqueue(self._lane, touched, args) if self._replicas is None
+                       else self._replicas.run(self._lane, self._affine_enqueue, touched, args))
+        if not reply[0]:
+            return None
+        chosen = found[reply[0] - 1]
+        job.device, job.affinity = chosen.device, chosen.worker
+        entry = reply[1]
+        return Queued(chosen.device, touched[2 * reply[0]], entry.decode() if isinstance(entry, bytes) else entry,
+                      True)
 
     async def wait_estimate(self, servable: Servable, priority: str) -> float | None:
         """Seconds a job queued now would wait before a worker starts it: the jobs waiting ahead of it (at its

@@ -60,6 +60,8 @@ class WorkerState(BaseModel):
     # A continuous-batching worker's learned admission knee and the sequences it admits to now (0: not learned).
     admission_knee: int = 0
     admission_limit: int = 0
+    affinity_hits: int = 0  # prefix affinity: jobs run from its own affinity stream
+    affinity_steals: int = 0  # and from other workers' (waited past OVQ_AFFINITY_STEAL_MS)
 
 
 class ApiState(BaseModel):
@@ -192,7 +194,8 @@ async def workers(redis: aioredis.Redis, keys: Keys, settings: Settings,
             tokens_generated=int(raw.get("tokens_generated", 0)), jobs_taken=int(raw.get("jobs_taken", 0)),
             heartbeat=heartbeat, age_s=max(now - heartbeat, 0.0), started=float(raw.get("started", 0)),
             draining=raw.get("draining") == "1", drain_requested=bool(drain), port=int(raw.get("port", 0)),
-            admission_knee=int(raw.get("admission_knee", 0)), admission_limit=int(raw.get("admission_limit", 0))))
+            admission_knee=int(raw.get("admission_knee", 0)), admission_limit=int(raw.get("admission_limit", 0)),
+            affinity_hits=int(raw.get("affinity_hits", 0)), affinity_steals=int(raw.get("affinity_steals", 0))))
     return sorted(found, key=lambda w: (w.model, w.device, w.host, w.id))
 
 

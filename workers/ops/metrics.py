@@ -47,6 +47,10 @@ class WorkerCollector(Collector):
             yield gauge("ovq_worker_prefill_waiting_tokens", "Prompt tokens waiting for prefill", prefill)
         yield counter("ovq_worker_jobs_taken", "Jobs taken from the stream", v.jobs_taken)
         yield counter("ovq_worker_reclaimed_jobs", "Jobs of dead workers taken over", v.reclaimed)
+        yield counter("ovq_worker_affinity_hits", "Jobs run from its own affinity stream (prefix affinity)",
+                      v.affinity_hits)
+        yield counter("ovq_worker_affinity_steals", "Jobs taken from another worker's affinity stream",
+                      v.affinity_steals)
         yield counter("ovq_worker_generated_tokens", "Tokens generated", v.tokens_generated)
         yield counter("ovq_worker_engine_restarts", "Engine processes restarted after a failure", v.engine_restarts)
 

@@ -71,9 +71,10 @@ class Takeover:
 class Reclaimer:
     def __init__(self, redis: aioredis.Redis, keys: Keys, settings: Settings, member: Member,
                  room: Callable[[], int], resumable: Callable[[Job], bool] = lambda job: False,
-                 steady: Callable[[], bool] = lambda: True) -> None:
+                 steady: Callable[[], bool] = lambda: True, extra: Callable[[], tuple[str, ...]] = tuple) -> None:
         self.redis, self.keys, self.settings, self.member, self.room = redis, keys, settings, member, room
         self.steady = steady  # whether stale heartbeats mean dead workers yet (workers/queue/heartbeat.py)
+        self.extra = extra  # more streams to cover, after the member's own (prefix affinity's)
         self.resumable = resumable  # whether this worker can continue a job that had streamed
         self.reclaimed = 0
         self._forget = redis.register_script(FORGET)
@@ -112,6 +113,13 @@ class Reclaimer:
             if takeover := await self._take_over(stream, live):
                 taken.append(takeover)
             await self.forget_dead_consumers(stream, live)
+        for stream in self.extra():
+            try:
+                if takeover := await self._take_over(stream, live):
+                    taken.append(takeover)
+                await self.forget_dead_consumers(stream, live)
+            except ResponseError:
+                continue  # expired, or without its group yet: nothing of it to take over
         return taken
 
     async def forget_dead_consumers(self, stream: str, live: set[str]) -> int:

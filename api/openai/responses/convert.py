@@ -55,7 +55,7 @@ def to_chat(body: ResponsesRequest, history: Iterable[Item | Mapping[str, Any]] 
     chat: dict[str, Any] = {
         "model": body.model, "messages": messages, "stream": body.stream,
         "max_tokens": body.max_output_tokens, "temperature": body.temperature, "top_p": body.top_p,
-        "parallel_tool_calls": body.parallel_tool_calls,
+        "parallel_tool_calls": body.parallel_tool_calls, "prompt_cache_key": body.prompt_cache_key,
         **_tools(body), **_response_format(body), **_logprobs(body), **_extensions(body)}
     try:
         return ChatCompletionRequest.model_validate({k: v for k, v in chat.items() if v is not None})

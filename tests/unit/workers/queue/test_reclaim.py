@@ -104,3 +104,17 @@ async def test_no_pass_while_stale_heartbeats_may_be_an_outage(dead_worker) -> N
     takeover = await asyncio.wait_for(first, 5)
     assert len(takeover.rerun) == 3
     await passes.aclose()
+
+
+async def test_extra_streams_are_covered_and_one_gone_or_without_its_group_is_passed_over(dead_worker) -> None:
+    """Prefix affinity's streams: a dead thief's job pending in another worker's affinity stream comes back."""
+    redis, keys, member, jobs, _ = dead_worker
+    affine, gone = keys.affinity_jobs("m", "CPU", "w2"), keys.affinity_jobs("m", "CPU", "w3")
+    await redis.xgroup_create(affine, GROUP, id="0", mkstream=True)
+    entry = await redis.xadd(affine, jobs[0].to_fields())
+    await redis.xreadgroup(GROUP, "thief", {affine: ">"})
+    await asyncio.sleep(TTL_S * 3)
+    reclaim = Reclaimer(redis, keys, Settings(worker_ttl_s=TTL_S, max_deliveries=3), member, lambda: 10,
+                        extra=lambda: (gone, affine))
+    taken = await reclaim.reclaim_once()
+    assert [(t.stream, [e for e, _ in t.rerun]) for t in taken][1:] == [(affine, [entry])]

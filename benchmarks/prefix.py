@@ -1,0 +1,183 @@
+#!/usr/bin/env python3
+"""Prefix affinity, measured: a shared-prefix chat load against SmolLM2 workers with `enable_prefix_caching`, with
+affinity on and off in the same run, in alternating phases (the machine is shared and noisy: only ratios from one
+run mean anything).
+
+The load: `--conversations` closed-loop clients, each a conversation whose history grows turn by turn (a long
+system prompt all share, then its own user turns of a few hundred characters and the model's short answers), a new
+conversation once one reaches `--turns`. Both arms are the same model directory under two names, each served by
+`--workers` workers: `affine` by workers with OVQ_AFFINITY on, `plain` by workers with it off (the API has it on;
+it only routes to workers that recorded a prefix, and plain workers record none). One arm at a time is loaded; the
+other's workers sit idle on their blocking reads.
+
+Printed per arm: TTFT p50/p90 (ms), requests/s and generated tokens/s, the share of jobs run from their own
+affinity stream (hits: GenAI 2026.4 reports no prefix-cache hit count, so this is the worker's own count of jobs it
+ran where its cache most likely held the prefix), jobs stolen, and the longest wait in a queue (`queue_ms` of the
+jobs). Then the same for a uniform load (every prompt different, no shared prefix): affinity's cost.
+
+  python benchmarks/prefix.py                 # 2 workers per arm, 2 rounds of 60 s phases
+  python benchmarks/prefix.py --workers 4 --phase-s 45 --rounds 1 --no-uniform
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import random
+import sys
+import tempfile
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from fleet import SMOLLM2, Fleet  # noqa: E402
+from serving import pct  # noqa: E402
+from sse_client import Connection, Result  # noqa: E402
+
+from common.jobs import JobHash  # noqa: E402
+
+ARMS = ("affine", "plain")
+WORDS = ("shelf", "catalogue", "atlas", "periodical", "manuscript", "archive", "index", "reading room", "folio",
+         "microfilm", "loan", "reference", "rare book", "map", "journal", "thesis")
+SYSTEM = ("You are the help desk of a large research library. The following house rules apply to every answer. "
+          + " ".join(f"Rule {i}: a visitor asking about the {WORDS[i % len(WORDS)]} collection is sent to floor "
+                     f"{i % 7} and told the opening hours of desk {i}." for i in range(40)))
+
+
+def user_turn(rng: random.Random) -> str:
+    """A few hundred characters of a visitor's question: distinct per conversation and turn."""
+    return " ".join(f"I look for the {rng.choice(WORDS)} number {rng.randrange(10_000)}." for _ in range(12))
+
+
+@dataclass
+class Arm:
+    results: list[Result] = field(default_factory=list)
+    jobs: list[str] = field(default_factory=list)
+    wall: float = 0.0
+
+
+async def conversation_loop(port: int, model: str, arm: Arm, until: float, turns: int, max_tokens: int,
+                            seed: int, shared: bool) -> None:
+    """One closed-loop client: a conversation's turns one after another, a new conversation after `turns`."""
+    rng = random.Random(seed)
+    connection = Connection("127.0.0.1", port)
+    try:
+        while time.perf_counter() < until:
+            messages = [{"role": "system", "content": SYSTEM if shared else user_turn(rng) * 3}]
+            for _ in range(turns if shared else 1):
+                if time.perf_counter() >= until:
+                    return
+                messages.append({"role": "user", "content": user_turn(rng)})
+                rid = uuid.uuid4().hex
+                body = {"model": model, "messages": messages, "max_tokens": max_tokens, "temperature": 0,
+                        "stream": True, "stream_options": {"include_usage": True}, "ignore_eos": True}
+                try:
+                    result = await connection.stream("/v3/chat/completions", body, {"X-Request-Id": rid})
+                except (ConnectionError, asyncio.IncompleteReadError, ValueError) as exc:
+                    result = Result(error=repr(exc))
+                    connection.close()
+                    connection = Connection("127.0.0.1", port)
+                arm.results.append(result)
+                arm.jobs.append(rid)
+                if not result.ok:
+                    break
+                messages.append({"role": "assistant", "content": f"Go to floor {rng.randrange(7)}."})
+    finally:
+        connection.close()
+
+
+async def phase(fleet: Fleet, model: str, arm: Arm, args: argparse.Namespace, shared: bool, round_: int) -> None:
+    until = time.perf_counter() + args.phase_s
+    t0 = time.perf_counter()
+    await asyncio.gather(*(conversation_loop(fleet.port, model, arm, until, args.turns, args.max_tokens,
+                                             seed=1000 * round_ + c + (0 if shared else 500), shared=shared)
+                           for c in range(args.conversations)))
+    arm.wall += time.perf_counter() - t0
+
+
+def counts(fleet: Fleet, model: str) -> tuple[int, int]:
+    hits = steals = 0
+    for worker in fleet.members(model):
+        raw = fleet.redis.hmget(fleet.keys.worker(worker), ["affinity_hits", "affinity_steals"])
+        hits += int(raw[0] or 0)
+        steals += int(raw[1] or 0)
+    return hits, steals
+
+
+def summary(fleet: Fleet, model: str, arm: Arm, before: tuple[int, int]) -> dict[str, float]:
+    ok = [r for r in arm.results if r.ok and r.first is not None]
+    ttft = [(r.first - r.sent) * 1000 for r in ok]
+    queue = [float(q) for q in (fleet.redis.hget(fleet.keys.job(j), JobHash.QUEUE_MS) for j in arm.jobs) if q]
+    hits, steals = (now - then for now, then in zip(counts(fleet, model), before, strict=True))
+    return {"requests": len(ok), "errors": len(arm.results) - len(ok), "ttft_p50": pct(ttft, 50),
+            "ttft_p90": pct(ttft, 90), "req_s": len(ok) / arm.wall if arm.wall else 0.0,
+            "tok_s": sum(r.tokens for r in ok) / arm.wall if arm.wall else 0.0,
+            "hit_share": hits / len(ok) if ok else 0.0, "steals": steals,
+            "queue_max_ms": max(queue, default=0.0)}
+
+
+def show(title: str, figures: dict[str, dict[str, float]]) -> None:
+    a, p = figures["affine"], figures["plain"]
+    print(f"\n{title}")
+    print(f"{'':16}{'affinity on':>14}{'off':>14}{'on/off':>10}")
+    for name, fmt in (("requests", "{:.0f}"), ("errors", "{:.0f}"), ("ttft_p50", "{:.0f} ms"),
+                      ("ttft_p90", "{:.0f} ms"), ("req_s", "{:.2f}"), ("tok_s", "{:.1f}"), ("hit_share", "{:.0%}"),
+                      ("steals", "{:.0f}"), ("queue_max_ms", "{:.0f} ms")):
+        ratio = f"{a[name] / p[name]:.2f}" if p[name] else "-"
+        print(f"{name:16}{fmt.format(a[name]):>14}{fmt.format(p[name]):>14}{ratio:>10}")
+
+
+async def run(args: argparse.Namespace) -> None:
+    with tempfile.TemporaryDirectory() as work:
+        entry = {"path": str(args.model), "cache_size": 0, "enable_prefix_caching": True}
+        fleet = Fleet({arm: entry for arm in ARMS}, Path(work), OVQ_AFFINITY="true",
+                      OVQ_AFFINITY_STEAL_MS=str(args.steal_ms))
+        try:
+            for _ in range(args.workers):
+                fleet.worker("affine", OVQ_AFFINITY="true")
+                fleet.worker("plain", OVQ_AFFINITY="false")
+            fleet.ready("affine", args.workers)
+            fleet.ready("plain", args.workers)
+            for arm in ARMS:  # first steps of a fresh engine are slow (kernels for new shapes): not measured
+                await phase(fleet, arm, Arm(), argparse.Namespace(**{**vars(args), "phase_s": args.warmup_s,
+                                                                     "conversations": 2 * args.workers}), False, 99)
+            loads = ((True, "shared prefixes (conversations over a long system prompt)"),
+                     (False, "uniform load (no shared prefix)"))
+            for shared, title in loads if args.uniform else loads[:1]:
+                arms = {arm: Arm() for arm in ARMS}
+                before = {arm: counts(fleet, arm) for arm in ARMS}
+                for round_ in range(args.rounds):
+                    order = ARMS if round_ % 2 == 0 else ARMS[::-1]
+                    for arm in order:
+                        await phase(fleet, arm, arms[arm], args, shared, round_)
+                await asyncio.sleep(args.heartbeat_wait_s)  # the workers' counts reach their hashes
+                show(f"{title}: {args.workers} workers per arm, {args.conversations} clients, "
+                     f"{args.rounds} x {args.phase_s:.0f} s per arm",
+                     {arm: summary(fleet, arm, arms[arm], before[arm]) for arm in ARMS})
+        finally:
+            fleet.stop()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", type=Path, default=SMOLLM2)
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--conversations", type=int, default=8)
+    parser.add_argument("--turns", type=int, default=6)
+    parser.add_argument("--max-tokens", type=int, default=8)
+    parser.add_argument("--phase-s", type=float, default=60.0)
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--warmup-s", type=float, default=20.0)
+    parser.add_argument("--steal-ms", type=int, default=500)
+    parser.add_argument("--no-uniform", dest="uniform", action="store_false", help="the shared-prefix load only")
+    parser.add_argument("--heartbeat-wait-s", type=float, default=3.0)
+    args = parser.parse_args()
+    asyncio.run(run(args))
+
+
+if __name__ == "__main__":
+    main()
