@@ -180,6 +180,7 @@ def main() -> None:
     parser.add_argument("--budget", type=int, default=8192, help="the batched worker's OVQ_EMBED_BATCH_TOKENS")
     args = parser.parse_args()
     rates: dict[str, list[float]] = {"batched": [], "single": []}
+    cpus: dict[str, list[float]] = {"batched": [], "single": []}
     with tempfile.TemporaryDirectory() as tmp:
         stack = Stack(args.model, Path(tmp), args.budget)
         try:
@@ -189,6 +190,7 @@ def main() -> None:
                 for model in rates:
                     rate, cpu = timed_round(stack, model, args.requests, args.concurrency)
                     rates[model].append(rate)
+                    cpus[model].append(sum(cpu.values()))
                     used = " ".join(f"{name}={ms:.2f}" for name, ms in cpu.items() if ms >= 0.01)
                     print(f"round {n + 1} {model}: {rate:.0f} requests/s; CPU ms/request: {used} "
                           f"(total {sum(cpu.values()):.2f})", flush=True)
@@ -196,6 +198,10 @@ def main() -> None:
             stack.stop()
     pairs = [b / s for b, s in zip(rates["batched"], rates["single"], strict=True)]
     print(f"per-round batched/single: {' '.join(f'{r:.2f}' for r in pairs)}; median {statistics.median(pairs):.2f}")
+    # CPU per request does not depend on how much of the machine the run got: the ratio a CPU-bound run reaches.
+    by_cpu = [s / b for b, s in zip(cpus["batched"], cpus["single"], strict=True)]
+    print(f"per-round CPU per request single/batched: {' '.join(f'{r:.2f}' for r in by_cpu)}; "
+          f"median {statistics.median(by_cpu):.2f}")
     batched, single = statistics.median(rates["batched"]), statistics.median(rates["single"])
     alone_batched, alone_single = direct(args.model, args.concurrency, args.rounds * 3)
     print("| model | clients | requests/round | batched req/s | one call per request req/s | batched/single "
