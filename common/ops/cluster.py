@@ -12,6 +12,7 @@ from redis.exceptions import ResponseError
 
 from common.batch.store import ModelBatches
 from common.batch.store import per_model as batch_models
+from common.fairness import in_flight
 from common.jobs import ENTRY_REASON, ENTRY_WORKER, Job
 from common.keys import GROUP, Keys
 from common.ops.stats import Summary
@@ -154,7 +155,7 @@ async def streams(redis: aioredis.Redis, keys: Keys, settings: Settings,
 
 
 def _pending(reply: object) -> int:
-    return 0 if isinstance(reply, ResponseError) else int(reply["pending"])  # type: ignore[index]
+    return 0 if isinstance(reply, ResponseError) else in_flight(reply)  # parked jobs (common/fairness.py) wait
 
 
 def _length(reply: object) -> int:
