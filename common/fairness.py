@@ -1,7 +1,7 @@
 """Fair shares per tenant: when a model's queue is contended, workers take waiting jobs in weighted fair order by
 tokens, across every API process and worker, with all the state in Redis.
 
-The tenant is the API key's (`KeyAttributes.who()`), or the request's `user` field when keys are off; a job
+The tenant is the API key's (`KeyAttributes.who`), or the request's `user` field when keys are off; a job
 without one (or with OVQ_FAIRNESS=0) is queued and read exactly as before: first come, first served.
 
 How (start-time fair queueing, SFQ, over the existing streams):

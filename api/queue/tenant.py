@@ -52,7 +52,7 @@ def tenant_of(request: Request) -> Tenant | None:
     None for neither."""
     key: KeyAttributes | None = getattr(request.state, KEY_STATE, None)
     if key is not None:
-        return Tenant(key.who()[:TENANT_MAX_CHARS], key.weight, key.tokens_per_min)
+        return Tenant(key.who[:TENANT_MAX_CHARS], key.weight, key.tokens_per_min)
     user = getattr(request.state, USER_FIELD, None)
     if isinstance(user, str) and user.strip():
         return Tenant(user.strip()[:TENANT_MAX_CHARS])
