@@ -88,3 +88,19 @@ async def test_a_worker_that_cannot_continue_a_job_ends_it_with_an_error(dead_wo
     [takeover] = await reclaimer(redis, keys, member).reclaim_once()  # this worker continues nothing
     assert takeover.continued == [] and takeover.outbox.status[job.id]["status"] == "error"
     assert takeover.outbox.forgotten == {job.id}
+
+
+async def test_parked_jobs_wait_they_are_not_a_dead_workers_and_do_not_hide_one(dead_worker) -> None:
+    """Jobs parked for fair shares (common/fairness.py) are pending on the consumer PARK, idle for long: never
+    claimed, and however many they are, a dead worker's jobs behind them are still found."""
+    from common.fairness import PARK
+
+    redis, keys, member, _, ids = dead_worker
+    parked = [await redis.xadd(member.stream, {"job": b"{}"}) for _ in range(150)]
+    await redis.xreadgroup(GROUP, PARK, {member.stream: ">"}, count=200)
+    await asyncio.sleep(TTL_S * 3)
+    [takeover] = await reclaimer(redis, keys, member).reclaim_once()
+    assert [entry_id for entry_id, _ in takeover.rerun] == ids
+    pending = await redis.xpending_range(member.stream, GROUP, "-", "+", count=500, consumername=PARK)
+    assert [p["message_id"] for p in pending] == parked
+    assert PARK.encode() in [c["name"] for c in await redis.xinfo_consumers(member.stream, GROUP)]
