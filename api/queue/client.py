@@ -288,7 +288,9 @@ class Generation:
         if start_by is None:
             return
         left = start_by - time.monotonic()
-        wait = await self.client.registry.wait_estimate(self.servable, self.job.priority)
+        share = self.job.share
+        wait = await self.client.registry.wait_estimate(self.servable, self.job.priority,
+                                                        share.tenant if share is not None else None)
         if wait is None or wait <= left:
             return
         self.client.metrics.refused(self.job.model, "deadline")

@@ -110,7 +110,8 @@ end
 return 0
 """
 CARD_POLL_S = 0.5
-ESTIMATE_CACHE_S = 0.5  # a burst's requests share one wait estimate (one round trip)
+ESTIMATE_CACHE_S = 0.5
+ESTIMATES_KEPT = 1024  # a burst's requests share one wait estimate (one round trip)
 RATE_WINDOWS = 3  # the stats windows (common/ops/stats.py) a wait estimate's rate is measured over
 
 
@@ -144,8 +145,8 @@ class Registry:
         self.devices = devices or {}  # an expected model's devices in the models file, in preference order
         self._cards: dict[str, tuple[float, dict[str, ModelCard]]] = {}
         self._loading: dict[str, asyncio.Future[dict[str, ModelCard]]] = {}
-        self._estimates: dict[tuple[str, str], tuple[float, float | None]] = {}
-        self._estimating: dict[tuple[str, str], asyncio.Future[float | None]] = {}
+        self._estimates: dict[tuple[str, str, str | None], tuple[float, float | None]] = {}
+        self._estimating: dict[tuple[str, str, str | None], asyncio.Future[float | None]] = {}
         self._enqueue = Script(ENQUEUE)
         self._withdraw = Script(WITHDRAW)
         # Every request's enqueue, on a connection of its own: those made in one event-loop turn go out in one
@@ -275,47 +276,61 @@ class Registry:
         return Queued(job.device, keys[at + 2], entry.decode() if isinstance(entry, bytes) else entry, bool(live),
                       (keys[at + 3], keys[at + 4], share.tenant) if parked and share else None)
 
-    async def wait_estimate(self, servable: Servable, priority: str) -> float | None:
+    async def wait_estimate(self, servable: Servable, priority: str, tenant: str | None = None) -> float | None:
         """Seconds a job queued now would wait before a worker starts it: the jobs waiting ahead of it (at its
         priority or above, on every device of the model) over the rate the model's workers finished jobs in the
-        last stats windows. 0 when none waits; None when some wait but none finished lately: no measure, and
-        nothing is refused on a guess. Cached for half a second; concurrent misses share one round trip."""
-        key = (servable.model, priority)
+        last stats windows. With a `tenant` (fair shares, common/fairness.py), of its own level only the jobs
+        without a tenant and the parked ones that start before the tenant's next would. 0 when none waits; None
+        when some wait but none finished lately: no measure, and nothing is refused on a guess. Cached for half a
+        second; concurrent misses share one round trip."""
+        key = (servable.model, priority, tenant)
         cached = self._estimates.get(key)
         if cached and time.monotonic() - cached[0] < ESTIMATE_CACHE_S:
             return cached[1]
         estimating = self._estimating.get(key)
         if estimating is None:
-            estimating = self._estimating[key] = asyncio.ensure_future(self._estimate(servable, priority))
+            estimating = self._estimating[key] = asyncio.ensure_future(self._estimate(servable, priority, tenant))
             estimating.add_done_callback(lambda _: self._estimating.pop(key, None))
         estimate = await asyncio.shield(estimating)
+        if len(self._estimates) > ESTIMATES_KEPT:  # one per tenant too: any number of `user` values
+            self._estimates.clear()
         self._estimates[key] = (time.monotonic(), estimate)
         return estimate
 
-    async def _estimate(self, servable: Servable, priority: str) -> float | None:
+    async def _estimate(self, servable: Servable, priority: str, tenant: str | None = None) -> float | None:
         now = time.time()
         windows = [window_of(now) - WINDOW_S * i for i in range(RATE_WINDOWS)]
+        fair = tenant is not None and priority != "batch"
         pipe = self.redis.pipeline(transaction=False)
-        streams = 0
         for device in servable.cards:
             for stream in self.ahead(servable.model, device, priority):
                 pipe.xlen(stream)
                 pipe.xpending(stream, GROUP)
-                streams += 1
+            if fair:
+                pipe.hmget(self.keys.fair_clock(servable.model, device, priority), "v", f"f:{tenant}")
             for window in windows:
                 pipe.hmget(self.keys.stats(servable.model, device, window), *OUTCOMES)
         replies = await pipe.execute(raise_on_error=False)
         waiting, finished, at = 0, 0, 0
         for device in servable.cards:
+            own = 0
             for _ in self.ahead(servable.model, device, priority):
                 length, pending = replies[at], replies[at + 1]
                 at += 2
                 if isinstance(length, int) and isinstance(pending, dict):
-                    waiting += max(length - in_flight(pending), 0)
+                    own = max(length - in_flight(pending), 0)
+                    waiting += own
+            if fair:
+                clock = replies[at]
+                at += 1
+                if isinstance(clock, list) and own:  # its level: only what would start before it
+                    start = max(float(clock[0] or 0), float(clock[1] or 0))
+                    order = self.keys.fair_order(servable.model, device, priority)
+                    waiting -= await self.redis.zcount(order, f"({start}", "+inf")
             for _ in windows:
                 finished += sum(int(n) for n in replies[at] if n is not None)
                 at += 1
-        if waiting == 0:
+        if waiting <= 0:
             return 0.0
         seconds = WINDOW_S * (RATE_WINDOWS - 1) + max(now - windows[0], 1.0)
         return waiting * seconds / finished if finished else None

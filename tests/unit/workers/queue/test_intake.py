@@ -8,9 +8,15 @@ import pytest
 import redis.asyncio as aioredis
 from redis.exceptions import ResponseError
 
+from api.queue.registry import Registry, Servable
+from common.jobs import LEVELS, Job, Share
 from common.keys import GROUP, Keys
+from common.modelcard import ModelCard
+from common.ops.stats import window_of
 from common.redis.client import is_nogroup
-from workers.queue.intake import Intake
+from common.servable import ServableType
+from common.settings import Settings
+from workers.queue.intake import FairKeys, Intake
 
 
 @pytest.fixture()
@@ -96,15 +102,12 @@ async def test_low_priority_job_ages_in_ahead_of_a_steady_flow_of_higher_ones(re
 
 
 # ---- fair shares per tenant (common/fairness.py): the API's enqueue parks, this read takes in fair order -------
+CARD = ModelCard(name="m", device="CPU", servable_type=ServableType.LM_CB, context_length=64, chat_template="x",
+                 created=0)
+
+
 @pytest.fixture()
 async def fair(redis_url: str):
-    from api.queue.registry import Registry, Servable
-    from common.jobs import LEVELS, Job, Share
-    from common.modelcard import ModelCard
-    from common.servable import ServableType
-    from common.settings import Settings
-    from workers.queue.intake import FairKeys
-
     keys = Keys(f"fair{time.time_ns()}")
     redis = aioredis.Redis.from_url(redis_url)
     streams = [keys.level_jobs("m", "CPU", level) for level in LEVELS]
@@ -113,10 +116,8 @@ async def fair(redis_url: str):
     for stream in (*streams, fair_keys.bell):  # as the worker's ensure_group
         await redis.xgroup_create(stream, GROUP, id="0", mkstream=True)
     await redis.zadd(keys.workers("m", "CPU"), {"w1": time.time()})
-    card = ModelCard(name="m", device="CPU", servable_type=ServableType.LM_CB, context_length=64, chat_template="x",
-                     created=0)
     registry = Registry(redis, keys, Settings(max_queue_depth=1000), expected=[])
-    servable = Servable("m", {"CPU": card})
+    servable = Servable("m", {"CPU": CARD})
     intake = Intake(redis, "w1", *streams, fair=fair_keys)
 
     async def enqueue(name: str, tenant: str | None = None, weight: float = 1.0, cost: int = 10):
@@ -194,3 +195,17 @@ async def test_a_withdrawn_parked_job_leaves_stream_order_and_counts(fair) -> No
     assert await redis.hget(keys.fair_clock("m", "CPU", "interactive"), "n:A") is None
     assert (await redis.xpending(keys.jobs("m", "CPU"), GROUP))["pending"] == 0
     assert await read() == []
+
+
+async def test_the_wait_estimate_of_a_tenant_counts_only_what_starts_before_it(fair) -> None:
+    redis, keys, registry, _, enqueue, _ = fair
+    for n in range(20):
+        await enqueue(f"a{n}", "A")
+    await redis.hset(keys.stats("m", "CPU", window_of(time.time())), "done", 20)
+    servable = Servable("m", {"CPU": CARD})
+    everyone = await registry.wait_estimate(servable, "interactive")
+    newcomer = await registry.wait_estimate(servable, "interactive", "B")
+    flooder = await registry.wait_estimate(servable, "interactive", "A")
+    assert everyone is not None and newcomer is not None and flooder is not None
+    assert newcomer < everyone / 10, "B starts after A's first job, not after all twenty"
+    assert flooder == pytest.approx(everyone, rel=0.01), "A's next job waits behind all of A's"
