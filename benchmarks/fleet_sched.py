@@ -14,7 +14,7 @@
   through an API with fair shares on and, in the same run against the same worker, through a second API with
   OVQ_FAIRNESS=0 (first come, first served): B's TTFT p50 under FIFO over fair (the gain), A's throughput fair
   over FIFO, and the most A jobs any B job waited behind (A jobs taken between its enqueue and its take, from the
-  job hashes), each way.
+  job hashes), each way. FIFO runs first (OVQ_SCHED_FAIR_FIRST=1: fair first).
 
 Priorities and deadlines order and refuse only what waits in Redis: a worker whose admission empties the stream
 into its engine leaves them nothing to act on (item 1 of issue 26), so the standalone run gives its one worker
@@ -164,8 +164,12 @@ async def flood_with_victim_tenant(base_url: str, model: str, api_key: str | Non
     async with httpx.AsyncClient(timeout=60) as client:  # warm: the first request pays compilation
         await client.post(f"{base_url}/completions", headers=_headers("sk-a"),
                           json={"model": model, "prompt": "Hi", "max_tokens": 4})
-    fifo_ttft, fifo_rate, fifo_behind = await _tenant_run(FIFO_URL, model, "fifo")
-    fair_ttft, fair_rate, fair_behind = await _tenant_run(base_url, model, "fair")
+    if os.environ.get("OVQ_SCHED_FAIR_FIRST"):  # the other order, to see what the machine's drift does
+        fair_ttft, fair_rate, fair_behind = await _tenant_run(base_url, model, "fair")
+        fifo_ttft, fifo_rate, fifo_behind = await _tenant_run(FIFO_URL, model, "fifo")
+    else:
+        fifo_ttft, fifo_rate, fifo_behind = await _tenant_run(FIFO_URL, model, "fifo")
+        fair_ttft, fair_rate, fair_behind = await _tenant_run(base_url, model, "fair")
     return {"b_ttft_p50_fifo_s": fifo_ttft, "b_ttft_p50_fair_s": fair_ttft, "b_ttft_gain": fifo_ttft / fair_ttft,
             "a_rate_fair_vs_fifo": fair_rate / fifo_rate, "b_max_a_jobs_ahead_fifo": fifo_behind,
             "b_max_a_jobs_ahead_fair": fair_behind}
