@@ -58,12 +58,18 @@ def test_a_victim_tenant_is_served_next_not_behind_the_flood(single: Tiers) -> N
         _until(lambda: job("f-block").get(b"status") == b"running", "the first job runs")
         futures += [pool.submit(_post, single, f"f-{n}", FLOOD) for n in range(FLOODED)]
         _until(lambda: r.xlen(keys.jobs(MODEL, "CPU")) == FLOODED + 1, "the flood is queued")
-        metrics = httpx.get(f"http://127.0.0.1:{single.port}/metrics", headers={"Authorization": f"Bearer {ADMIN}"})
+        admin = {"Authorization": f"Bearer {ADMIN}"}
+        metrics = httpx.get(f"http://127.0.0.1:{single.port}/metrics", headers=admin)
+        data = httpx.get(f"http://127.0.0.1:{single.port}/ops/data", headers=admin).json()
+        panel = httpx.get(f"http://127.0.0.1:{single.port}/ops/panel", headers=admin).text
         for n in range(2):
             futures.append(pool.submit(_post, single, f"v-{n}", VICTIM))
             time.sleep(0.05)
         assert all(f.result().status_code == 200 for f in futures), [f.result().text for f in futures]
     assert f'ovq_queue_waiting_jobs_by_tenant{{device="CPU",model="{MODEL}",tenant="flood"}}' in metrics.text
+    [stream] = [s for s in data["streams"] if s["model"] == MODEL]
+    assert stream["tenants_waiting"]["flood"] >= FLOODED - 1 and stream["waiting"] >= FLOODED - 1, stream
+    assert "waiting by tenant: flood" in panel
     flood = [float(job(f"f-{n}")[b"taken"]) for n in range(FLOODED)]
     for n in range(2):
         victim = job(f"v-{n}")
