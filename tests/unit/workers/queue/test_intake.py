@@ -209,3 +209,30 @@ async def test_the_wait_estimate_of_a_tenant_counts_only_what_starts_before_it(f
     assert everyone is not None and newcomer is not None and flooder is not None
     assert newcomer < everyone / 10, "B starts after A's first job, not after all twenty"
     assert flooder == pytest.approx(everyone, rel=0.01), "A's next job waits behind all of A's"
+
+
+async def test_a_parked_low_priority_job_ages_in_too(fair) -> None:
+    """Aging counts a level's oldest parked job as waiting since its enqueue, as it does a plain entry."""
+    redis, keys, registry, _, _, _ = fair
+    streams = [keys.level_jobs("m", "CPU", level) for level in LEVELS]
+    fair_keys = FairKeys(tuple(keys.fair_order("m", "CPU", level) for level in LEVELS),
+                         tuple(keys.fair_clock("m", "CPU", level) for level in LEVELS), keys.fair_bell("m", "CPU"))
+    intake = Intake(redis, "w2", *streams, aging_s=0.5, fair=fair_keys)
+    low = Job(id="l0", model="m", device="", kind="completion", prompt="x", reply_to="api", priority="low",
+              share=Share(tenant="A"))
+    assert (await registry.enqueue(Servable("m", {"CPU": CARD}), low)).parked is not None
+
+    async def high(n: int) -> None:
+        job = Job(id=f"h{n}", model="m", device="CPU", kind="completion", prompt="x", reply_to="api")
+        await redis.xadd(streams[0], job.to_fields())
+
+    async def read() -> list[str]:
+        return [Job.from_fields(f).id for _, entries in await intake.read(1, 50) for _, f in entries]
+
+    await high(0)
+    assert await read() == ["h0"]
+    await asyncio.sleep(1.7)  # three aging periods: low (3) - 3 ranks before fresh high work (1) - 0
+    await high(1)
+    assert await read() == ["l0"]
+    assert await read() == ["h1"]
+    await intake.close()
