@@ -151,6 +151,15 @@ class EmbedParams(BaseModel):
     dimensions: int | None = None
 
 
+class Share(BaseModel):
+    """Whose work a job is, for fair shares (common/fairness.py): the tenant, its weight, and the tokens the job is
+    estimated to cost (prompt + expected output), which its worker corrects by the actual count when it ends."""
+
+    tenant: str
+    weight: float = 1.0
+    cost: int = 1
+
+
 class Job(BaseModel):
     v: int = JOB_VERSION
     id: str = Field(default_factory=lambda: uuid.uuid4().hex)
@@ -189,6 +198,9 @@ class Job(BaseModel):
     # Unix s after which no worker starts it (its deadline, or a stream's first-byte deadline): one read later is
     # dropped from its stream with a 504 `error` event, never run.
     start_by: float | None = None
+    # The tenant's fair share (its jobs wait in fair order among tenants when the queue is contended); None: the
+    # job carries no tenant (no API key, no `user`), or OVQ_FAIRNESS is off: first come, first served.
+    share: Share | None = None
 
     # Prefix affinity (issue 30): the worker whose affinity stream the job waits in (`Keys.affinity_jobs`; it is
     # acked there, whoever runs it), and the digests of its prompt's prefixes, most specific first, that the worker

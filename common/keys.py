@@ -279,3 +279,35 @@ class Keys:
         """Sorted set: models with batch counters -> last increment (unix s); trimmed past the counters' TTL,
         which each increment gives it too."""
         return f"{self.prefix}:{self._b()}batchstats"
+
+    # ---- Fair shares per tenant (common/fairness.py) ----------------------------------------------------------
+    def fair_order(self, model: str, device: str, level: str) -> str:
+        """Sorted set: the parked jobs of one model, device and priority level (`batch` excepted) that carry a
+        tenant, member `ENTRY_ID|TENANT`, score the job's virtual start time: workers take the lowest first.
+        Owners: the API's enqueue adds (with the stream entry), a worker's read pops, a withdraw removes; at most
+        one member per entry of its stream (bounded by OVQ_MAX_QUEUE_DEPTH), so it needs no TTL."""
+        if self.cluster:
+            return f"{self.prefix}:fairorder:{level}:{{m:{model}}}:{device}"
+        return f"{self.prefix}:fairorder:{level}:{model}:{device}"
+
+    def fair_clock(self, model: str, device: str, level: str) -> str:
+        """Hash: the fair-queueing state of one model, device and level: `v` (virtual time: the start time of the
+        job last taken), `f:TENANT` (the virtual finish time of the tenant's last job), `n:TENANT` (its jobs parked
+        now). Owners: the API's enqueue and a worker's read and job end; TTL OVQ_JOB_TTL_S from each enqueue; capped:
+        past 4096 fields the enqueue drops the finish times already behind `v` (they mean nothing any more)."""
+        if self.cluster:
+            return f"{self.prefix}:fairclock:{level}:{{m:{model}}}:{device}"
+        return f"{self.prefix}:fairclock:{level}:{model}:{device}"
+
+    def fair_bell(self, model: str, device: str) -> str:
+        """Stream, capped at 32 entries: rung by the API's enqueue when it parks a job, read (consumer group
+        `workers`, NOACK) by an idle worker's blocking read so that it wakes for a parked job. Owner: the workers
+        (they create its group); nothing else is kept in it."""
+        if self.cluster:
+            return f"{self.prefix}:fairbell:{{m:{model}}}:{device}"
+        return f"{self.prefix}:fairbell:{model}:{device}"
+
+    def quota(self, tenant: str) -> str:
+        """Hash: a tenant's token bucket (`tokens`, `at`: ms), for its key's tokens_per_min. Owner: the API's
+        enqueue (api/queue/quota.py); TTL two minutes from the last request (a full bucket needs no state)."""
+        return f"{self.prefix}:quota:{tenant}"

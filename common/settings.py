@@ -197,6 +197,9 @@ class Settings(BaseSettings):
     # Scheduling (issue 26): a job of a level below the highest (not batch) that has waited this long is taken
     # before any higher-priority job, so it starts within about this bound however much high-priority work comes.
     priority_aging_s: float = 10.0
+    # Fair shares per tenant (common/fairness.py): jobs that carry a tenant (the API key's, else the `user` field)
+    # are taken in weighted fair order by tokens when a model's queue is contended. Off: first come, first served.
+    fairness: bool = True
 
     # ---- Resumable jobs (background responses, streams sent with `X-Ovq-Resumable: true`) --------------------
     # Their workers also write each step's events to a per-job journal (Keys.journal): any API process can replay

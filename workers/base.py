@@ -37,7 +37,7 @@ from workers.ops.health import HealthServer
 from workers.queue.accounting import Accounting
 from workers.queue.affinity import AffineIntake, Affinity
 from workers.queue.heartbeat import Heartbeat, Steering, gone_apis
-from workers.queue.intake import Intake
+from workers.queue.intake import FairKeys, Intake
 from workers.queue.publisher import Outbox, Publisher
 from workers.queue.reclaim import Continued, Reclaimer, Takeover
 from workers.vitals import Member, Vitals
@@ -85,7 +85,11 @@ class BaseWorker:
         accounting = Accounting(self.keys, model.name, device, self.id, settings)
         self.publisher = Publisher(self.redis, self.keys, self.stream, settings.job_ttl_s, accounting,
                                    settings.journal_ttl_s, settings.journal_max_entries, model.name)
-        self.intake = Intake(self.redis, self.id, *(s for _, s in self.levels), aging_s=settings.priority_aging_s)
+        fair = FairKeys(tuple(self.keys.fair_order(model.name, device, level) for level, _ in self.levels),
+                        tuple(self.keys.fair_clock(model.name, device, level) for level, _ in self.levels),
+                        self.keys.fair_bell(model.name, device))
+        self.intake = Intake(self.redis, self.id, *(s for _, s in self.levels), aging_s=settings.priority_aging_s,
+                             fair=fair)
         self._orphaned: set[str] = set()  # running jobs cancelled because their API process is gone
         self._overdue: set[str] = set()  # running jobs cancelled because their deadline passed
         self.expired = 0  # jobs dropped unrun: read after their deadline
@@ -96,7 +100,7 @@ class BaseWorker:
         self.affinity = Affinity(self.redis, self.keys, settings, self.member) if settings.affinity else None
         if self.affinity is not None:
             self.intake = AffineIntake(self.redis, self.id, *(s for _, s in self.levels),
-                                       aging_s=settings.priority_aging_s, affinity=self.affinity)
+                                       aging_s=settings.priority_aging_s, fair=fair, affinity=self.affinity)
         self.heartbeat = Heartbeat(self.redis, self.keys, settings, self.member, self.vitals)
         self.reclaimer = Reclaimer(self.redis, self.keys, settings, self.member, self.room, self.resumable,
                                    self.heartbeat.steady, self._affinity_streams)
@@ -205,7 +209,7 @@ class BaseWorker:
     async def ensure_group(self) -> None:
         """Create both streams' consumer groups (at start, and again when Redis lost them: NOGROUP)."""
         backoff = Backoff()
-        for stream in (*self.streams, *self._affinity_streams()[:1]):
+        for stream in (*self.streams, *self.intake.bells, *self._affinity_streams()[:1]):
             while True:
                 try:
                     await self.redis.xgroup_create(stream, GROUP, id="0", mkstream=True)
@@ -507,6 +511,13 @@ class BaseWorker:
         self._overdue.discard(state.job.id)
         self._slot_free.set()
         outbox.ack(state.entry_id, self.stream_of(state.job))
+        share = state.job.share
+        if share is not None and state.job.priority != "batch":  # its tenant's fair share: by the tokens it took
+            summary = state.summary()
+            used = int(summary.get("prompt_tokens") or 0) + int(summary.get("completion_tokens") or 0)
+            clock = self.keys.fair_clock(self.model.name, self.device, state.job.priority)
+            outbox.commands += [["HINCRBYFLOAT", clock, f"f:{share.tenant}", (used - share.cost) / share.weight],
+                                ["EXPIRE", clock, self.settings.job_ttl_s]]
 
     def _fail_all(self, status: int, message: str) -> None:
         outbox = Outbox()

@@ -19,12 +19,14 @@ from redis.exceptions import ResponseError
 
 from api.ops.refusals import Refusals
 from api.ops.tracing import RequestTrace
+from common import fairness
 from common.events import DoneEvent
 from common.jobs import LEVELS
 from common.keys import GROUP, Keys
 from common.ops.stats import BOUNDS
 
 LABELS = ("model", "device")
+TOP_TENANTS = 10  # tenants shown per model and device in ovq_queue_waiting_jobs_by_tenant
 access_log = logging.getLogger("ovq.access")
 
 # The ops page's bounds (common/ops/stats.py BOUNDS), in seconds: the same latency reads alike on both.
@@ -123,6 +125,9 @@ class Metrics:
                              registry=r)
         self.waiting_by_priority = Gauge("ovq_queue_waiting_jobs_by_priority", "Jobs waiting in each priority "
                                          "level's stream (XLEN - pending)", (*LABELS, "priority"), registry=r)
+        self.waiting_by_tenant = Gauge("ovq_queue_waiting_jobs_by_tenant", f"Jobs waiting per tenant (fair shares), "
+                                       f"the {TOP_TENANTS} with the most per model and device", (*LABELS, "tenant"),
+                                       registry=r)
         self.in_flight = Gauge("ovq_queue_in_flight_jobs", "Jobs delivered to a worker, not yet acked", LABELS,
                                registry=r)
         self.workers = Gauge("ovq_live_workers", "Workers with a fresh heartbeat", LABELS, registry=r)
@@ -131,7 +136,7 @@ class Metrics:
                                 ("model", "reason"), registry=r)
         self._labelled = (self.outcomes, self.prompt_tokens, self.generation_tokens, self.ttft, self.itl,
                           self.duration, self.queue_time, self.waiting, self.in_flight, self.workers,
-                          self.waiting_by_priority)
+                          self.waiting_by_priority, self.waiting_by_tenant)
         # Each (model, device)'s series, looked up once: `labels()` costs more than the update it leads to.
         self._series: dict[tuple[str, str], Series] = {}
 
@@ -187,7 +192,7 @@ class Metrics:
             length, pending, live = await pipe.execute()
         except ResponseError:  # no stream or group yet
             return 0, 0, 0
-        in_flight = int(pending["pending"])
+        in_flight = fairness.in_flight(pending)
         return max(int(length) - in_flight, 0), in_flight, int(live)
 
     async def waiting_levels(self, model: str, device: str) -> dict[str, int]:
@@ -202,8 +207,20 @@ class Metrics:
         for i, level in enumerate(LEVELS):
             length, pending = replies[2 * i], replies[2 * i + 1]
             ok = isinstance(length, int) and isinstance(pending, dict)
-            waiting[level] = max(length - int(pending["pending"]), 0) if ok else 0
+            waiting[level] = max(length - fairness.in_flight(pending), 0) if ok else 0
         return waiting
+
+    async def waiting_tenants(self, model: str, device: str) -> dict[str, int]:
+        """Parked jobs per tenant over the fair levels (common/fairness.py), the TOP_TENANTS with the most."""
+        pipe = self.redis.pipeline(transaction=False)
+        for level in LEVELS[:-1]:  # batch lines are never parked
+            pipe.hgetall(self.keys.fair_clock(model, device, level))
+        counts: dict[str, int] = {}
+        for clock in await pipe.execute(raise_on_error=False):
+            if isinstance(clock, dict):
+                for tenant, n in fairness.tenant_counts(clock).items():
+                    counts[tenant] = counts.get(tenant, 0) + n
+        return dict(sorted(counts.items(), key=lambda kv: -kv[1])[:TOP_TENANTS])
 
     async def render(self, models: dict[str, list[str]]) -> bytes:
         served = {(model, device) for model, devices in models.items() for device in devices}
@@ -219,4 +236,10 @@ class Metrics:
             self.workers.labels(model, device).set(live)
             for level, n in (await self.waiting_levels(model, device)).items():
                 self.waiting_by_priority.labels(model, device, level).set(n)
+            tenants = await self.waiting_tenants(model, device)
+            for labels in list(self.waiting_by_tenant._metrics):  # noqa: SLF001 - tenants that no longer wait go
+                if tuple(labels[:2]) == (model, device) and labels[2] not in tenants:
+                    self.waiting_by_tenant.remove(*labels)
+            for tenant, n in tenants.items():
+                self.waiting_by_tenant.labels(model, device, tenant).set(n)
         return generate_latest(self.registry)

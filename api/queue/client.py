@@ -27,9 +27,11 @@ from api.ops.metrics import Metrics, Record
 from api.queue.hub import EventHub, Express, Inbox
 from api.queue.priority import priority_of
 from api.queue.registry import Queued, Registry, Servable
+from api.queue.tenant import Tenant, tenant_of
 from common.errors import OvqError, unavailable
 from common.events import ACCEPTED, CANCELLED, ERROR, TERMINAL, AcceptedEvent, ErrorEvent, EventDict
-from common.jobs import Job, JobHash, JobStatus
+from common.fairness import estimate_cost
+from common.jobs import Job, JobHash, JobStatus, Share
 from common.keys import Keys
 from common.redis.client import UNAVAILABLE, redis_away
 from common.settings import Settings
@@ -117,9 +119,13 @@ class JobClient:
         generation.bound_by = ("X-Request-Timeout" if "x-request-timeout" in request.headers
                                else "X-Stainless-Read-Timeout" if read_timeout(request) is not None
                                else "request_timeout_s")
+        tenant = tenant_of(request) if priority != "batch" else None
+        generation.tenant = tenant
         for job in jobs:
             job.priority = priority
             job.deadline, job.start_by = unix(deadline), unix(generation.start_by)
+            if tenant is not None and self.settings.fairness:
+                job.share = Share(tenant=tenant.name, weight=tenant.weight, cost=estimate_cost(job))
         generation.started = record.started  # one bound on the wait for a worker, card included (Registry)
         generation.holds = not stream
         return generation
@@ -174,6 +180,7 @@ class Generation:
         self._handed_over = False  # to a stream: its end closes the generation
         self._orphaned_since: float | None = None  # when a job's worker was found dead (none continues it yet)
         self.detached = False  # a resumable stream's: closing it does not cancel its jobs (their lease lapses)
+        self.tenant: Tenant | None = None  # whose work it is: fair shares and quota (api/queue/tenant.py)
 
     async def __aenter__(self) -> Generation:
         trace = self.request.state.record.trace if self.request is not None else None
@@ -258,6 +265,12 @@ class Generation:
     async def submit(self) -> None:
         """Enqueue every job (registered first: a first event may come at once); a refusal undoes the rest."""
         hub = self.client.hub
+        if self.tenant is not None and self.tenant.tokens_per_min is not None:
+            try:
+                await self.client.registry.quotas.take(self.tenant, sum(estimate_cost(job) for job in self.jobs))
+            except OvqError:
+                self.client.metrics.refused(self.job.model, "quota")
+                raise
         try:
             for job in self.jobs:
                 hub.register(job.id, self.inbox)
@@ -279,7 +292,9 @@ class Generation:
         if start_by is None:
             return
         left = start_by - time.monotonic()
-        wait = await self.client.registry.wait_estimate(self.servable, self.job.priority)
+        share = self.job.share
+        wait = await self.client.registry.wait_estimate(self.servable, self.job.priority,
+                                                        share.tenant if share is not None else None)
         if wait is None or wait <= left:
             return
         self.client.metrics.refused(self.job.model, "deadline", self.servable.card.device)

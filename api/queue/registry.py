@@ -12,7 +12,9 @@ from dataclasses import dataclass
 import redis.asyncio as aioredis
 
 from api.queue import affinity
+from api.queue.tenant import Quotas
 from common.errors import OvqError, not_found, unavailable
+from common.fairness import BELL_LEN, CLOCK_CAP, PARK, in_flight
 from common.jobs import ENTRY_JOB, LEVELS, Job, JobHash, JobStatus
 from common.keys import GROUP, Keys
 from common.modelcard import ModelCard
@@ -27,23 +29,28 @@ CARD_CACHE_S = 1.0
 
 
 # KEYS: job hash, then per device (in preference order): its workers zset, its (interactive) stream, the stream
-# of the job's priority level (`Keys.level_jobs`: the same, its batch stream, or its high or low stream).
-# ARGV: oldest live heartbeat, max backlog, job TTL, created, reply_to, model, priority, then per device its name
-# and the job as JSON. An interactive job goes to the device with the fewest interactive jobs (batch jobs never
-# delay it: workers read them only when no interactive job waits); a batch job to the device with the fewest jobs
-# of either kind (a job of another level: by the interactive backlog plus its own level's). With no live worker
-# on any device (restarting, or scaled to zero) the job still goes in, by the same rule over every device, and
-# waits there for a worker (the API bounds that wait: `queue_timeout_s`).
-# Returns {device chosen (1-based), 1 when it has a live worker else 0, the stream entry's id}; {-1} when the
-# chosen backlog is full.
+# of the job's priority level (`Keys.level_jobs`: the same, its batch stream, or its high or low stream), that
+# level's fair order set and clock, and the device's bell (common/fairness.py).
+# ARGV: oldest live heartbeat, max backlog, job TTL, created, reply_to, model, priority, tenant ('' when the job
+# carries none: not parked), its cost over its weight, then per device its name and the job as JSON. An
+# interactive job goes to the device with the fewest interactive jobs (batch jobs never delay it: workers read
+# them only when no interactive job waits); a batch job to the device with the fewest jobs of either kind (a job
+# of another level: by the interactive backlog plus its own level's). With no live worker on any device
+# (restarting, or scaled to zero) the job still goes in, by the same rule over every device, and waits there for
+# a worker (the API bounds that wait: `queue_timeout_s`). A job with a tenant is then parked (common/fairness.py)
+# with every undelivered entry of its stream (the others as tenant '', at `v`: first), and the bell rings.
+# Returns {device chosen (1-based), 1 when it has a live worker else 0, the stream entry's id, 1 when parked};
+# {-1} when the chosen backlog is full.
 ENQUEUE = f"""
-local devices = (#KEYS - 1) / 3
+local per = 6
+local devices = (#KEYS - 1) / per
 local function shortest(live_only)
   local best, best_len = 0, 0
   for i = 1, devices do
-    if not live_only or redis.call('ZCOUNT', KEYS[3 * i - 1], ARGV[1], '+inf') > 0 then
-      local len = redis.call('XLEN', KEYS[3 * i])
-      if KEYS[3 * i + 1] ~= KEYS[3 * i] then len = len + redis.call('XLEN', KEYS[3 * i + 1]) end
+    local k = per * (i - 1) + 1
+    if not live_only or redis.call('ZCOUNT', KEYS[k + 1], ARGV[1], '+inf') > 0 then
+      local len = redis.call('XLEN', KEYS[k + 2])
+      if KEYS[k + 3] ~= KEYS[k + 2] then len = len + redis.call('XLEN', KEYS[k + 3]) end
       if best == 0 or len < best_len then best, best_len = i, len end
     end
   end
@@ -56,24 +63,57 @@ if best == 0 then
   best, best_len = shortest(false)
 end
 if best_len >= tonumber(ARGV[2]) then return {{-1}} end
+local k = per * (best - 1) + 1
 redis.call('HSET', KEYS[1], '{JobHash.STATUS}', '{JobStatus.QUEUED}', '{JobHash.CREATED}', ARGV[4],
-           '{JobHash.API}', ARGV[5], '{JobHash.MODEL}', ARGV[6], '{JobHash.DEVICE}', ARGV[6 + 2 * best])
+           '{JobHash.API}', ARGV[5], '{JobHash.MODEL}', ARGV[6], '{JobHash.DEVICE}', ARGV[8 + 2 * best])
 redis.call('EXPIRE', KEYS[1], ARGV[3])
-local id = redis.call('XADD', KEYS[3 * best + 1], '*', '{ENTRY_JOB}', ARGV[7 + 2 * best])
-return {{best, live, id}}
+local stream, order, clock, bell = KEYS[k + 3], KEYS[k + 4], KEYS[k + 5], KEYS[k + 6]
+local id = redis.call('XADD', stream, '*', '{ENTRY_JOB}', ARGV[9 + 2 * best])
+if ARGV[8] == '' then return {{best, live, id, 0}} end
+local ok, read = pcall(redis.call, 'XREADGROUP', 'GROUP', '{GROUP}', '{PARK}', 'COUNT', ARGV[2], 'STREAMS', stream, '>')
+if not ok or not read then return {{best, live, id, 0}} end
+local v = tonumber(redis.call('HGET', clock, 'v') or '0')
+for _, entry in ipairs(read[1][2]) do
+  if entry[1] == id then
+    local start = math.max(v, tonumber(redis.call('HGET', clock, 'f:' .. ARGV[8]) or '0'))
+    redis.call('HSET', clock, 'f:' .. ARGV[8], start + tonumber(ARGV[9]))
+    redis.call('ZADD', order, start, id .. '|' .. ARGV[8])
+    redis.call('HINCRBY', clock, 'n:' .. ARGV[8], 1)
+  else
+    redis.call('ZADD', order, v, entry[1] .. '|')
+    redis.call('HINCRBY', clock, 'n:', 1)
+  end
+end
+if redis.call('HLEN', clock) > {CLOCK_CAP} then
+  local fields = redis.call('HGETALL', clock)
+  for j = 1, #fields, 2 do
+    if string.sub(fields[j], 1, 2) == 'f:' and tonumber(fields[j + 1]) <= v then
+      redis.call('HDEL', clock, fields[j])
+    end
+  end
+end
+redis.call('EXPIRE', clock, ARGV[3])
+redis.call('XADD', bell, 'MAXLEN', {BELL_LEN}, '*', 'r', '1')
+return {{best, live, id, 1}}
 """
-# KEYS: the stream, the job hash. ARGV: the entry's id. Takes back a job no worker has taken yet (still `queued`):
-# nobody runs it later, and a scaler reading the stream's length no longer counts it. Its hash says `cancelled`,
-# as a worker that skipped it would have written.
+# KEYS: the stream, the job hash, the level's fair order set and clock. ARGV: the entry's id, its tenant when it
+# was parked (else nothing). Takes back a job no worker has taken yet (still `queued`): nobody runs it later, and a
+# scaler reading the stream's length no longer counts it. Its hash says `cancelled`, as a worker that skipped it
+# would have written. A parked job leaves its order set and the parking consumer's pending list too.
 WITHDRAW = f"""
 if redis.call('HGET', KEYS[2], '{JobHash.STATUS}') == '{JobStatus.QUEUED}' then
   redis.call('HSET', KEYS[2], '{JobHash.STATUS}', '{JobStatus.CANCELLED}')
+  if ARGV[2] and redis.call('ZREM', KEYS[3], ARGV[1] .. '|' .. ARGV[2]) == 1 then
+    redis.call('XACK', KEYS[1], '{GROUP}', ARGV[1])
+    if redis.call('HINCRBY', KEYS[4], 'n:' .. ARGV[2], -1) <= 0 then redis.call('HDEL', KEYS[4], 'n:' .. ARGV[2]) end
+  end
   return redis.call('XDEL', KEYS[1], ARGV[1])
 end
 return 0
 """
 CARD_POLL_S = 0.5
-ESTIMATE_CACHE_S = 0.5  # a burst's requests share one wait estimate (one round trip)
+ESTIMATE_CACHE_S = 0.5
+ESTIMATES_KEPT = 1024  # a burst's requests share one wait estimate (one round trip)
 RATE_WINDOWS = 3  # the stats windows (common/ops/stats.py) a wait estimate's rate is measured over
 
 
@@ -84,6 +124,8 @@ class Queued:
     stream: str
     entry: str
     live: bool
+    # Where a parked job's fair order is kept (common/fairness.py): its order set, clock and tenant; None: not parked.
+    parked: tuple[str, str, str] | None = None
 
 
 @dataclass
@@ -105,14 +147,15 @@ class Registry:
         self.devices = devices or {}  # an expected model's devices in the models file, in preference order
         self._cards: dict[str, tuple[float, dict[str, ModelCard]]] = {}
         self._loading: dict[str, asyncio.Future[dict[str, ModelCard]]] = {}
-        self._estimates: dict[tuple[str, str], tuple[float, float | None]] = {}
-        self._estimating: dict[tuple[str, str], asyncio.Future[float | None]] = {}
+        self._estimates: dict[tuple[str, str, str | None], tuple[float, float | None]] = {}
+        self._estimating: dict[tuple[str, str, str | None], asyncio.Future[float | None]] = {}
         self._enqueue = Script(ENQUEUE)
         self._withdraw = Script(WITHDRAW)
         self._affine_enqueue = Script(affinity.ENQUEUE)
         # Every request's enqueue, on a connection of its own: those made in one event-loop turn go out in one
         # write (a burst of requests costs Redis and this process a few writes).
         self._lane = open_lane(redis)
+        self.quotas = Quotas(self._lane, keys)
         wanted = replicas_wanted(settings)
         self._replicas = ReplicaWait(wanted, settings.redis_wait_timeout_ms) if wanted else None
 
@@ -218,25 +261,31 @@ class Registry:
                 return queued
             job.affinity = None
         devices = list(servable.cards)
-        keys = [k for d in devices for k in (self.keys.workers(servable.model, d), self.keys.jobs(servable.model, d),
-                                             self.keys.level_jobs(servable.model, d, job.priority))]
+        level, model = job.priority, servable.model
+        keys = [k for d in devices for k in (
+            self.keys.workers(model, d), self.keys.jobs(model, d), self.keys.level_jobs(model, d, level),
+            self.keys.fair_order(model, d, level), self.keys.fair_clock(model, d, level),
+            self.keys.fair_bell(model, d))]
         jobs = []
         for device in devices:  # the job as each device's worker would get it; `device` ends as the chosen one
             job.device = device
             jobs.append((device, job.model_dump_json()))
         since = time.time() - self.settings.worker_ttl_s
+        share = job.share if level != "batch" else None
         args = [since, self.settings.max_queue_depth, self.settings.job_ttl_s, job.created, job.reply_to,
-                servable.model, job.priority, *(part for pair in jobs for part in pair)]
+                model, level, share.tenant if share else "", share.cost / share.weight if share else 0,
+                *(part for pair in jobs for part in pair)]
         touched = [self.keys.job(job.id, job.model), *keys]
         reply = await (self._enqueue(self._lane, touched, args) if self._replicas is None
                        else self._replicas.run(self._lane, self._enqueue, touched, args))
         if reply[0] < 0:
-            raise OvqError(f"The model `{servable.model}` is overloaded; retry later", 429, "rate_limit_error",
+            raise OvqError(f"The model `{model}` is overloaded; retry later", 429, "rate_limit_error",
                            code="queue_full")
-        chosen, live, entry = reply
+        chosen, live, entry, parked = reply
         job.device = devices[chosen - 1]
-        stream = keys[3 * (chosen - 1) + 2]
-        return Queued(job.device, stream, entry.decode() if isinstance(entry, bytes) else entry, bool(live))
+        at = 6 * (chosen - 1)
+        return Queued(job.device, keys[at + 2], entry.decode() if isinstance(entry, bytes) else entry, bool(live),
+                      (keys[at + 3], keys[at + 4], share.tenant) if parked and share else None)
 
     async def _affine(self, servable: Servable, job: Job) -> Queued | None:
         """Into the preferred worker's affinity stream (two round trips: who served the prefixes, then the
@@ -261,47 +310,61 @@ class Registry:
         return Queued(chosen.device, touched[2 * reply[0]], entry.decode() if isinstance(entry, bytes) else entry,
                       True)
 
-    async def wait_estimate(self, servable: Servable, priority: str) -> float | None:
+    async def wait_estimate(self, servable: Servable, priority: str, tenant: str | None = None) -> float | None:
         """Seconds a job queued now would wait before a worker starts it: the jobs waiting ahead of it (at its
         priority or above, on every device of the model) over the rate the model's workers finished jobs in the
-        last stats windows. 0 when none waits; None when some wait but none finished lately: no measure, and
-        nothing is refused on a guess. Cached for half a second; concurrent misses share one round trip."""
-        key = (servable.model, priority)
+        last stats windows. With a `tenant` (fair shares, common/fairness.py), of its own level only the jobs
+        without a tenant and the parked ones that start before the tenant's next would. 0 when none waits; None
+        when some wait but none finished lately: no measure, and nothing is refused on a guess. Cached for half a
+        second; concurrent misses share one round trip."""
+        key = (servable.model, priority, tenant)
         cached = self._estimates.get(key)
         if cached and time.monotonic() - cached[0] < ESTIMATE_CACHE_S:
             return cached[1]
         estimating = self._estimating.get(key)
         if estimating is None:
-            estimating = self._estimating[key] = asyncio.ensure_future(self._estimate(servable, priority))
+            estimating = self._estimating[key] = asyncio.ensure_future(self._estimate(servable, priority, tenant))
             estimating.add_done_callback(lambda _: self._estimating.pop(key, None))
         estimate = await asyncio.shield(estimating)
+        if len(self._estimates) > ESTIMATES_KEPT:  # one per tenant too: any number of `user` values
+            self._estimates.clear()
         self._estimates[key] = (time.monotonic(), estimate)
         return estimate
 
-    async def _estimate(self, servable: Servable, priority: str) -> float | None:
+    async def _estimate(self, servable: Servable, priority: str, tenant: str | None = None) -> float | None:
         now = time.time()
         windows = [window_of(now) - WINDOW_S * i for i in range(RATE_WINDOWS)]
+        fair = tenant is not None and priority != "batch"
         pipe = self.redis.pipeline(transaction=False)
-        streams = 0
         for device in servable.cards:
             for stream in self.ahead(servable.model, device, priority):
                 pipe.xlen(stream)
                 pipe.xpending(stream, GROUP)
-                streams += 1
+            if fair:
+                pipe.hmget(self.keys.fair_clock(servable.model, device, priority), "v", f"f:{tenant}")
             for window in windows:
                 pipe.hmget(self.keys.stats(servable.model, device, window), *OUTCOMES)
         replies = await pipe.execute(raise_on_error=False)
         waiting, finished, at = 0, 0, 0
         for device in servable.cards:
+            own = 0
             for _ in self.ahead(servable.model, device, priority):
                 length, pending = replies[at], replies[at + 1]
                 at += 2
                 if isinstance(length, int) and isinstance(pending, dict):
-                    waiting += max(length - int(pending["pending"]), 0)
+                    own = max(length - in_flight(pending), 0)
+                    waiting += own
+            if fair:
+                clock = replies[at]
+                at += 1
+                if isinstance(clock, list) and own:  # its level: only what would start before it
+                    start = max(float(clock[0] or 0), float(clock[1] or 0))
+                    order = self.keys.fair_order(servable.model, device, priority)
+                    waiting -= await self.redis.zcount(order, f"({start}", "+inf")
             for _ in windows:
                 finished += sum(int(n) for n in replies[at] if n is not None)
                 at += 1
-        if waiting == 0:
+        if waiting <= 0:
             return 0.0
         seconds = WINDOW_S * (RATE_WINDOWS - 1) + max(now - windows[0], 1.0)
         return waiting * seconds / finished if finished else None
@@ -314,8 +377,9 @@ class Registry:
 
     async def withdraw(self, queued: Queued, job_id: str, model: str = "") -> bool:
         """Take a job back out of its stream if no worker has taken it yet (its wait for one timed out)."""
-        return bool(await self._withdraw(self._lane, keys=[queued.stream, self.keys.job(job_id, model)],
-                                         args=[queued.entry]))
+        order, clock, tenant = queued.parked or (queued.stream, queued.stream, None)
+        return bool(await self._withdraw(self._lane, keys=[queued.stream, self.keys.job(job_id, model), order, clock],
+                                         args=[queued.entry] if tenant is None else [queued.entry, tenant]))
 
     async def close(self) -> None:
         await self._lane.close()

@@ -12,12 +12,16 @@ from redis.exceptions import ResponseError
 
 from common.batch.store import ModelBatches
 from common.batch.store import per_model as batch_models
+from common.fairness import in_flight, tenant_counts
 from common.jobs import ENTRY_REASON, ENTRY_WORKER, Job
 from common.keys import GROUP, Keys
 from common.ops.stats import Summary
 from common.ops.stats import read as read_stats
 from common.redis.client import node_of
 from common.settings import Settings
+
+FAIR_LEVELS = ("high", "interactive", "low")  # the levels whose jobs are parked for fair shares (batch is not)
+TOP_TENANTS = 10
 
 
 class StreamState(BaseModel):
@@ -34,6 +38,8 @@ class StreamState(BaseModel):
     # Jobs waiting at the `high` and `low` priority levels (their own streams, `Keys.level_jobs`).
     high_waiting: int = 0
     low_waiting: int = 0
+    # Parked jobs per tenant (fair shares, common/fairness.py) over the levels, the TOP_TENANTS with the most.
+    tenants_waiting: dict[str, int] = Field(default_factory=dict)
     stats: Summary | None = None
     node: str = ""  # the Redis node the stream lives on (HOST:PORT): the primary, or its cluster shard's master
 
@@ -140,11 +146,17 @@ async def streams(redis: aioredis.Redis, keys: Keys, settings: Settings,
         for level in ("high", "low"):
             pipe.xlen(keys.level_jobs(model, device, level))
             pipe.xpending(keys.level_jobs(model, device, level), GROUP)
+        for level in FAIR_LEVELS:
+            pipe.hgetall(keys.fair_clock(model, device, level))
     replies = iter(await pipe.execute(raise_on_error=False))
     states = []
     for model, device in pairs:
         length, pending, groups, live, batch_length, batch_pending = (next(replies) for _ in range(6))
         high, low = (max(_length(next(replies)) - _pending(next(replies)), 0) for _ in range(2))
+        tenants: dict[str, int] = {}
+        for clock in (next(replies) for _ in FAIR_LEVELS):
+            for tenant, n in (tenant_counts(clock) if isinstance(clock, dict) else {}).items():
+                tenants[tenant] = tenants.get(tenant, 0) + n
         in_flight, length = _pending(pending), _length(length)
         batch_in_flight = _pending(batch_pending)
         consumers = 0 if isinstance(groups, ResponseError) else sum(
@@ -154,12 +166,13 @@ async def streams(redis: aioredis.Redis, keys: Keys, settings: Settings,
                                   workers=int(live), consumers=consumers,
                                   batch_waiting=max(_length(batch_length) - batch_in_flight, 0),
                                   batch_in_flight=batch_in_flight, high_waiting=high, low_waiting=low,
+                                  tenants_waiting=dict(sorted(tenants.items(), key=lambda kv: -kv[1])[:TOP_TENANTS]),
                                   node=await node_of(redis, keys.jobs(model, device))))
     return states
 
 
 def _pending(reply: object) -> int:
-    return 0 if isinstance(reply, ResponseError) else int(reply["pending"])  # type: ignore[index]
+    return 0 if isinstance(reply, ResponseError) else in_flight(reply)  # parked jobs (common/fairness.py) wait
 
 
 def _length(reply: object) -> int:

@@ -15,6 +15,7 @@ from redis.asyncio.cluster import RedisCluster
 
 from api.queue.registry import ENQUEUE, WITHDRAW
 from common.batch.store import CANCEL, END, RECORD, RENEW, UPDATE
+from common.fairness import PARK
 from common.jobs import Job
 from common.keys import GROUP, Keys
 from common.ops import control
@@ -48,23 +49,39 @@ def client(cluster: ClusterSet) -> Iterator[redis.RedisCluster]:
 def test_queue_scripts_of_one_model_touch_one_slot(client: redis.RedisCluster) -> None:
     for model in MODELS[:3]:
         job = f"job-{model}"
-        # Per device: its workers, its interactive stream (the backlog measured), the stream of the job's level.
+        # Per device: its workers, its interactive stream (the backlog measured), the stream of the job's level, that
+        # level's fair order and clock, the device's bell (common/fairness.py).
         queues = [k for d in DEVICES
-                  for k in (KEYS.workers(model, d), KEYS.jobs(model, d), KEYS.level_jobs(model, d, "low"))]
+                  for k in (KEYS.workers(model, d), KEYS.jobs(model, d), KEYS.level_jobs(model, d, "low"),
+                            KEYS.fair_order(model, d, "low"), KEYS.fair_clock(model, d, "low"),
+                            KEYS.fair_bell(model, d))]
         for d in DEVICES:
             for stream in (KEYS.jobs(model, d), KEYS.level_jobs(model, d, "low"), KEYS.batch_jobs(model, d)):
                 client.xgroup_create(stream, GROUP, id="0", mkstream=True)
         now = time.time()
-        chosen, _, entry = client.register_script(ENQUEUE)(
+        chosen, _, entry, parked = client.register_script(ENQUEUE)(
             keys=[KEYS.job(job, model), *queues],
-            args=[now - 30, 100, 60, now, "api1", model, "low", *(x for d in DEVICES for x in (d, "{}"))])
-        stream = KEYS.level_jobs(model, DEVICES[chosen - 1], "low")
-        assert client.register_script(WITHDRAW)(keys=[stream, KEYS.job(job, model)], args=[entry]) == 1
+            args=[now - 30, 100, 60, now, "api1", model, "low", "tenant", 10, *(x for d in DEVICES for x in (d, "{}"))])
+        assert parked == 1
+        device = DEVICES[chosen - 1]
+        stream = KEYS.level_jobs(model, device, "low")
+        order, clock = KEYS.fair_order(model, device, "low"), KEYS.fair_clock(model, device, "low")
+        assert client.register_script(WITHDRAW)(keys=[stream, KEYS.job(job, model), order, clock],
+                                                args=[entry, "tenant"]) == 1
         assert client.hget(KEYS.job(job, model), "status") == b"cancelled"
-        client.xadd(stream, {"job": "{}"})
-        read = client.register_script(READ)(keys=[stream, KEYS.batch_jobs(model, DEVICES[chosen - 1])],
-                                            args=[GROUP, "w1", 1, 10_000, 1])
-        assert read, "the intake read nothing from the stream it was given"
+        client.xadd(stream, {"job": "plain"})
+        mine = queues[6 * (chosen - 1):6 * chosen]  # parked again, on that device alone
+        _, _, entry, parked = client.register_script(ENQUEUE)(
+            keys=[KEYS.job(job, model), *mine], args=[now - 30, 100, 60, now, "api1", model, "low", "tenant", 10,
+                                                       device, "{}"])
+        streams = [stream, KEYS.batch_jobs(model, device)]
+        read = client.register_script(READ)
+        for expected in (b"plain", entry):  # the plain entry first, then the parked one
+            which, entries = read(keys=[*streams, order, KEYS.fair_order(model, device, "batch"), clock,
+                                        KEYS.fair_clock(model, device, "batch")],
+                                  args=[GROUP, "w1", 1, 10_000, 1, 2, PARK])
+            assert which == 1 and len(entries) == 1, "the intake read nothing from the stream it was given"
+            assert expected in (entries[0][0], entries[0][1][1])
         # FORGET reads the stream and its consumers' worker hashes: those are keyed by worker, not model (the
         # tiers' cluster mode must split it); with the stream alone it runs on the stream's node
         assert client.register_script(FORGET)(keys=[stream], args=[GROUP]) == 0

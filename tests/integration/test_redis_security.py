@@ -58,7 +58,7 @@ def servers() -> Iterator[list[Server]]:
 
 
 def serve_and_chat(t: Tiers, api_url: str, worker_url: str) -> None:
-    """One streamed and one unary chat, and a stream closed early (its cancel must reach the worker)."""
+    """One streamed and one unary chat (a tenant's), and a stream closed early (its cancel must reach the worker)."""
     t.api(REDIS_URL=api_url)
     t.worker(TINY, REDIS_URL=worker_url)
     t.wait_served(TINY)
@@ -66,7 +66,8 @@ def serve_and_chat(t: Tiers, api_url: str, worker_url: str) -> None:
     hi = [{"role": "user", "content": "hi"}]
     # The tiny model samples at temperature 1 over 512 tokens: without ignore_eos its first token is sometimes EOS.
     once = {"ignore_eos": True}
-    assert client.chat.completions.create(model=TINY, messages=hi, max_tokens=3,
+    # With a tenant (`user`): parked for fair shares and taken by the worker's fair read (common/fairness.py).
+    assert client.chat.completions.create(model=TINY, messages=hi, max_tokens=3, user="tenant-a",
                                           extra_body=once).usage.completion_tokens == 3
     streamed = list(client.chat.completions.create(model=TINY, messages=hi, max_tokens=3, stream=True,
                                                    stream_options={"include_usage": True}, extra_body=once))

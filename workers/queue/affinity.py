@@ -32,7 +32,7 @@ from common.keys import GROUP, Keys
 from common.redis.client import UNAVAILABLE
 from common.redis.lane import Lane, Script
 from common.settings import Settings
-from workers.queue.intake import Entries, Intake, _by_stream, _entries
+from workers.queue.intake import Entries, FairKeys, Intake, _entries
 from workers.vitals import Member
 
 log = logging.getLogger("ovq.affinity")
@@ -195,8 +195,8 @@ class AffineIntake(Intake):
     """The shared intake with a worker's affinity stream before it and stealing after it (see the module)."""
 
     def __init__(self, redis: aioredis.Redis, consumer: str, *streams: str, aging_s: float = 0.0,
-                 affinity: Affinity) -> None:
-        super().__init__(redis, consumer, *streams, aging_s=aging_s)
+                 fair: FairKeys | None = None, affinity: Affinity) -> None:
+        super().__init__(redis, consumer, *streams, aging_s=aging_s, fair=fair)
         self.affinity = affinity
 
     async def read(self, count: int, block_ms: int) -> list[tuple[str, Entries]]:
@@ -206,15 +206,8 @@ class AffineIntake(Intake):
         stolen = await self.affinity.steal(self.lane, count)
         if stolen is not None:
             return [stolen]
-        shared = await super().read(count, block_ms=1)
-        if shared:
+        if shared := await self._take(count):
             return shared
         if self.affinity.next_steal_ms >= 0:  # wake when a job waiting elsewhere may be stolen
             block_ms = max(1, min(block_ms, self.affinity.next_steal_ms + 1))
-        streams = (*self.streams, self.affinity.stream)
-        [reply] = await self.lane.execute([["XREADGROUP", "GROUP", GROUP, self.consumer, "COUNT", 1, "BLOCK", block_ms,
-                                            "STREAMS", *streams, *(">" for _ in streams)]], block_ms / 1000)
-        if isinstance(reply, ResponseError):
-            raise reply
-        got = {s.decode(): _entries(entries) for s, entries in _by_stream(reply)}
-        return [(stream, got[stream]) for stream in streams if got.get(stream)]
+        return await self._block(count, block_ms, (self.affinity.stream,))

@@ -9,25 +9,38 @@ highest so (ties: the higher level) is taken, one per read when it is not the hi
 job starts within (its level's distance to the highest + 1) x `aging_s` however much higher-priority work arrives,
 while levels still hold among jobs that all waited long (Slurm's age factor, not a FIFO). An idle worker then
 blocks on every stream at once, so it wakes for any.
+
+Fair shares per tenant (common/fairness.py): within a level, jobs that carry a tenant are parked by the API's
+enqueue, and taken here in weighted fair order (lowest virtual start time first) after the level's plain entries;
+an idle worker's blocking read includes the model's bell, which the enqueue rings when it parks a job.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import redis.asyncio as aioredis
 from redis.exceptions import ResponseError
 
+from common.fairness import PARK
 from common.keys import GROUP
 from common.redis.cluster import open_lane
 from common.redis.lane import Script
 
 Entries = list[tuple[bytes, dict[bytes, bytes]]]
 
-# KEYS: the streams, highest level first. ARGV: group, consumer, count, aging (ms; 0: none), the number of
-# streams subject to aging counted from the first (the last, batch, is not).
-# Returns {the stream's index (1-based), its entries}, or {0, {}} when none has an undelivered entry.
+# KEYS: the streams, highest level first; with fair shares (common/fairness.py) then each level's fair order set,
+# then each level's clock, in the same order. ARGV: group, consumer, count, aging (ms; 0: none), the number of
+# streams subject to aging counted from the first (the last, batch, is not), the number of streams, the parking
+# consumer. A level's jobs: its plain undelivered entries first (jobs without a tenant), then its parked ones,
+# lowest virtual start time first.
+# Returns {the stream's index (1-based), its entries}, or {0, {}} when none has a waiting entry.
 READ = """
-local function oldest_waiting(key)
+local n = tonumber(ARGV[6])
+local fair = #KEYS > n
+local function id_ms(id) return tonumber(string.match(id, '^(%d+)')) end
+local function oldest_waiting(i)
+  local key, oldest = KEYS[i], nil
   local ok, groups = pcall(redis.call, 'XINFO', 'GROUPS', key)
   if not ok then return nil end
   for _, group in ipairs(groups) do
@@ -35,10 +48,34 @@ local function oldest_waiting(key)
     for j = 1, #group, 2 do fields[group[j]] = group[j + 1] end
     if fields['name'] == ARGV[1] then
       local next = redis.call('XRANGE', key, '(' .. fields['last-delivered-id'], '+', 'COUNT', 1)
-      if #next == 0 then return nil end
-      return tonumber(string.match(next[1][1], '^(%d+)'))
+      if #next > 0 then oldest = id_ms(next[1][1]) end
     end
   end
+  if fair and redis.call('ZCARD', KEYS[n + i]) > 0 then
+    local parked = redis.call('XPENDING', key, ARGV[1], '-', '+', 1, ARGV[7])
+    if #parked > 0 and (oldest == nil or id_ms(parked[1][1]) < oldest) then oldest = id_ms(parked[1][1]) end
+  end
+  return oldest
+end
+local function take(i, count)
+  local reply = redis.call('XREADGROUP', 'GROUP', ARGV[1], ARGV[2], 'COUNT', count, 'STREAMS', KEYS[i], '>')
+  if reply then return reply[1][2] end
+  if not fair then return nil end
+  local order, clock, got = KEYS[n + i], KEYS[2 * n + i], {}
+  while #got < tonumber(count) do
+    local popped = redis.call('ZPOPMIN', order)
+    if #popped == 0 then break end
+    local sep = string.find(popped[1], '|', 1, true)
+    local id, tenant = string.sub(popped[1], 1, sep - 1), string.sub(popped[1], sep + 1)
+    if tonumber(popped[2]) > tonumber(redis.call('HGET', clock, 'v') or '0') then
+      redis.call('HSET', clock, 'v', popped[2])
+    end
+    if redis.call('HINCRBY', clock, 'n:' .. tenant, -1) <= 0 then redis.call('HDEL', clock, 'n:' .. tenant) end
+    for _, entry in ipairs(redis.call('XCLAIM', KEYS[i], ARGV[1], ARGV[2], 0, id, 'RETRYCOUNT', 1)) do
+      if entry[2] then got[#got + 1] = entry else redis.call('XACK', KEYS[i], ARGV[1], id) end
+    end
+  end
+  if #got > 0 then return got end
   return nil
 end
 local aging = tonumber(ARGV[4])
@@ -47,7 +84,7 @@ if aging > 0 then
   local now_ms = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
   local best, best_rank, first = 0, nil, 0
   for i = 1, tonumber(ARGV[5]) do
-    local t = oldest_waiting(KEYS[i])
+    local t = oldest_waiting(i)
     if t then
       if first == 0 then first = i end
       local rank = i - math.floor((now_ms - t) / aging)
@@ -55,13 +92,13 @@ if aging > 0 then
     end
   end
   if best > 0 and best ~= first then
-    local reply = redis.call('XREADGROUP', 'GROUP', ARGV[1], ARGV[2], 'COUNT', 1, 'STREAMS', KEYS[best], '>')
-    if reply then return {best, reply[1][2]} end
+    local got = take(best, 1)
+    if got then return {best, got} end
   end
 end
-for i = 1, #KEYS do
-  local reply = redis.call('XREADGROUP', 'GROUP', ARGV[1], ARGV[2], 'COUNT', ARGV[3], 'STREAMS', KEYS[i], '>')
-  if reply then return {i, reply[1][2]} end
+for i = 1, n do
+  local got = take(i, ARGV[3])
+  if got then return {i, got} end
 end
 return {0, {}}
 """
@@ -72,30 +109,64 @@ def _entries(raw: list) -> Entries:
     return [(entry_id, dict(zip(fields[::2], fields[1::2], strict=True))) for entry_id, fields in raw]
 
 
+@dataclass(frozen=True)
+class FairKeys:
+    """A worker's fair-share keys (common/fairness.py): each level's order set and clock, in its streams' order, and
+    its model's bell."""
+
+    orders: tuple[str, ...]
+    clocks: tuple[str, ...]
+    bell: str
+
+
 class Intake:
-    def __init__(self, redis: aioredis.Redis, consumer: str, *streams: str, aging_s: float = 0.0) -> None:
-        """`streams`: highest level first, the batch stream last."""
+    def __init__(self, redis: aioredis.Redis, consumer: str, *streams: str, aging_s: float = 0.0,
+                 fair: FairKeys | None = None) -> None:
+        """`streams`: highest level first, the batch stream last. `fair`: read parked jobs too (fair shares)."""
         self.consumer = consumer
         self.streams = streams
         self.aging_ms = int(aging_s * 1000)
+        self.fair = fair
+        self._keys = [*streams, *fair.orders, *fair.clocks] if fair else list(streams)
+        # The blocking read's streams: a parked job rings the bell instead of adding an undelivered entry.
+        self._blocking = (*streams, fair.bell) if fair else streams
         # A lane of its own: the blocking read holds its connection for up to `block_ms`.
         self.lane = open_lane(redis)
         self._read = Script(READ)
+
+    @property
+    def bells(self) -> tuple[str, ...]:
+        """Streams besides the job streams whose consumer group the worker creates."""
+        return (self.fair.bell,) if self.fair else ()
+
+    async def _take(self, count: int) -> list[tuple[str, Entries]]:
+        which, raw = await self._read(self.lane, keys=self._keys,
+                                      args=[GROUP, self.consumer, count, self.aging_ms, len(self.streams) - 1,
+                                            len(self.streams), PARK])
+        return [(self.streams[which - 1], _entries(raw))] if which else []
 
     async def read(self, count: int, block_ms: int) -> list[tuple[str, Entries]]:
         """Up to `count` jobs as (stream, entries), highest level first (an aged one before all); blocks up to
         `block_ms` when every stream is empty. The blocking read takes one entry per stream: rarely, when several
         streams get a job at the same moment, that is a few jobs beyond `count` (the highest level first)."""
-        which, raw = await self._read(self.lane, keys=list(self.streams),
-                                      args=[GROUP, self.consumer, count, self.aging_ms, len(self.streams) - 1])
-        if which:
-            return [(self.streams[which - 1], _entries(raw))]
+        if taken := await self._take(count):
+            return taken
+        return await self._block(count, block_ms)
+
+    async def _block(self, count: int, block_ms: int, also: tuple[str, ...] = ()) -> list[tuple[str, Entries]]:
+        """Wait up to `block_ms` for a job in any of the streams (and `also`'s: more job streams)."""
+        blocking = (*self._blocking, *also)
         [reply] = await self.lane.execute([["XREADGROUP", "GROUP", GROUP, self.consumer, "COUNT", 1, "BLOCK", block_ms,
-                                            "STREAMS", *self.streams, *(">" for _ in self.streams)]], block_ms / 1000)
+                                            "STREAMS", *blocking, *(">" for _ in blocking)]], block_ms / 1000)
         if isinstance(reply, ResponseError):
             raise reply
         got = {s.decode(): _entries(entries) for s, entries in _by_stream(reply)}
-        return [(stream, got[stream]) for stream in self.streams if got.get(stream)]
+        jobs = [(stream, got[stream]) for stream in (*self.streams, *also) if got.get(stream)]
+        if self.fair and (rung := got.get(self.fair.bell)):
+            await self.lane.execute([["XACK", self.fair.bell, GROUP, *(entry_id for entry_id, _ in rung)]])
+            if not jobs:  # a job was parked: take it (or, when another worker was quicker, nothing)
+                return await self._take(count)
+        return jobs
 
     async def close(self) -> None:
         await self.lane.close()

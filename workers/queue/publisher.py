@@ -51,6 +51,8 @@ class Outbox:
     forgotten: set[str] = field(default_factory=set)
     # Jobs whose events from now on also go to their journal (`Job.journal`): set before their first event.
     journaled: set[str] = field(default_factory=set)
+    # Further commands for the round trip (a tenant's fair-share correction when its job ends, common/fairness.py).
+    commands: list[Command] = field(default_factory=list)
 
     def publish(self, reply_to: str, event: Any) -> None:
         self.events[reply_to].append(event if type(event) is dict else event.model_dump(mode="json"))
@@ -100,10 +102,11 @@ class Outbox:
         self.fresh |= other.fresh
         self.forgotten |= other.forgotten
         self.journaled |= other.journaled
+        self.commands += other.commands
 
     def __bool__(self) -> bool:
         return bool(self.events or self.status or self.acks or self.stats or self.records or self.forgotten
-                    or self.journaled)
+                    or self.journaled or self.commands)
 
 
 class Publisher:
@@ -212,6 +215,7 @@ class Publisher:
             by_stream[stream or self.stream].append(entry_id)
         for stream, entry_ids in by_stream.items():
             commands += [["XACK", stream, GROUP, *entry_ids], ["XDEL", stream, *entry_ids]]
+        commands += batch.commands
         if batch.forgotten:
             commands.append(["UNLINK", *(self.keys.generated(job, self.model) for job in batch.forgotten)])
         if self.accounting is not None:

@@ -1,7 +1,8 @@
 """Jobs left pending by a dead worker: run them again if nothing was streamed; continue them from the ids they had
 streamed (`Keys.generated`) where the worker can (`resumable`, OVQ_WORKER_TAKEOVER); else end them with an error.
 
-Both of the worker's streams are covered: interactive jobs first, then batch lines. Each pass claims the jobs and
+Both of the worker's streams are covered: interactive jobs first, then batch lines. Parked jobs (common/fairness.py,
+held by the consumer `PARK`) are waiting, not orphaned: never claimed here. Each pass claims the jobs and
 says what to do with them (`Takeover`); the worker does it."""
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from redis.exceptions import ResponseError
 
 from common.errors import OvqError
 from common.events import Error
+from common.fairness import PARK
 from common.jobs import Job, JobHash, JobStatus
 from common.keys import GROUP, Keys
 from common.redis.client import UNAVAILABLE, is_nogroup
@@ -129,7 +131,7 @@ class Reclaimer:
         consumers = await self.redis.xinfo_consumers(stream, GROUP)
         dead = [c["name"].decode() if isinstance(c["name"], bytes) else c["name"] for c in consumers
                 if c["pending"] == 0 and c["idle"] > idle_ms]
-        dead = [name for name in dead if name not in live and name != self.member.id]
+        dead = [name for name in dead if name not in live and name not in (self.member.id, PARK)]
         if not dead:
             return 0
         if self.keys.cluster:
@@ -147,8 +149,14 @@ class Reclaimer:
         if free <= 0:
             return None
         idle_ms = int(self.settings.worker_ttl_s * 1000)
-        pending = await self.redis.xpending_range(stream, GROUP, "-", "+", count=100, idle=idle_ms)
-        orphans = [p for p in pending if p["consumer"].decode() not in live][:free]
+        # By consumer: the parked jobs (PARK's, maybe thousands) must not hide a dead worker's behind them.
+        summary = await self.redis.xpending(stream, GROUP)
+        names = [c["name"].decode() if isinstance(c["name"], bytes) else c["name"] for c in summary["consumers"] or ()]
+        orphans = []
+        for name in names:
+            if name not in live and name != PARK and len(orphans) < free:
+                orphans += await self.redis.xpending_range(stream, GROUP, "-", "+", count=free - len(orphans),
+                                                           consumername=name, idle=idle_ms)
         if not orphans:
             return None
         claimed = await self.redis.xclaim(stream, GROUP, self.member.id, idle_ms, [p["message_id"] for p in orphans])

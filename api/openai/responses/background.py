@@ -38,9 +38,11 @@ from api.queue.client import JobClient
 from api.queue.journal import Journal, JournalBroken, paced
 from api.queue.priority import priority_of
 from api.queue.registry import Servable
+from api.queue.tenant import tenant_of
 from common.errors import OvqError
 from common.events import ACCEPTED, CANCELLED, DELTA, DONE, ERROR, EventDict
-from common.jobs import Job, JobHash, JobStatus
+from common.fairness import estimate_cost
+from common.jobs import Job, JobHash, JobStatus, Share
 from common.keys import Keys
 from common.redis.client import UNAVAILABLE
 
@@ -133,6 +135,15 @@ class BackgroundResponses:
         job.journal = job.background = True
         job.reply_to = REPLY_TO  # its journal is read, not its events: no API process parses them for nothing
         job.priority = priority_of(request)
+        tenant = tenant_of(request) if job.priority != "batch" else None
+        if tenant is not None:  # fair shares and quota, as for any job (api/queue/tenant.py)
+            if self.settings.fairness:
+                job.share = Share(tenant=tenant.name, weight=tenant.weight, cost=estimate_cost(job))
+            try:
+                await self.jobs.registry.quotas.take(tenant, estimate_cost(job))
+            except OvqError:
+                self.jobs.metrics.refused(job.model, "quota")
+                raise
         assert isinstance(job.prompt, str)
         record = Background(response_id, body, job.id, chain, job.prompt, int(time.time()), job.params.logprobs)
         ttl, now = self.settings.journal_ttl_s, time.time()

@@ -39,7 +39,9 @@ def test_a_models_queue_keys_and_its_jobs_keys_share_one_slot() -> None:
     keys = [CLUSTER.jobs(model, "CPU"), CLUSTER.batch_jobs(model, "GPU"), CLUSTER.workers(model, "CPU"),
             CLUSTER.awaiting(model, "NPU"), CLUSTER.model(model), CLUSTER.stats(model, "CPU", 60),
             CLUSTER.job("j1", model), CLUSTER.cancel("j1", model), CLUSTER.blob("j1", "png", model),
-            CLUSTER.generated("j1", model), CLUSTER.journal("j1", model), CLUSTER.reader("j1", model)]
+            CLUSTER.generated("j1", model), CLUSTER.journal("j1", model), CLUSTER.reader("j1", model),
+            CLUSTER.fair_order(model, "CPU", "low"), CLUSTER.fair_clock(model, "CPU", "low"),
+            CLUSTER.fair_bell(model, "CPU")]
     assert len(set(keys)) == len(keys)
     assert {slot(k) for k in keys} == {slot(CLUSTER.model_cancel_channel(model))}
 

@@ -118,3 +118,19 @@ async def test_extra_streams_are_covered_and_one_gone_or_without_its_group_is_pa
                         extra=lambda: (gone, affine))
     taken = await reclaim.reclaim_once()
     assert [(t.stream, [e for e, _ in t.rerun]) for t in taken][1:] == [(affine, [entry])]
+
+
+async def test_parked_jobs_wait_they_are_not_a_dead_workers_and_do_not_hide_one(dead_worker) -> None:
+    """Jobs parked for fair shares (common/fairness.py) are pending on the consumer PARK, idle for long: never
+    claimed, and however many they are, a dead worker's jobs behind them are still found."""
+    from common.fairness import PARK
+
+    redis, keys, member, _, ids = dead_worker
+    parked = [await redis.xadd(member.stream, {"job": b"{}"}) for _ in range(150)]
+    await redis.xreadgroup(GROUP, PARK, {member.stream: ">"}, count=200)
+    await asyncio.sleep(TTL_S * 3)
+    [takeover] = await reclaimer(redis, keys, member).reclaim_once()
+    assert [entry_id for entry_id, _ in takeover.rerun] == ids
+    pending = await redis.xpending_range(member.stream, GROUP, "-", "+", count=500, consumername=PARK)
+    assert [p["message_id"] for p in pending] == parked
+    assert PARK.encode() in [c["name"] for c in await redis.xinfo_consumers(member.stream, GROUP)]

@@ -1,0 +1,76 @@
+"""Fair shares per tenant: when a model's queue is contended, workers take waiting jobs in weighted fair order by
+tokens, across every API process and worker, with all the state in Redis.
+
+The tenant is the API key's (`KeyAttributes.who`), or the request's `user` field when keys are off; a job
+without one (or with OVQ_FAIRNESS=0) is queued and read exactly as before: first come, first served.
+
+How (start-time fair queueing, SFQ, over the existing streams):
+- A job that carries a tenant (`Job.share`) still goes into its level's stream (`Keys.level_jobs`), so stream
+  lengths (the backlog bound, KEDA's `streamLength`), acks, deletes, reclaim of dead workers, dead letters and
+  `WITHDRAW` all see it as before. In the same enqueue script it is *parked*: read at once by the consumer
+  `PARK` of the group (so a worker's plain `XREADGROUP >` never takes it out of order) and given a virtual start
+  time `S = max(v, F[tenant])`, its finish `F[tenant] = S + cost / weight`, in the level's order set
+  (`Keys.fair_order`, member `ENTRY|TENANT`, score `S`) and clock (`Keys.fair_clock`: `v`, `f:T`, `n:T`).
+- A worker's read (workers/queue/intake.py) first takes plain undelivered entries as before (jobs without a
+  tenant), then pops the lowest `S` of the level and `XCLAIM`s that entry from `PARK` (delivery count 1, as a
+  first read), and sets `v = S`. A tenant back from idle restarts at `v` (`max`): no banked credit; a flood of
+  one tenant is tagged `v, v+c, v+2c, ...` at once, so another tenant's job arriving later is tagged `v` and
+  runs next: it never waits behind more than the jobs already started.
+- When the job ends its worker corrects `F[tenant]` by (actual tokens - estimate) / weight.
+- An idle worker blocks on its streams and the model's bell (`Keys.fair_bell`, capped), which the enqueue rings
+  when it parks a job, so a parked job wakes a worker as a plain entry does.
+- Aging across levels counts a level's oldest parked job too; a parked job counts as waiting (not in flight)
+  everywhere waiting jobs are counted (`in_flight` below).
+
+Left out: Batch API lines (level `batch`) are never parked (they run when nothing else waits anyway); the tags
+of jobs already parked are not corrected (only the tenant's next ones).
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from common.jobs import Job
+
+PARK = "fair:parked"  # the consumer that holds parked jobs (never a worker: reclaim passes it by)
+BELL_LEN = 32  # rings kept in a bell stream
+CLOCK_CAP = 4096  # clock fields beyond which the enqueue drops finish times already behind `v`
+DEFAULT_OUTPUT_TOKENS = 256  # a job's expected output when it sets no max_tokens (corrected at its end)
+CHARS_PER_TOKEN = 4  # the API does not tokenize: a text prompt's tokens are estimated from its length
+TENANT_MAX_CHARS = 64
+
+
+def in_flight(pending: Any) -> int:
+    """Jobs held by workers, from XPENDING's summary (redis-py's dict): pending minus those parked, which wait."""
+    total = int(pending["pending"])
+    for consumer in pending.get("consumers") or ():
+        name = consumer["name"]
+        if (name.decode() if isinstance(name, bytes) else name) == PARK:
+            total -= int(consumer["pending"])
+    return max(total, 0)
+
+
+def _tokens(prompt: str | list[Any]) -> int:
+    if isinstance(prompt, list):
+        return len(prompt)
+    return len(prompt) // CHARS_PER_TOKEN + 1
+
+
+def estimate_cost(job: Job) -> int:
+    """Tokens the job is expected to cost: its prompt plus its expected output (max_tokens, or a default) for each
+    sample; embeddings and rerank by their inputs; other kinds a default."""
+    if job.kind in ("chat", "completion"):
+        params = job.params
+        output = params.max_tokens if params.max_tokens is not None else DEFAULT_OUTPUT_TOKENS
+        return _tokens(job.prompt) + output * max(params.n, params.best_of or 1)
+    if job.embed is not None:
+        return sum(_tokens(text) for text in job.embed.inputs) + (_tokens(job.embed.query) if job.embed.query else 0)
+    return DEFAULT_OUTPUT_TOKENS
+
+
+def tenant_counts(clock: dict[bytes, bytes]) -> dict[str, int]:
+    """Parked jobs per tenant, from a level's clock hash (`n:TENANT` fields)."""
+    counts = {}
+    for field, value in clock.items():
+        if field.startswith(b"n:") and int(value) > 0:
+            counts[field[2:].decode(errors="replace") or "(none)"] = int(value)
+    return counts
