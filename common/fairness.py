@@ -40,9 +40,13 @@ TENANT_MAX_CHARS = 64
 
 
 def in_flight(pending: Any) -> int:
-    """Jobs held by workers, from XPENDING's summary (redis-py's dict): pending minus those parked, which wait."""
-    total = int(pending["pending"])
-    for consumer in pending.get("consumers") or ():
+    """Jobs held by workers, from XPENDING's summary (redis-py's dict, or a lane's raw reply: [count, first, last,
+    [[consumer, count], ...]]): pending minus those parked, which wait."""
+    if isinstance(pending, list):
+        total, consumers = int(pending[0]), [{"name": c[0], "pending": c[1]} for c in pending[3] or ()]
+    else:
+        total, consumers = int(pending["pending"]), pending.get("consumers") or ()
+    for consumer in consumers:
         name = consumer["name"]
         if (name.decode() if isinstance(name, bytes) else name) == PARK:
             total -= int(consumer["pending"])

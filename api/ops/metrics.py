@@ -139,6 +139,7 @@ class Metrics:
                           self.waiting_by_priority, self.waiting_by_tenant)
         # Each (model, device)'s series, looked up once: `labels()` costs more than the update it leads to.
         self._series: dict[tuple[str, str], Series] = {}
+        self._requests: dict[tuple[str, int], Any] = {}  # `requests` by (endpoint, status): never retired
 
     def _of(self, model: str, device: str) -> Series:
         series = self._series.get((model, device))
@@ -154,7 +155,11 @@ class Metrics:
                 "ovq.request_id": record.request_id, "gen_ai.request.model": record.model, "ovq.device": record.device,
                 "gen_ai.usage.input_tokens": record.prompt_tokens,
                 "gen_ai.usage.output_tokens": record.completion_tokens, "ovq.streaming": record.streaming})
-        self.requests.labels(record.endpoint, str(record.status)).inc()
+        counted = self._requests.get((record.endpoint, record.status))
+        if counted is None:
+            counted = self._requests[record.endpoint, record.status] = self.requests.labels(record.endpoint,
+                                                                                            str(record.status))
+        counted.inc()
         if record.model:
             self.outcomes.labels(record.model, record.device, record.outcome or "stop").inc()
             series = self._of(record.model, record.device)

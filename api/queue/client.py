@@ -111,13 +111,13 @@ class JobClient:
         record: Record = request.state.record
         record.request_id = jobs[0].id.rsplit("-", 1)[0] if len(jobs) > 1 else jobs[0].id
         priority = priority_of(request)
-        first_byte = read_timeout(request)
+        first_byte = read_from_sdk = read_timeout(request)
         if first_byte is not None and not stream:  # a unary answer's first byte is all of it
             deadline, first_byte = min(deadline or first_byte, first_byte), None
         generation = Generation(self, jobs, servable, deadline, request)
         generation.first_byte = first_byte
         generation.bound_by = ("X-Request-Timeout" if "x-request-timeout" in request.headers
-                               else "X-Stainless-Read-Timeout" if read_timeout(request) is not None
+                               else "X-Stainless-Read-Timeout" if read_from_sdk is not None
                                else "request_timeout_s")
         tenant = tenant_of(request) if priority != "batch" else None
         generation.tenant = tenant
