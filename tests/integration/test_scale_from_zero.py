@@ -67,7 +67,9 @@ def test_requests_sent_while_no_worker_is_live_wait_for_one(since: str, tiers: C
             assert time.monotonic() < deadline and not any(f.done() for f in [*plain, streamed]), \
                 [f.result().text for f in plain if f.done()]
             time.sleep(0.1)
-        time.sleep(10)  # the replacement comes up later (a restart, or a scale-up from zero)
+        # The replacement comes up later (a restart, or a scale-up from zero): a gap with no worker at all, then
+        # its start-up (seconds more); the requests are all still waiting at the end of the gap.
+        time.sleep(3)
         assert not any(f.done() for f in [*plain, streamed])
         t.worker(MODEL, name="second")
         replies = [f.result() for f in plain]

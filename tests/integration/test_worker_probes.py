@@ -1,24 +1,43 @@
 """A worker's own port: liveness, readiness (engine up, Redis answering, not draining) and its metrics."""
 from __future__ import annotations
 
-from collections.abc import Callable
-from pathlib import Path
+from collections.abc import Iterator
+from dataclasses import dataclass
+from subprocess import Popen
 
 import httpx
+import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.conftest import MODELS, Tiers, free_port
 
-TINY = "tiny-llama"
+TINY, PORTLESS = "tiny-llama", "tiny-portless"  # the same weights under two names: one worker each
 
 
-def test_a_worker_answers_probes_and_exports_its_metrics(tiers: Callable[..., Tiers]) -> None:
-    t = tiers({TINY: {"path": str(MODELS / TINY), "cache_size": 0, "max_num_seqs": 8}})
+@dataclass
+class Probed:
+    tiers: Tiers
+    port: int  # the probes port of TINY's worker
+    with_port: Popen[bytes]  # TINY's worker
+    portless: Popen[bytes]  # PORTLESS's worker, started without one
+
+
+@pytest.fixture(scope="module")
+def probed(redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Probed]:
+    t = Tiers(redis_url, tmp_path_factory.mktemp("probes"),
+              {TINY: {"path": str(MODELS / TINY), "cache_size": 0, "max_num_seqs": 8},
+               PORTLESS: {"path": str(MODELS / TINY), "cache_size": 0}})
     t.api()
     port = free_port()
-    t.worker(TINY, OVQ_WORKER_PORT=str(port), OVQ_WORKER_HOST="127.0.0.1")
-    t.wait_served(TINY)
-    base = f"http://127.0.0.1:{port}"
+    with_port = t.worker(TINY, name="probed", OVQ_WORKER_PORT=str(port), OVQ_WORKER_HOST="127.0.0.1")
+    portless = t.worker(PORTLESS, name="portless")
+    t.wait_served(TINY, PORTLESS)
+    yield Probed(t, port, with_port, portless)
+    t.stop()
+
+
+def test_a_worker_answers_probes_and_exports_its_metrics(probed: Probed) -> None:
+    t, base = probed.tiers, f"http://127.0.0.1:{probed.port}"
     assert httpx.get(f"{base}/live").status_code == 200
     ready = httpx.get(f"{base}/ready")
     assert ready.status_code == 200 and ready.json() == {"ready": True, "reason": "ready"}
@@ -33,9 +52,6 @@ def test_a_worker_answers_probes_and_exports_its_metrics(tiers: Callable[..., Ti
     assert httpx.get(f"{base}/nothing").status_code == 404
 
 
-def test_a_worker_without_a_port_opens_none(tiers: Callable[..., Tiers], tmp_path: Path) -> None:
-    t = tiers({TINY: {"path": str(MODELS / TINY), "cache_size": 0}})
-    t.api()
-    worker = t.worker(TINY)
-    t.wait_served(TINY)
-    assert "probes and metrics" not in t.log(worker)
+def test_a_worker_without_a_port_opens_none(probed: Probed) -> None:
+    assert "probes and metrics" not in probed.tiers.log(probed.portless)
+    assert "probes and metrics" in probed.tiers.log(probed.with_port)  # the line it looks for is the right one

@@ -15,6 +15,7 @@ from workers.engine.continuous import Engine
 from workers.engine.protocol import EngineSpec
 from workers.queue.publisher import Outbox
 from workers.queue.reclaim import Continued
+from workers.text.detokenizer import ByteTable
 from workers.text.jobstate import RunningJob
 from workers.text.progress import ChoiceProgress, Progress, end_record, ids_record
 from workers.text.servable_info import ServableInfo
@@ -90,9 +91,17 @@ def info(model_dir: Path) -> ServableInfo:
     return ServableInfo.load(model_dir, ModelConfig(name="smol", path=str(model_dir), cache_size=0), "CPU")
 
 
-def fresh_worker(model_dir: Path, commands: list[list[Any]], info: ServableInfo) -> TextWorker:
+@pytest.fixture(scope="module")
+def byte_table(info: ServableInfo) -> ByteTable | None:
+    return ByteTable.build(info.tokenizer)
+
+
+def fresh_worker(model_dir: Path, commands: list[list[Any]], info: ServableInfo,
+                 byte_table: ByteTable | None) -> TextWorker:
     model = ModelConfig(name="smol", path=str(model_dir), cache_size=0)
-    with patch.object(ServableInfo, "load", lambda *args: info):  # loaded once: a tokenizer and its byte table
+    # Loaded and built once (the byte table reads the whole vocabulary, half a second each time); neither changes.
+    with patch.object(ServableInfo, "load", lambda *args: info), \
+            patch.object(ByteTable, "build", lambda *args: byte_table):
         worker = TextWorker(Settings(redis_url="redis://127.0.0.1:1/0", stream_interval_ms=0), model, "CPU")
     worker.engine.send = commands.append  # type: ignore[method-assign]  # the engine runs in this test
     worker.publisher = Collected()  # type: ignore[assignment]
@@ -140,14 +149,14 @@ TAKEOVER_CASES = {
 
 @pytest.mark.parametrize("case", list(TAKEOVER_CASES))
 def test_a_job_continued_by_another_worker_streams_on_exactly(engine: Engine, model_dir: Path, info: ServableInfo,
-                                                              case: str) -> None:
+                                                              byte_table: ByteTable | None, case: str) -> None:
     """A worker runs the job some steps and dies; another replays what it recorded and goes on: the client sees
     the text (log-probabilities, finish, usage) of an uninterrupted run, nothing lost or repeated, in order."""
     params = {"max_tokens": 14, "temperature": 0, "ignore_eos": True, **TAKEOVER_CASES[case]}
     job = Job(model="smol", device="CPU", kind="chat", prompt=PROMPT, reply_to="api-1",
               params=SamplingParams(**params))
     commands: list[list[Any]] = []
-    alone = fresh_worker(model_dir, commands, info)
+    alone = fresh_worker(model_dir, commands, info, byte_table)
     alone._start(b"1-1", job, Outbox())
     run(engine, alone, commands)
     reference = client_view(alone.publisher.events)  # type: ignore[attr-defined]
@@ -155,13 +164,13 @@ def test_a_job_continued_by_another_worker_streams_on_exactly(engine: Engine, mo
         text = reference["text"][0]
         params["stop"] = [text[len(text) // 2 - 1: len(text) // 2 + 2]]
         job = job.model_copy(update={"params": SamplingParams(**params)})
-        alone = fresh_worker(model_dir, commands, info)
+        alone = fresh_worker(model_dir, commands, info, byte_table)
         alone._start(b"1-1", job, Outbox())
         run(engine, alone, commands)
         reference = client_view(alone.publisher.events)  # type: ignore[attr-defined]
         assert reference["finish"] == ["stop"]
     for kill_after in (1, 4, 7, 10):
-        first = fresh_worker(model_dir, commands, info)
+        first = fresh_worker(model_dir, commands, info, byte_table)
         first._start(b"1-1", job, Outbox())
         run(engine, first, commands, steps=kill_after)
         seen = list(first.publisher.events)  # type: ignore[attr-defined]
@@ -170,7 +179,7 @@ def test_a_job_continued_by_another_worker_streams_on_exactly(engine: Engine, mo
             engine.cancel(job.id, [])
         if record is None:  # it had ended (or sent nothing): nothing to continue
             continue
-        second = fresh_worker(model_dir, commands, info)
+        second = fresh_worker(model_dir, commands, info, byte_table)
         second._continuing[job.id] = Continued(b"1-1", job.to_fields(), record, seen[0]["prompt_tokens"])
         outbox = Outbox()  # where `admit_jobs` would have it: the `accepted` goes out first
         second._start(b"1-1", job, outbox)
