@@ -79,6 +79,13 @@ local function take(i, count)
   return nil
 end
 local aging = tonumber(ARGV[4])
+if aging > 0 then  -- aging reorders levels only where two of them hold entries: XLEN first, the cheap check
+  local held = 0
+  for i = 1, tonumber(ARGV[5]) do
+    if redis.call('XLEN', KEYS[i]) > 0 then held = held + 1 end
+  end
+  if held < 2 then aging = 0 end
+end
 if aging > 0 then
   local now = redis.call('TIME')
   local now_ms = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
