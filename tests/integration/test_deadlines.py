@@ -74,7 +74,6 @@ def test_deadline_refused_up_front(single: Tiers) -> None:
     sdk = openai.OpenAI(base_url=single.base_url, api_key="unused", max_retries=0)
     with ThreadPoolExecutor(12) as pool:
         busy = _saturate(single, pool, 10)
-        sent = time.monotonic()
         refused = _post(single, LONG, **{"X-Request-Timeout": "0.5"})
         assert refused.status_code == 429, refused.text
         error = refused.json()["error"]
@@ -83,13 +82,12 @@ def test_deadline_refused_up_front(single: Tiers) -> None:
         assert int(refused.headers["Retry-After"]) >= 1
         with pytest.raises(openai.RateLimitError) as caught:  # a stream whose first chunk cannot come in time
             sdk.with_options(timeout=0.5).completions.create(model=MODEL, prompt="Hi", max_tokens=8, stream=True)
-        refused_s = time.monotonic() - sent
+        ahead = _waiting(single)  # the refusals came while jobs queued before them still waited: at once
         assert caught.value.status_code == 429 and "X-Stainless-Read-Timeout" in caught.value.message
         patient = sdk.with_options(timeout=300).completions.create(model=MODEL, prompt="Hi", max_tokens=2)
         assert patient.choices[0].text
         assert all(f.result().status_code == 200 for f in busy)
-    # The refusals came while the queue still had every job ahead of them: long before any could have run.
-    assert _waiting(single) == 0 and refused_s < 30
+    assert ahead >= 1 and _waiting(single) == 0
     # The ops page counts them, as every API process adds them up in Redis (at most a second later).
     origin, until = single.base_url.rsplit("/", 1)[0], time.monotonic() + 30
     while True:
