@@ -276,8 +276,8 @@ def test_interactive_requests_never_wait_behind_batch_lines(stack: Tiers) -> Non
     wait(client, created.id)  # every line queued has been taken by now (a cancel lets lines in flight finish)
     for job, waiting in checked:
         assert waiting, "no batch line was waiting: the test proves nothing"
-        taken = float(r.hget(keys.job(job), "taken"))
-        lines = [float(r.hget(keys.job(line_job), "taken")) for line_job in waiting]
+        taken = float(r.hget(keys.job(job, TINY), "taken"))
+        lines = [float(r.hget(keys.job(line_job, TINY), "taken")) for line_job in waiting]
         assert all(line_taken > taken for line_taken in lines), "an interactive request waited behind a batch line"
 
 
