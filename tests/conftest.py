@@ -60,8 +60,31 @@ def model_dir() -> Path:
     return prepare(default_model(Settings()))
 
 
+# `OVQ_TEST_REDIS=cluster`: the session's Redis is a real 3-master cluster with one replica each (Debian's
+# redis-server >= 7, tests/integration/redis_ha.py) instead of the embedded server, for the whole suite's end-to-end
+# tests (`redis+cluster://`). Tests that read keys name them with `test_keys` and read them with `redis_client`.
+ON_CLUSTER = os.environ.get("OVQ_TEST_REDIS", "") == "cluster"
+
+
+def test_keys(prefix: str) -> Keys:
+    """The key names the tiers use on the session's Redis (hash-tagged on a Cluster)."""
+    return Keys(prefix, cluster=ON_CLUSTER)
+
+
+test_keys.__test__ = False  # type: ignore[attr-defined] - a helper, not a test
+
+
 @pytest.fixture(scope="session")
 def redis_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    if ON_CLUSTER:
+        from tests.integration.redis_ha import ClusterSet, missing_for_sentinel
+
+        if missing_for_sentinel():
+            pytest.exit(f"OVQ_TEST_REDIS=cluster: {missing_for_sentinel()}", returncode=2)
+        cluster = ClusterSet(tmp_path_factory.mktemp("cluster"))
+        yield cluster.url
+        cluster.stop()
+        return
     server = EmbeddedRedis(tmp_path_factory.mktemp("redis"), port=free_port())
     yield server.start()
     server.stop()
@@ -69,7 +92,7 @@ def redis_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 
 @pytest.fixture()
 def redis_client(redis_url: str) -> redis.Redis:
-    return redis.Redis.from_url(redis_url)
+    return sync_client(redis_url)  # a RedisCluster on a redis+cluster:// URL
 
 
 @dataclass
@@ -235,6 +258,15 @@ class Tiers:
 
     def log(self, proc: subprocess.Popen[bytes]) -> str:
         return self.logs[proc.pid].read_text(errors="replace")
+
+    @property
+    def keys(self) -> Keys:
+        """The key names these tiers use (hash-tagged on a Cluster)."""
+        return Keys(self.prefix, cluster=is_cluster(self.redis_url))
+
+    def redis(self) -> redis.Redis:
+        """A blocking client of these tiers' Redis (a RedisCluster on a Cluster)."""
+        return sync_client(self.redis_url)
 
     def wait_served(self, *models: str, workers: int = 1, timeout: float = 120) -> None:
         """Until the API is up and each model has `workers` live workers."""

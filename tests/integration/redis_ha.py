@@ -153,7 +153,13 @@ class ClusterSet:
     """Three masters with one replica each (`redis-cli --cluster create`), failing a master over one second after it
     stops answering."""
 
-    def __init__(self, work: Path) -> None:
+    def __init__(self, work: Path, acl: Path | None = None) -> None:
+        """With `acl`: every node takes that ACL file, replicas link up as `ovq-replica` (deploy/redis/
+        users-cluster.acl's users), and the set's own checks log in as `admin`."""
+        secured = ("--aclfile", str(acl), "--masteruser", "ovq-replica", "--masterauth", "change-me-replica") \
+            if acl else ()
+        self.auth = {"username": "admin", "password": "admin-pw"} if acl else {}
+        login = ["--user", "admin", "--pass", "admin-pw", "--no-auth-warning"] if acl else []
         self.nodes: list[Node] = []
         try:
             for i in range(6):
@@ -162,8 +168,9 @@ class ClusterSet:
                                        "--dir", str(work / f"node{i}"), "--save", "", "--appendonly", "yes",
                                        "--loglevel", "warning", "--cluster-enabled", "yes",
                                        "--cluster-config-file", "nodes.conf",
-                                       "--cluster-node-timeout", str(CLUSTER_NODE_TIMEOUT_MS), port=port).start())
-            subprocess.run(["redis-cli", "--cluster", "create", *(f"127.0.0.1:{n.port}" for n in self.nodes),
+                                       "--cluster-node-timeout", str(CLUSTER_NODE_TIMEOUT_MS), *secured,
+                                       port=port).start(self.auth))
+            subprocess.run(["redis-cli", *login, "--cluster", "create", *(f"127.0.0.1:{n.port}" for n in self.nodes),
                             "--cluster-replicas", "1", "--cluster-yes"], check=True, capture_output=True, timeout=60)
             self._wait_ok()
         except BaseException:
@@ -172,10 +179,14 @@ class ClusterSet:
 
     @property
     def url(self) -> str:
-        return f"redis+cluster://{','.join(f'127.0.0.1:{n.port}' for n in self.nodes[:3])}"
+        return self.url_for()
+
+    def url_for(self, user: str = "", password: str = "") -> str:
+        login = f"{user}:{password}@" if password else ""
+        return f"redis+cluster://{login}{','.join(f'127.0.0.1:{n.port}' for n in self.nodes[:3])}"
 
     def client(self) -> redis.RedisCluster:
-        return redis.RedisCluster(host="127.0.0.1", port=self.nodes[0].port)
+        return redis.RedisCluster(host="127.0.0.1", port=self.nodes[0].port, **self.auth)
 
     def node(self, port: int) -> Node:
         return next(n for n in self.nodes if n.port == port)
@@ -183,8 +194,8 @@ class ClusterSet:
     def _wait_ok(self) -> None:
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
-            infos = [redis.Redis(port=n.port).cluster("info") for n in self.nodes]
-            links = [redis.Redis(port=n.port).info("replication") for n in self.nodes]
+            infos = [redis.Redis(port=n.port, **self.auth).cluster("info") for n in self.nodes]
+            links = [redis.Redis(port=n.port, **self.auth).info("replication") for n in self.nodes]
             replicas = [r for r in links if r.get("role") == "slave"]
             if all(i.get("cluster_state") == "ok" and int(i.get("cluster_known_nodes", 0)) == 6 for i in infos) \
                     and len(replicas) == 3 and all(r.get("master_link_status") == "up" for r in replicas):

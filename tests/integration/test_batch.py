@@ -18,12 +18,12 @@ import httpx
 import openai
 import orjson
 import pytest
-import redis
 from openai import OpenAI
 from openai.types import Batch
 
 from common.keys import Keys
-from tests.conftest import MODELS, ROOT, Tiers
+from common.redis.client import sync_client
+from tests.conftest import MODELS, ON_CLUSTER, ROOT, Tiers
 
 pytestmark = pytest.mark.e2e
 
@@ -249,8 +249,7 @@ def test_interactive_requests_never_wait_behind_batch_lines(stack: Tiers) -> Non
     an interactive request joins the queue behind waiting batch lines; resumed, the worker takes the request before
     every one of them (the order read from the `taken` times the worker writes in each job's hash)."""
     client = client_for(stack)
-    r = redis.Redis.from_url(stack.redis_url)
-    keys = Keys(stack.prefix)
+    r, keys = stack.redis(), stack.keys
     interactive_stream, batch_stream = keys.jobs(TINY, "CPU"), keys.batch_jobs(TINY, "CPU")
     created = start(client, [line(i, max_tokens=24) for i in range(60)])
     wait(client, created.id, lambda b: b.request_counts and b.request_counts.completed >= 2)
@@ -277,8 +276,8 @@ def test_interactive_requests_never_wait_behind_batch_lines(stack: Tiers) -> Non
     wait(client, created.id)  # every line queued has been taken by now (a cancel lets lines in flight finish)
     for job, waiting in checked:
         assert waiting, "no batch line was waiting: the test proves nothing"
-        taken = float(r.hget(keys.job(job), "taken"))
-        lines = [float(r.hget(keys.job(line_job), "taken")) for line_job in waiting]
+        taken = float(r.hget(keys.job(job, TINY), "taken"))
+        lines = [float(r.hget(keys.job(line_job, TINY), "taken")) for line_job in waiting]
         assert all(line_taken > taken for line_taken in lines), "an interactive request waited behind a batch line"
 
 
@@ -316,12 +315,13 @@ def test_sigkill_of_a_batch_worker_mid_batch_answers_every_line_once(tiers, tmp_
     outputs, errors = results(client, batch)
     assert errors == [] and [o["custom_id"] for o in outputs] == expected
     assert batch.request_counts and batch.request_counts.completed == 150
-    r = redis.Redis.from_url(t.redis_url)
-    keys = Keys(t.prefix)
+    r, keys = t.redis(), t.keys
     assert not r.exists(keys.batch_done(created.id), keys.batch_lease(created.id))
     assert "handed back" in t.log(second) or "worker stopping" in t.log(second)
 
 
+@pytest.mark.skipif(ON_CLUSTER, reason="a plain `rq worker --url` speaks to one Redis: on a Cluster only "
+                                       "`ovq batch-worker` (rq on the master of the Batch API's slot) runs batches")
 def test_two_apis_and_two_batch_workers_share_one_redis(tiers) -> None:
     """`ovq batch-worker` on one API, a plain `rq worker` on ovq's queue on the other: each runs a batch."""
     t: Tiers = tiers(tiny(4), **BATCH_ENV)
@@ -346,7 +346,7 @@ def test_two_apis_and_two_batch_workers_share_one_redis(tiers) -> None:
     for batch, client in zip(done, (one, two), strict=True):
         outputs, errors = results(client, batch)
         assert errors == [] and [o["custom_id"] for o in outputs] == [f"req-{i}" for i in range(80)]
-    r, keys = redis.Redis.from_url(t.redis_url), Keys(t.prefix)
+    r, keys = t.redis(), t.keys
     workers = {r.hget(f"{keys.rq_prefix}:job:{r.hget(keys.batch(d.id), 'rq_job').decode()}", "worker_name").decode()
                for d in done}
     assert workers == {"bw-one", "rq-plain"}
@@ -383,7 +383,7 @@ RQ_KEYS_OWNED = ("queue:", "queues", "workers", "wip:", "finished:", "failed:", 
 def test_two_deployments_on_one_redis_keep_their_rq_keys_apart(tiers, redis_url: str) -> None:
     """Two OVQ_KEY_PREFIXes, each with its API, worker and a batch worker named alike: each runs its batch, and
     every key either made is under its own prefix, rq's included; none is rq's default `rq:*`."""
-    r = redis.Redis.from_url(redis_url)
+    r = sync_client(redis_url)
     before = set(r.scan_iter(match="*", count=1000))
     deployments = []
     for label in ("a", "b"):
@@ -404,7 +404,7 @@ def test_two_deployments_on_one_redis_keep_their_rq_keys_apart(tiers, redis_url:
     # Other tests' tiers still running (the module's `stack`) write under their own `ovqt…` prefixes.
     assert not [k for k in made if not re.match(r"ovqt\d+:", k)], "a key under no deployment's prefix"
     for t, other, batch in zip(deployments, reversed(deployments), done, strict=True):
-        keys, rq_job = Keys(t.prefix), r.hget(Keys(t.prefix).batch(batch.id), "rq_job").decode()
+        keys, rq_job = t.keys, r.hget(t.keys.batch(batch.id), "rq_job").decode()
         own = {k for k in made if k.startswith(f"{keys.rq_prefix}:")}
         assert r.smembers(f"{keys.rq_prefix}:queues") == {f"{keys.rq_prefix}:queue:{keys.batch_queue}".encode()}
         assert f"{keys.rq_prefix}:job:{rq_job}" in own and f"{keys.rq_prefix}:worker:bw" in own

@@ -9,10 +9,10 @@ import pytest
 import redis
 from openai import OpenAI
 
-from common.keys import GROUP, Keys
-from tests.conftest import MODEL, SINGLE, Stack
+from common.keys import GROUP
+from tests.conftest import MODEL, ON_CLUSTER, SINGLE, Stack, test_keys
 
-KEYS = Keys("ovqtest")
+KEYS = test_keys("ovqtest")
 LONG = {"messages": [{"role": "user", "content": "Tell me a very long story."}], "max_tokens": 4000,
         "extra_body": {"ignore_eos": True}}
 
@@ -31,7 +31,7 @@ def wait_until(predicate, timeout: float) -> bool:
 
 
 def job_statuses(r: redis.Redis) -> dict[bytes, dict[bytes, bytes]]:
-    return {k: r.hgetall(k) for k in r.scan_iter(KEYS.job("*"))}
+    return {k: r.hgetall(k) for k in r.scan_iter(KEYS.job("*", "*" if ON_CLUSTER else ""))}
 
 
 def test_disconnect_cancels_generation(client: OpenAI, redis_client: redis.Redis) -> None:
@@ -74,7 +74,8 @@ def test_job_cancelled_while_queued_is_never_started(stack: Stack, client: OpenA
     assert wait_until(lambda: redis_client.xlen(KEYS.jobs(SINGLE, "CPU")) == 2, timeout=5)
     thread.join()
     first.close()
-    assert wait_until(lambda: redis_client.xlen(KEYS.jobs(SINGLE, "CPU")) == 0, timeout=5)
+    assert wait_until(lambda: redis_client.xlen(KEYS.jobs(SINGLE, "CPU")) == 0, timeout=5), \
+        (redis_client.xrange(KEYS.jobs(SINGLE, "CPU")), job_statuses(redis_client))
     new = {k: v for k, v in job_statuses(redis_client).items() if k not in before}
     statuses = sorted(v[b"status"] for v in new.values())
     assert statuses == [b"cancelled", b"cancelled"]

@@ -11,6 +11,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import httpx
 import orjson
@@ -26,6 +27,7 @@ from tests.integration.redis_ha import ClusterSet, Node, missing_for_sentinel
 from tests.integration.test_batch import BATCH_ENV, answered_once, batch_worker, client_for, line, results, start, wait
 from tests.integration.test_failover import QUEUED, STREAMS, probe, unary_as
 from tests.integration.test_faults import HELLO, TINY, Counts, in_threads, join, stream, tiny
+from tests.integration.test_redis_security import denied, run_a_batch, serve_and_chat
 
 pytestmark = pytest.mark.skipif(missing_for_sentinel() is not None, reason=str(missing_for_sentinel()))
 HI = [{"role": "user", "content": "hi"}]
@@ -81,6 +83,35 @@ def test_chat_streams_unary_cancels_and_batches_on_a_cluster(tiers: Callable[...
     logs = "".join(t.log(p) for p in t.procs)
     assert "Traceback" not in logs and "CROSSSLOT" not in logs, logs[-3000:]
     r.close()
+
+
+def test_the_tiers_run_on_a_cluster_with_the_documented_acl_users(tiers: Callable[..., Tiers], tmp_path: Path) -> None:
+    """deploy/redis/users-cluster.acl on every node of a cluster of its own: replicas link up as `ovq-replica`; the
+    API (sharded pub/sub, WAIT for the replica), a worker, the batch worker (rq) and `ovq status` run as their
+    users: nothing refused on any node."""
+    acl = (ROOT / "deploy" / "redis" / "users-cluster.acl").read_text()
+    acl = acl.replace("~ovq:*", "~ovqacl:*").replace("&ovq:*", "&ovqacl:*") + "user admin on >admin-pw ~* &* +@all\n"
+    acl = acl.replace(" +client|setinfo", "")  # Debian's Redis 7.0 has no CLIENT SETINFO
+    (tmp_path / "users.acl").write_text(acl)
+    made = ClusterSet(tmp_path / "cluster", acl=tmp_path / "users.acl")
+    try:
+        t = tiers(tiny(), url=made.url_for("admin", "admin-pw"), OVQ_KEY_PREFIX="ovqacl")
+        t.prefix = "ovqacl"
+        serve_and_chat(t, made.url_for("ovq-api", "change-me-api"), made.url_for("ovq-worker", "change-me-worker"))
+        admin = made.client()
+        run_a_batch(t, made.url_for("ovq-batch", "change-me-batch"), admin)
+        operator = {**t.env, "REDIS_URL": made.url_for("ovq-operator", "change-me-operator")}
+        done = subprocess.run([sys.executable, "-m", "cli.main", "status", "--json"], env=operator, cwd=ROOT,
+                              capture_output=True, text=True, timeout=60)
+        assert done.returncode == 0, done.stderr[-2000:]
+        refused = [(n.port, *d) for n in made.nodes
+                   for d in denied(redis.Redis(port=n.port, **made.auth))]  # type: ignore[arg-type]
+        assert refused == [], refused
+        assert sum(redis.Redis(port=n.port, **made.auth).info("replication")["connected_slaves"]
+                   for n in made.nodes) == 3
+        admin.close()
+    finally:
+        made.stop()
 
 
 def live_client(cluster: ClusterSet, dead: Node) -> redis.RedisCluster:

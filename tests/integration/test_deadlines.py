@@ -13,9 +13,7 @@ from pathlib import Path
 import httpx
 import openai
 import pytest
-import redis
 
-from common.keys import Keys
 from tests.conftest import MODEL, Tiers
 from tests.integration import sse
 
@@ -38,8 +36,8 @@ def _post(t: Tiers, body: dict, **headers: str) -> httpx.Response:
 
 
 def _waiting(t: Tiers) -> int:
-    r = redis.Redis.from_url(t.redis_url)
-    stream = Keys(t.prefix).jobs(MODEL, "CPU")
+    r = t.redis()
+    stream = t.keys.jobs(MODEL, "CPU")
     return r.xlen(stream) - r.xpending(stream, "workers")["pending"]
 
 
@@ -55,15 +53,15 @@ def _saturate(t: Tiers, pool: ThreadPoolExecutor, n: int) -> list:
 def test_deadline_passing_while_waiting_never_starts_the_job(single: Tiers) -> None:
     """Nothing has finished yet, so nothing can be estimated: the request waits, its deadline passes, it is a
     504 and its job leaves the stream unrun."""
-    r = redis.Redis.from_url(single.redis_url)
+    r = single.redis()
     with ThreadPoolExecutor(8) as pool:
         busy = _saturate(single, pool, 4)
         late = _post(single, {**LONG, "max_tokens": 4}, **{"X-Request-Timeout": "1", "X-Request-Id": "late-1"})
         assert late.status_code == 504, late.text
         assert late.json()["error"]["code"] == "deadline_exceeded"
-        assert r.hget(Keys(single.prefix).job("late-1"), "status") == b"cancelled"  # taken back, never running
+        assert r.hget(single.keys.job("late-1", MODEL), "status") == b"cancelled"  # taken back, never running
         assert all(f.result().status_code == 200 for f in busy)
-    assert r.hget(Keys(single.prefix).job("late-1"), "worker") is None, "no worker ever took it"
+    assert r.hget(single.keys.job("late-1", MODEL), "worker") is None, "no worker ever took it"
 
 
 def test_deadline_refused_up_front(single: Tiers) -> None:
@@ -106,9 +104,9 @@ def test_running_job_past_its_deadline_is_cancelled(single: Tiers) -> None:
         assert response.status_code == 200
         lines = [line for line in sse.lines(response) if line.startswith("data:")]
     assert any("deadline" in line for line in lines[-3:]), lines[-3:]
-    r = redis.Redis.from_url(single.redis_url)
+    r = single.redis()
     until = time.monotonic() + 30
-    while r.hget(Keys(single.prefix).job("overdue-1"), "status") not in (b"cancelled", b"error"):
-        assert time.monotonic() < until, r.hgetall(Keys(single.prefix).job("overdue-1"))
+    while r.hget(single.keys.job("overdue-1", MODEL), "status") not in (b"cancelled", b"error"):
+        assert time.monotonic() < until, r.hgetall(single.keys.job("overdue-1", MODEL))
         time.sleep(0.1)
-    assert int(r.hget(Keys(single.prefix).job("overdue-1"), "completion_tokens") or 0) < 4000
+    assert int(r.hget(single.keys.job("overdue-1", MODEL), "completion_tokens") or 0) < 4000

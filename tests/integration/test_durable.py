@@ -14,10 +14,8 @@ from typing import Any
 import httpx
 import orjson
 import pytest
-import redis
 
 from common.jobs import JobHash
-from common.keys import Keys
 from common.redis.server import EmbeddedRedis
 from tests.conftest import MODEL, MODELS, ROOT, Tiers, free_port
 from tests.integration import sse
@@ -192,13 +190,13 @@ def test_a_resumable_stream_left_for_good_is_cancelled_after_the_grace_period(sh
         job_id = response.headers["x-request-id"]
         for _ in zip(range(3), sse_events(response), strict=False):
             pass
-    r = redis.Redis.from_url(redis_url)
+    r = t.redis()
     deadline, status = time.monotonic() + BOUND_S, None
     while status != b"cancelled" and time.monotonic() < deadline:
         time.sleep(0.5)
-        status = r.hget(Keys(t.prefix).job(job_id), JobHash.STATUS)
+        status = r.hget(t.keys.job(job_id, MODEL), JobHash.STATUS)
     assert status == b"cancelled"
-    assert b"resume_grace_s" in (r.hget(Keys(t.prefix).job(job_id), JobHash.REASON) or b"")
+    assert b"resume_grace_s" in (r.hget(t.keys.job(job_id, MODEL), JobHash.REASON) or b"")
 
 
 def test_a_background_response_across_a_redis_restart_ends_completed_or_failed(tmp_path: Path) -> None:

@@ -7,13 +7,12 @@ import time
 import httpx
 import openai
 import pytest
-import redis
 from openai import OpenAI
 
-from common.keys import Keys
 from common.modelcard import ModelCard
+from common.redis.client import sync_client
 from common.servable import ServableType
-from tests.conftest import MODEL, VLM, Stack
+from tests.conftest import MODEL, VLM, Stack, test_keys
 
 HELLO = [{"role": "user", "content": "hi"}]
 
@@ -117,10 +116,10 @@ def test_completion_with_template_refusal_and_empty_prompt(stack: Stack) -> None
 def test_model_with_no_live_worker_is_not_ready_and_the_api_stays_ready(stack: Stack) -> None:
     """A model whose workers have all gone (its card is still in Redis, no heartbeat). A request for it waits for a
     worker, then is a 503 (tests/integration/test_scale_from_zero.py); with X-Request-Timeout, a 504 sooner."""
-    keys = Keys("ovqtest")
+    keys = test_keys("ovqtest")
     card = ModelCard(name="gone", device="CPU", servable_type=ServableType.LM_CB, context_length=128,
                      chat_template="{{ messages[0]['content'] }}", created=int(time.time()))
-    r = redis.Redis.from_url(stack.redis_url)
+    r = sync_client(stack.redis_url)
     r.hset(keys.model("gone"), "CPU", card.model_dump_json())
     r.zadd(keys.models, {"gone": time.time()})
     try:

@@ -12,10 +12,10 @@ import redis
 from openai import OpenAI
 from PIL import Image
 
-from common.keys import GROUP, Keys
-from tests.conftest import IMAGE, MODEL, Stack
+from common.keys import GROUP
+from tests.conftest import IMAGE, MODEL, Stack, test_keys
 
-KEYS = Keys("ovqtest")
+KEYS = test_keys("ovqtest")
 
 
 def png(b64: str) -> Image.Image:

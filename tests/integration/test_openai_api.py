@@ -9,8 +9,7 @@ import pytest
 import redis
 from openai import OpenAI
 
-from common.keys import Keys
-from tests.conftest import MODEL, Stack
+from tests.conftest import MODEL, Stack, test_keys
 from tests.integration import sse
 
 QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
@@ -205,4 +204,4 @@ def test_x_request_id_is_the_job_id(stack: Stack, redis_client: redis.Redis) -> 
     response = httpx.post(stack.base_url + "/chat/completions", headers={"X-Request-Id": "trace-42.a"},
                           json={"model": MODEL, "messages": QUESTION, "max_tokens": 2}, timeout=60)
     assert response.headers["x-request-id"] == "trace-42.a" and response.json()["id"] == "chatcmpl-trace-42.a"
-    assert redis_client.hget(Keys("ovqtest").job("trace-42.a"), "status") == b"done"
+    assert redis_client.hget(test_keys("ovqtest").job("trace-42.a", MODEL), "status") == b"done"

@@ -17,6 +17,7 @@ from openai import OpenAI
 
 from common.keys import GROUP, Keys
 from common.redis.client import sync_client
+from common.redis.cluster import is_cluster
 from common.redis.server import redis_binary
 from tests.conftest import MODELS, ROOT, Tiers, free_port
 
@@ -77,7 +78,7 @@ def serve_and_chat(t: Tiers, api_url: str, worker_url: str) -> None:
     next(iter(stream))
     stream.close()
     r = sync_client(t.redis_url)
-    stream_key = Keys(t.prefix).jobs(TINY, "CPU")
+    stream_key = Keys(t.prefix, cluster=is_cluster(t.redis_url)).jobs(TINY, "CPU")
     deadline = time.monotonic() + 20
     while r.xpending(stream_key, GROUP)["pending"] and time.monotonic() < deadline:
         time.sleep(0.1)

@@ -17,7 +17,6 @@ from openai import OpenAI
 
 from common.audio import decode
 from common.jobs import JobHash
-from common.keys import Keys
 from tests.conftest import Tiers
 
 MODELS = Path(__file__).resolve().parents[1] / "models"
@@ -236,7 +235,7 @@ def test_closing_a_streamed_transcription_cancels_its_job(tiers: Tiers, client: 
         job = response.headers["x-request-id"]
         first = next(line for line in response.iter_lines() if line.startswith("data: "))
         assert "transcript.text.delta" in first
-    status_key, store = Keys(tiers.prefix).job(job), tiers_redis(tiers)
+    status_key, store = tiers.keys.job(job, WHISPER), tiers.redis()
     deadline = time.monotonic() + 60
     while store.hget(status_key, JobHash.STATUS) not in (b"cancelled", b"done", b"error") and \
             time.monotonic() < deadline:
@@ -244,9 +243,3 @@ def test_closing_a_streamed_transcription_cancels_its_job(tiers: Tiers, client: 
     assert store.hget(status_key, JobHash.STATUS) == b"cancelled", store.hgetall(status_key)
     assert client.audio.transcriptions.create(model=WHISPER, file=("a.wav", WAV), language="en").text == \
         whisper.generate(decode(WAV), language="<|en|>", task="transcribe").texts[0]
-
-
-def tiers_redis(tiers: Tiers):
-    import redis
-
-    return redis.Redis.from_url(tiers.redis_url)

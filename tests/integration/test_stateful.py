@@ -12,10 +12,10 @@ import pytest
 import redis
 from openai import OpenAI
 
-from common.keys import GROUP, Keys
-from tests.conftest import STATEFUL, Stack, raw_greedy
+from common.keys import GROUP
+from tests.conftest import STATEFUL, Stack, raw_greedy, test_keys
 
-KEYS = Keys("ovqtest")
+KEYS = test_keys("ovqtest")
 QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
 PROMPT = "<|im_start|>user\n{}<|im_end|>\n<|im_start|>assistant\n"
 
@@ -62,7 +62,7 @@ def test_concurrent_jobs_run_strictly_one_after_another(stack: Stack, client: Op
     # done event (total_ms); client-side chunk times of different connections cannot order that finely.
     spans = []
     for job_id in job_ids:
-        record = redis_client.hgetall(KEYS.job(job_id))
+        record = redis_client.hgetall(KEYS.job(job_id, STATEFUL))
         created, timings = float(record[b"created"]), orjson.loads(record[b"result"])["timings"]
         spans.append((created + timings["queue_ms"] / 1000, created + timings["total_ms"] / 1000))
     ordered = sorted(spans)

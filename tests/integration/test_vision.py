@@ -97,13 +97,12 @@ def test_npu_vision_servable_takes_exactly_one_image(stack: Stack) -> None:
     """OVMS's NPU VLM rule, checked in the API before queueing (no NPU here: the card is announced by hand)."""
     import time
 
-    import redis
-
-    from common.keys import Keys
     from common.modelcard import ModelCard
+    from common.redis.client import sync_client
     from common.servable import ServableType
+    from tests.conftest import test_keys
 
-    keys, r = Keys("ovqtest"), redis.Redis.from_url(stack.redis_url)
+    keys, r = test_keys("ovqtest"), sync_client(stack.redis_url)
     card = ModelCard(name="npu-vlm", device="NPU", servable_type=ServableType.VLM, context_length=64,
                      chat_template="{{ messages[0]['content'] }}", created=0)
     r.hset(keys.model("npu-vlm"), "NPU", card.model_dump_json())
