@@ -93,7 +93,9 @@ class BaseWorker:
         self._continuing: dict[str, Continued] = {}
         self.member = Member(self.id, model.name, device, self.stream, self.batch_stream, self.started, self.levels)
         # Prefix affinity: its own stream read first, others' stolen from when idle (workers/queue/affinity.py).
-        self.affinity = Affinity(self.redis, self.keys, settings, self.member) if settings.affinity else None
+        # OVQ_AFFINITY=auto: only where the engine caches prefixes (the card says so to the API).
+        on = settings.affinity_on(model.enable_prefix_caching)
+        self.affinity = Affinity(self.redis, self.keys, settings, self.member) if on else None
         if self.affinity is not None:
             self.intake = AffineIntake(self.redis, self.id, *(s for _, s in self.levels),
                                        aging_s=settings.priority_aging_s, affinity=self.affinity)

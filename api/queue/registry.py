@@ -96,6 +96,11 @@ class Servable:
         """The first announced device's card: what requests are validated and rendered with."""
         return next(iter(self.cards.values()))
 
+    @property
+    def prefix_caching(self) -> bool:
+        """Some device's engines cache prompt prefixes (what OVQ_AFFINITY=auto turns affinity on for)."""
+        return any(card.prefix_caching for card in self.cards.values())
+
 
 class Registry:
     def __init__(self, redis: aioredis.Redis, keys: Keys, settings: Settings, expected: list[str],
@@ -212,7 +217,7 @@ class Registry:
         With prefix affinity on (`affinity`), a job that carries prefix digests goes to the affinity stream of the
         live worker that last served its longest recorded prefix, when there is one (api/queue/affinity.py).
         """
-        if self.settings.affinity and job.prefixes and affinity.eligible(job):
+        if self.settings.affinity_on(servable.prefix_caching) and job.prefixes and affinity.eligible(job):
             queued = await self._affine(servable, job)
             if queued is not None:
                 return queued

@@ -121,3 +121,23 @@ async def test_a_dead_preferred_worker_or_a_non_interactive_job_goes_to_the_shar
     low = job(prompt).model_copy(update={"priority": "low"})
     assert (await reg.enqueue(servable, low)).stream == keys.level_jobs("m", "CPU", "low")
     assert (await reg.enqueue(servable, job(prompt))).stream == keys.affinity_jobs("m", "CPU", "w1")
+
+
+@pytest.mark.parametrize(("word", "parsed"), [("auto", "auto"), ("1", "true"), ("on", "true"), ("no", "false"),
+                                              (True, "true"), (False, "false")])
+def test_ovq_affinity_takes_auto_and_boolean_words(word: object, parsed: str) -> None:
+    assert Settings(affinity=word).affinity == parsed
+
+
+async def test_auto_affinity_applies_only_to_a_model_whose_card_says_it_caches_prefixes(setup) -> None:
+    redis, keys, _ = setup
+    reg = Registry(redis, keys, Settings(affinity="auto"), expected=[])
+    prompt = turn(2, "a")
+    for digest in job(prompt).prefixes:
+        await redis.set(keys.prefix_owner("m", digest), "CPU|w1")
+    servable = await reg.servable("m")
+    assert not servable.prefix_caching
+    assert (await reg.enqueue(servable, job(prompt))).stream == keys.jobs("m", "CPU")
+    caching = ModelCard.model_validate_json(card("CPU")).model_copy(update={"prefix_caching": True})
+    servable.cards["CPU"] = caching
+    assert (await reg.enqueue(servable, job(prompt))).stream == keys.affinity_jobs("m", "CPU", "w1")
