@@ -224,6 +224,11 @@ class BaseWorker:
         or that another worker can continue (left pending, another worker takes them over) and end the rest with
         an error."""
         tasks[0].cancel()
+        if self.affinity is not None:
+            try:  # its waiting affinity jobs to the shared stream: others start them now (bounded: socket timeout)
+                await self.affinity.drain()
+            except (*UNAVAILABLE, ResponseError) as exc:
+                log.warning("affinity jobs left for others to steal: %s", exc)
         deadline = time.monotonic() + self.settings.shutdown_grace_s
         while self.running and time.monotonic() < deadline and self.backend_alive:
             await asyncio.sleep(0.05)

@@ -263,7 +263,7 @@ class Registry:
         chosen = found[reply[0] - 1]
         job.device, job.affinity = chosen.device, chosen.worker
         entry = reply[1]
-        return Queued(chosen.device, touched[2 * reply[0]], entry.decode() if isinstance(entry, bytes) else entry,
+        return Queued(chosen.device, touched[3 * reply[0] - 1], entry.decode() if isinstance(entry, bytes) else entry,
                       True)
 
     async def wait_estimate(self, servable: Servable, priority: str) -> float | None:

@@ -141,3 +141,14 @@ async def test_auto_affinity_applies_only_to_a_model_whose_card_says_it_caches_p
     caching = ModelCard.model_validate_json(card("CPU")).model_copy(update={"prefix_caching": True})
     servable.cards["CPU"] = caching
     assert (await reg.enqueue(servable, job(prompt))).stream == keys.affinity_jobs("m", "CPU", "w1")
+
+
+async def test_a_draining_preferred_worker_gets_no_affinity_job(setup) -> None:
+    redis, keys, reg = setup
+    prompt = turn(2, "a")
+    for digest in job(prompt).prefixes:
+        await redis.set(keys.prefix_owner("m", digest), "CPU|w1")
+    servable = await reg.servable("m")
+    assert (await reg.enqueue(servable, job(prompt))).stream == keys.affinity_jobs("m", "CPU", "w1")
+    await redis.zadd(keys.affinity_draining("m", "CPU"), {"w1": time.time()})
+    assert (await reg.enqueue(servable, job(prompt))).stream == keys.jobs("m", "CPU")
