@@ -16,6 +16,7 @@ from common.errors import OvqError, not_found, unavailable
 from common.jobs import ENTRY_JOB, LEVELS, Job, JobHash, JobStatus
 from common.keys import GROUP, Keys
 from common.modelcard import ModelCard
+from common.ops.cluster import affinity_waiting
 from common.ops.stats import OUTCOMES, WINDOW_S, window_of
 from common.redis.client import UNAVAILABLE, replicas_wanted
 from common.redis.cluster import open_lane
@@ -306,6 +307,12 @@ class Registry:
             for _ in windows:
                 finished += sum(int(n) for n in replies[at] if n is not None)
                 at += 1
+        behind_interactive = priority not in LEVELS or LEVELS.index(priority) >= LEVELS.index("interactive")
+        if behind_interactive and self.settings.affinity_on(servable.prefix_caching):
+            # Interactive jobs waiting for a preferred worker are ahead of it as well (at most
+            # OVQ_AFFINITY_MAX_WAITING per worker: a round trip or two, and only where affinity applies).
+            waiting += sum(await affinity_waiting(self.redis, self.keys, self.settings,
+                                                  [(servable.model, device) for device in servable.cards]))
         if waiting == 0:
             return 0.0
         seconds = WINDOW_S * (RATE_WINDOWS - 1) + max(now - windows[0], 1.0)

@@ -12,6 +12,7 @@ from api.queue.registry import Registry
 from common.jobs import Job, SamplingParams
 from common.keys import GROUP, Keys
 from common.modelcard import ModelCard
+from common.ops.cluster import streams
 from common.servable import ServableType
 from common.settings import Settings
 
@@ -152,3 +153,20 @@ async def test_a_draining_preferred_worker_gets_no_affinity_job(setup) -> None:
     assert (await reg.enqueue(servable, job(prompt))).stream == keys.affinity_jobs("m", "CPU", "w1")
     await redis.zadd(keys.affinity_draining("m", "CPU"), {"w1": time.time()})
     assert (await reg.enqueue(servable, job(prompt))).stream == keys.jobs("m", "CPU")
+
+
+async def test_jobs_waiting_in_affinity_streams_count_in_the_wait_estimate_and_the_status(setup) -> None:
+    redis, keys, reg = setup
+    servable = await reg.servable("m")
+    assert await reg.wait_estimate(servable, "interactive") == 0.0
+    now = time.time()
+    await redis.zadd(keys.affinity_owners("m", "CPU"), {"w1": now, "w2": now})
+    w1 = keys.affinity_jobs("m", "CPU", "w1")
+    for _ in range(3):
+        await redis.xadd(w1, {"job": "x"})
+    await redis.xreadgroup(GROUP, "w1", {w1: ">"}, count=1)  # running: no longer waiting
+    reg._estimates.clear()
+    assert await reg.wait_estimate(servable, "interactive") is None  # 2 wait, none finished lately: unknown
+    assert await reg.wait_estimate(servable, "high") == 0.0  # a high job goes before them
+    [state] = await streams(redis, keys, Settings(), [("m", "CPU")])
+    assert (state.waiting, state.affinity_waiting) == (2, 2)
