@@ -6,14 +6,18 @@ run mean anything).
 The load: `--conversations` closed-loop clients, each a conversation whose history grows turn by turn (a long
 system prompt all share, then its own user turns of a few hundred characters and the model's short answers), a new
 conversation once one reaches `--turns`. Both arms are the same model directory under two names, each served by
-`--workers` workers: `affine` by workers with OVQ_AFFINITY on, `plain` by workers with it off (the API has it on;
-it only routes to workers that recorded a prefix, and plain workers record none). One arm at a time is loaded; the
-other's workers sit idle on their blocking reads.
+`--workers` workers: `affine` by workers with OVQ_AFFINITY on, through an API process with it on, `plain` by
+workers with it off, through a second API process with it off (so the uniform load measures the API's digests and
+lookups too). One arm at a time is loaded; the other's workers sit idle on their blocking reads.
 
 Printed per arm: TTFT p50/p90 (ms), requests/s and generated tokens/s, the share of jobs run from their own
 affinity stream (hits: GenAI 2026.4 reports no prefix-cache hit count, so this is the worker's own count of jobs it
 ran where its cache most likely held the prefix), jobs stolen, and the longest wait in a queue (`queue_ms` of the
-jobs). Then the same for a uniform load (every prompt different, no shared prefix): affinity's cost.
+jobs), and the jobs that waited longer than the steal threshold while a worker of the arm ran nothing (for more
+than `--idle-slack-ms` of that time: a worker's wake-up is not instant) with the longest such idle time: what "no job
+waits longer than the threshold while a worker is idle" must keep at 0 (from the job hashes: when each job was
+queued, taken, last written, and by which worker). Then the same for a uniform load (every prompt different, no
+shared prefix; `--uniform-rounds` of `--uniform-phase-s`, more than the shared load: its ratio is affinity's cost).
 
   python benchmarks/prefix.py                 # 2 workers per arm, 2 rounds of 60 s phases
   python benchmarks/prefix.py --workers 4 --phase-s 45 --rounds 1 --no-uniform
@@ -30,12 +34,14 @@ import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import httpx
+
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from fleet import SMOLLM2, Fleet  # noqa: E402
-from serving import pct  # noqa: E402
+from serving import free_port, pct  # noqa: E402
 from sse_client import Connection, Result  # noqa: E402
 
 from common.jobs import JobHash  # noqa: E402
@@ -93,10 +99,23 @@ async def conversation_loop(port: int, model: str, arm: Arm, until: float, turns
 async def phase(fleet: Fleet, model: str, arm: Arm, args: argparse.Namespace, shared: bool, round_: int) -> None:
     until = time.perf_counter() + args.phase_s
     t0 = time.perf_counter()
-    await asyncio.gather(*(conversation_loop(fleet.port, model, arm, until, args.turns, args.max_tokens,
+    port = args.ports[model]
+    await asyncio.gather(*(conversation_loop(port, model, arm, until, args.turns, args.max_tokens,
                                              seed=1000 * round_ + c + (0 if shared else 500), shared=shared)
                            for c in range(args.conversations)))
     arm.wall += time.perf_counter() - t0
+
+
+def api_ready(port: int, model: str, timeout: float = 180) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(f"http://127.0.0.1:{port}/v2/models/{model}/ready", timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.25)
+    raise RuntimeError(f"the second API process (port {port}) did not become ready")
 
 
 def counts(fleet: Fleet, model: str) -> tuple[int, int]:
@@ -108,7 +127,46 @@ def counts(fleet: Fleet, model: str) -> tuple[int, int]:
     return hits, steals
 
 
-def summary(fleet: Fleet, model: str, arm: Arm, before: tuple[int, int]) -> dict[str, float]:
+def uncovered(busy: list[tuple[float, float]], a: float, b: float) -> float:
+    """How much of [a, b] no interval of `busy` (sorted by start) covers."""
+    idle, at = 0.0, a
+    for start, end in busy:
+        if end <= at:
+            continue
+        if start >= b:
+            break
+        idle += max(start - at, 0.0)
+        at = max(at, end)
+    return idle + max(b - at, 0.0)
+
+
+def idle_waits(fleet: Fleet, model: str, jobs: list[str], steal_ms: int, slack_ms: float) -> tuple[int, float]:
+    """Jobs that waited past the steal threshold while some worker of the model ran none of them (idle for more than
+    `slack_ms` of that time), and the longest such idle time (ms). A worker's busy times are its jobs' [taken, last
+    written]; a worker that ran none of them was idle throughout."""
+    pipe = fleet.redis.pipeline(transaction=False)
+    for job in jobs:
+        pipe.hmget(fleet.keys.job(job), [JobHash.TAKEN, JobHash.UPDATED, JobHash.QUEUE_MS, JobHash.WORKER])
+    rows = [(float(taken) - float(queue) / 1000, float(taken), float(updated), worker.decode())
+            for taken, updated, queue, worker in pipe.execute() if taken and updated and queue and worker]
+    busy: dict[str, list[tuple[float, float]]] = {worker: [] for worker in fleet.members(model)}
+    for _, taken, updated, worker in rows:
+        busy.setdefault(worker, []).append((taken, updated))
+    for spans in busy.values():
+        spans.sort()
+    count, longest = 0, 0.0
+    for queued, taken, _, _ in rows:
+        since = queued + steal_ms / 1000
+        if taken <= since:
+            continue
+        idle = max(uncovered(spans, since, taken) for spans in busy.values()) * 1000
+        if idle > slack_ms:
+            count += 1
+            longest = max(longest, idle)
+    return count, longest
+
+
+def summary(fleet: Fleet, model: str, arm: Arm, before: tuple[int, int], args: argparse.Namespace) -> dict[str, float]:
     ok = [r for r in arm.results if r.ok and r.first is not None]
     ttft = [(r.first - r.sent) * 1000 for r in ok]
     queue = [float(q) for q in (fleet.redis.hget(fleet.keys.job(j), JobHash.QUEUE_MS) for j in arm.jobs) if q]
@@ -117,7 +175,9 @@ def summary(fleet: Fleet, model: str, arm: Arm, before: tuple[int, int]) -> dict
             "ttft_p90": pct(ttft, 90), "req_s": len(ok) / arm.wall if arm.wall else 0.0,
             "tok_s": sum(r.tokens for r in ok) / arm.wall if arm.wall else 0.0,
             "hit_share": hits / len(ok) if ok else 0.0, "steals": steals,
-            "queue_max_ms": max(queue, default=0.0)}
+            "queue_max_ms": max(queue, default=0.0),
+            **dict(zip(("idle_waits", "idle_wait_max_ms"),
+                       idle_waits(fleet, model, arm.jobs, args.steal_ms, args.idle_slack_ms), strict=True))}
 
 
 def show(title: str, figures: dict[str, dict[str, float]]) -> None:
@@ -126,7 +186,8 @@ def show(title: str, figures: dict[str, dict[str, float]]) -> None:
     print(f"{'':16}{'affinity on':>14}{'off':>14}{'on/off':>10}")
     for name, fmt in (("requests", "{:.0f}"), ("errors", "{:.0f}"), ("ttft_p50", "{:.0f} ms"),
                       ("ttft_p90", "{:.0f} ms"), ("req_s", "{:.2f}"), ("tok_s", "{:.1f}"), ("hit_share", "{:.0%}"),
-                      ("steals", "{:.0f}"), ("queue_max_ms", "{:.0f} ms")):
+                      ("steals", "{:.0f}"), ("queue_max_ms", "{:.0f} ms"), ("idle_waits", "{:.0f}"),
+                      ("idle_wait_max_ms", "{:.0f} ms")):
         ratio = f"{a[name] / p[name]:.2f}" if p[name] else "-"
         print(f"{name:16}{fmt.format(a[name]):>14}{fmt.format(p[name]):>14}{ratio:>10}")
 
@@ -140,8 +201,12 @@ async def run(args: argparse.Namespace) -> None:
             for _ in range(args.workers):
                 fleet.worker("affine", OVQ_AFFINITY="true")
                 fleet.worker("plain", OVQ_AFFINITY="false")
+            plain_port = free_port()
+            fleet.procs.append(fleet._start(["api"], OVQ_PORT=str(plain_port), OVQ_AFFINITY="false"))
+            args.ports = {"affine": fleet.port, "plain": plain_port}
             fleet.ready("affine", args.workers)
             fleet.ready("plain", args.workers)
+            api_ready(plain_port, "plain")
             for arm in ARMS:  # first steps of a fresh engine are slow (kernels for new shapes): not measured
                 await phase(fleet, arm, Arm(), argparse.Namespace(**{**vars(args), "phase_s": args.warmup_s,
                                                                      "conversations": 2 * args.workers}), False, 99)
@@ -150,14 +215,16 @@ async def run(args: argparse.Namespace) -> None:
             for shared, title in loads if args.uniform else loads[:1]:
                 arms = {arm: Arm() for arm in ARMS}
                 before = {arm: counts(fleet, arm) for arm in ARMS}
-                for round_ in range(args.rounds):
+                rounds, phase_s = (args.rounds, args.phase_s) if shared else (args.uniform_rounds, args.uniform_phase_s)
+                load = argparse.Namespace(**{**vars(args), "phase_s": phase_s})
+                for round_ in range(rounds):
                     order = ARMS if round_ % 2 == 0 else ARMS[::-1]
                     for arm in order:
-                        await phase(fleet, arm, arms[arm], args, shared, round_)
+                        await phase(fleet, arm, arms[arm], load, shared, round_)
                 await asyncio.sleep(args.heartbeat_wait_s)  # the workers' counts reach their hashes
                 show(f"{title}: {args.workers} workers per arm, {args.conversations} clients, "
-                     f"{args.rounds} x {args.phase_s:.0f} s per arm",
-                     {arm: summary(fleet, arm, arms[arm], before[arm]) for arm in ARMS})
+                     f"{rounds} x {phase_s:.0f} s per arm",
+                     {arm: summary(fleet, arm, arms[arm], before[arm], args) for arm in ARMS})
         finally:
             fleet.stop()
 
@@ -174,6 +241,10 @@ def main() -> None:
     parser.add_argument("--warmup-s", type=float, default=20.0)
     parser.add_argument("--steal-ms", type=int, default=500)
     parser.add_argument("--no-uniform", dest="uniform", action="store_false", help="the shared-prefix load only")
+    parser.add_argument("--uniform-rounds", type=int, default=4)
+    parser.add_argument("--uniform-phase-s", type=float, default=60.0)
+    parser.add_argument("--idle-slack-ms", type=float, default=250.0,
+                        help="idle time during a job's wait past the threshold that does not count (wake-up)")
     parser.add_argument("--heartbeat-wait-s", type=float, default=3.0)
     args = parser.parse_args()
     asyncio.run(run(args))

@@ -29,7 +29,8 @@ def streams_table(overview: cluster.Overview) -> Table:
         st = s.stats
         rates = [f"{st.tokens_per_s:.1f}", f"{st.requests_per_s:.2f}",
                  f"{_ms(st.ttft_ms['p50'])}/{_ms(st.ttft_ms['p99'])}", str(st.error)] if st else ["-"] * 4
-        table.add_row(s.model, s.device, s.stream, str(s.waiting), str(s.in_flight),
+        waiting = f"{s.waiting} ({s.affinity_waiting} affine)" if s.affinity_waiting else str(s.waiting)
+        table.add_row(s.model, s.device, s.stream, waiting, str(s.in_flight),
                       f"{s.high_waiting}/{s.low_waiting}", f"{s.batch_waiting}/{s.batch_in_flight}", str(s.workers),
                       str(s.consumers), *rates, s.node)
     return table

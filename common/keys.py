@@ -69,6 +69,15 @@ class Keys:
             return f"{self.prefix}:affowners:{{m:{model}}}:{device}"
         return f"{self.prefix}:affowners:{model}:{device}"
 
+    def affinity_draining(self, model: str, device: str) -> str:
+        """Sorted set: the workers of a model on a device that are draining, scored by when they began (unix s): the
+        API puts no affinity job in their streams (api/queue/affinity.py's ENQUEUE checks it in the same script).
+        Owner: each such worker, which adds itself when it begins to drain (workers/queue/affinity.py's DRAIN) and
+        trims entries older than OVQ_JOB_TTL_S; TTL OVQ_JOB_TTL_S."""
+        if self.cluster:
+            return f"{self.prefix}:affdraining:{{m:{model}}}:{device}"
+        return f"{self.prefix}:affdraining:{model}:{device}"
+
     def prefix_owner(self, model: str, digest: str) -> str:
         """String: `DEVICE|WORKER`, the worker that last served a prompt with this prefix digest
         (api/queue/affinity.py computes the digests, the job carries them). Written by that worker when it starts the

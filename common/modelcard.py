@@ -63,3 +63,6 @@ class ModelCard(BaseModel):
     # Position of this device in the model's `devices` list: breaks ties between equally busy devices.
     preference: int = 0
     created: int
+    # Its engine keeps the KV blocks of recent prompts' prefixes (`enable_prefix_caching`): with OVQ_AFFINITY=auto the
+    # API steers a conversation's next turn to the worker that served the last (prefix affinity).
+    prefix_caching: bool = False

@@ -217,7 +217,9 @@ class Settings(BaseSettings):
     # ---- Prefix affinity (issue 30; api/queue/affinity.py, workers/queue/affinity.py) ------------------------
     # On: an interactive text job whose prompt shares a prefix (or `prompt_cache_key` / X-Ovq-Session) with one a
     # live worker served lately waits in that worker's own stream, where its engine's prefix cache likely holds it.
-    affinity: bool = False
+    # `auto`: on for a model whose workers run with `enable_prefix_caching` (its card says `prefix_caching`), off for
+    # the others (no cache to land on: affinity would only cost); `true` / `false`: on / off for every model.
+    affinity: Literal["auto", "true", "false"] = "auto"
     # A job in a worker's affinity stream that has waited this long is taken by any worker with room and nothing
     # else to read (and a dead or draining worker's are taken so).
     affinity_steal_ms: int = 500
@@ -239,6 +241,22 @@ class Settings(BaseSettings):
     @property
     def batch_api(self) -> str:
         return self.batch_api_url or f"http://127.0.0.1:{self.port}"
+
+    @field_validator("affinity", mode="before")
+    @classmethod
+    def _affinity_words(cls, value: Any) -> Any:
+        """OVQ_AFFINITY takes what a boolean setting takes (1/0, on/off, yes/no), and `auto`."""
+        if isinstance(value, bool):
+            return "true" if value else "false"
+        if isinstance(value, str):
+            word = value.strip().lower()
+            return "true" if word in ("1", "on", "yes", "true") else "false" if word in ("0", "off", "no", "false") \
+                else word
+        return value
+
+    def affinity_on(self, prefix_caching: bool) -> bool:
+        """Whether prefix affinity applies to a model whose engines do (or do not) cache prefixes."""
+        return self.affinity == "true" or (self.affinity == "auto" and prefix_caching)
 
     @field_validator("api_keys", "admin_keys", mode="before")
     @classmethod

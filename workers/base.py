@@ -97,7 +97,9 @@ class BaseWorker:
         self._continuing: dict[str, Continued] = {}
         self.member = Member(self.id, model.name, device, self.stream, self.batch_stream, self.started, self.levels)
         # Prefix affinity: its own stream read first, others' stolen from when idle (workers/queue/affinity.py).
-        self.affinity = Affinity(self.redis, self.keys, settings, self.member) if settings.affinity else None
+        # OVQ_AFFINITY=auto: only where the engine caches prefixes (the card says so to the API).
+        on = settings.affinity_on(model.enable_prefix_caching)
+        self.affinity = Affinity(self.redis, self.keys, settings, self.member) if on else None
         if self.affinity is not None:
             self.intake = AffineIntake(self.redis, self.id, *(s for _, s in self.levels),
                                        aging_s=settings.priority_aging_s, fair=fair, affinity=self.affinity)
@@ -226,6 +228,11 @@ class BaseWorker:
         or that another worker can continue (left pending, another worker takes them over) and end the rest with
         an error."""
         tasks[0].cancel()
+        if self.affinity is not None:
+            try:  # its waiting affinity jobs to the shared stream: others start them now (bounded: socket timeout)
+                await self.affinity.drain()
+            except (*UNAVAILABLE, ResponseError) as exc:
+                log.warning("affinity jobs left for others to steal: %s", exc)
         deadline = time.monotonic() + self.settings.shutdown_grace_s
         while self.running and time.monotonic() < deadline and self.backend_alive:
             await asyncio.sleep(0.05)

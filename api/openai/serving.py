@@ -126,7 +126,7 @@ class Serving:
         params = sampling_params(body, plan.structure, skip)
         job = self._job(body, servable, "chat", prompt, params, request_id(request))
         job.images = await self._store_images(job.id, urls, job.model)
-        self._prefixes(request, body, job)
+        self._prefixes(request, body, servable, job)
         return servable, job, plan
 
     async def _store_images(self, job_id: str, urls: list[str], model: str = "") -> list[str]:
@@ -158,17 +158,17 @@ class Serving:
         jobs = [self._job(body, servable, "completion", prompt, params, rid if len(prompts) == 1 else f"{rid}-{p}",
                           add_special_tokens=True) for p, prompt in enumerate(prompts)]
         for job in jobs:
-            self._prefixes(request, body, job)
+            self._prefixes(request, body, servable, job)
         choices = {(job.id, i): ChoiceState(p * body.n + i, None, params.logprobs)
                    for p, job in enumerate(jobs) for i in range(body.n)}
         fmt = CompletionFormat(f"cmpl-{rid}", body.model, body.include_usage, body.continuous_usage)
         return await self._respond(request, body, servable, jobs, fmt, choices)
 
-    def _prefixes(self, request: Request, body: SamplingRequest, job: Job) -> None:
+    def _prefixes(self, request: Request, body: SamplingRequest, servable: Servable, job: Job) -> None:
         """With prefix affinity on: the digests of the job's prompt prefixes, led by the conversation's own key
         (OpenAI's `prompt_cache_key`, else the X-Ovq-Session header) when the client names one."""
         settings = self.jobs.settings
-        if not settings.affinity:
+        if not settings.affinity_on(servable.prefix_caching):
             return
         key = (body.model_extra or {}).get("prompt_cache_key")
         if not isinstance(key, str) or not key:

@@ -28,16 +28,17 @@ DOUBLE_EVERY = 16  # blocks of one size before the block doubles
 TOKEN_BLOCK = 64  # ids per block of a token-id prompt
 SESSION_HEADER = "x-ovq-session"
 
-# KEYS: the job hash, then per candidate (preferred first): its device's workers zset, its affinity stream.
-# ARGV: oldest live heartbeat, most jobs waiting, job TTL, created, reply_to, model, then per candidate its worker id,
-# its device and the job as JSON (as that worker would get it). The first candidate that is live (heartbeat) and has
-# fewer than ARGV[2] undelivered entries gets the job. Returns {candidate (1-based), entry id}, or {0} for none.
+# KEYS: the job hash, then per candidate (preferred first): its device's workers zset, its affinity stream, its
+# device's draining workers (`Keys.affinity_draining`). ARGV: oldest live heartbeat, most jobs waiting, job TTL,
+# created, reply_to, model, then per candidate its worker id, its device and the job as JSON (as that worker would
+# get it). The first candidate that is live (heartbeat), not draining and has fewer than ARGV[2] undelivered entries
+# gets the job. Returns {candidate (1-based), entry id}, or {0} for none.
 ENQUEUE = f"""
-for i = 1, (#KEYS - 1) / 2 do
-  local workers, stream = KEYS[2 * i], KEYS[2 * i + 1]
+for i = 1, (#KEYS - 1) / 3 do
+  local workers, stream, draining = KEYS[3 * i - 1], KEYS[3 * i], KEYS[3 * i + 1]
   local worker, device, job = ARGV[4 + 3 * i], ARGV[5 + 3 * i], ARGV[6 + 3 * i]
   local beat = redis.call('ZSCORE', workers, worker)
-  if beat and tonumber(beat) >= tonumber(ARGV[1]) then
+  if beat and tonumber(beat) >= tonumber(ARGV[1]) and not redis.call('ZSCORE', draining, worker) then
     local waiting = redis.call('XLEN', stream)
     local ok, pending = pcall(redis.call, 'XPENDING', stream, 'workers')
     if ok then waiting = waiting - pending[1] end
@@ -119,7 +120,8 @@ def enqueue_args(keys: Keys, job: Job, found: list[Candidate], since: float, max
     args: list[object] = [since, max_waiting, job_ttl_s, job.created, job.reply_to, job.model]
     for candidate in found:
         touched += [keys.workers(job.model, candidate.device),
-                    keys.affinity_jobs(job.model, candidate.device, candidate.worker)]
+                    keys.affinity_jobs(job.model, candidate.device, candidate.worker),
+                    keys.affinity_draining(job.model, candidate.device)]
         payload = job.model_copy(update={"device": candidate.device, "affinity": candidate.worker})
         args += [candidate.worker, candidate.device, payload.model_dump_json()]
     return touched, args

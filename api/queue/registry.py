@@ -18,6 +18,7 @@ from common.fairness import BELL_LEN, CLOCK_CAP, PARK, in_flight
 from common.jobs import ENTRY_JOB, LEVELS, Job, JobHash, JobStatus
 from common.keys import GROUP, Keys
 from common.modelcard import ModelCard
+from common.ops.cluster import affinity_waiting
 from common.ops.stats import OUTCOMES, WINDOW_S, window_of
 from common.redis.client import UNAVAILABLE, replicas_wanted
 from common.redis.cluster import open_lane
@@ -138,6 +139,11 @@ class Servable:
         """The first announced device's card: what requests are validated and rendered with."""
         return next(iter(self.cards.values()))
 
+    @property
+    def prefix_caching(self) -> bool:
+        """Some device's engines cache prompt prefixes (what OVQ_AFFINITY=auto turns affinity on for)."""
+        return any(card.prefix_caching for card in self.cards.values())
+
 
 class Registry:
     def __init__(self, redis: aioredis.Redis, keys: Keys, settings: Settings, expected: list[str],
@@ -255,7 +261,7 @@ class Registry:
         With prefix affinity on (`affinity`), a job that carries prefix digests goes to the affinity stream of the
         live worker that last served its longest recorded prefix, when there is one (api/queue/affinity.py).
         """
-        if self.settings.affinity and job.prefixes and affinity.eligible(job):
+        if self.settings.affinity_on(servable.prefix_caching) and job.prefixes and affinity.eligible(job):
             queued = await self._affine(servable, job)
             if queued is not None:
                 return queued
@@ -307,7 +313,7 @@ class Registry:
         chosen = found[reply[0] - 1]
         job.device, job.affinity = chosen.device, chosen.worker
         entry = reply[1]
-        return Queued(chosen.device, touched[2 * reply[0]], entry.decode() if isinstance(entry, bytes) else entry,
+        return Queued(chosen.device, touched[3 * reply[0] - 1], entry.decode() if isinstance(entry, bytes) else entry,
                       True)
 
     async def wait_estimate(self, servable: Servable, priority: str, tenant: str | None = None) -> float | None:
@@ -364,6 +370,12 @@ class Registry:
                 if isinstance(replies[at], list):
                     finished += sum(int(n) for n in replies[at] if n is not None)
                 at += 1
+        behind_interactive = priority not in LEVELS or LEVELS.index(priority) >= LEVELS.index("interactive")
+        if behind_interactive and self.settings.affinity_on(servable.prefix_caching):
+            # Interactive jobs waiting for a preferred worker are ahead of it as well (at most
+            # OVQ_AFFINITY_MAX_WAITING per worker: a round trip or two, and only where affinity applies).
+            waiting += sum(await affinity_waiting(self.redis, self.keys, self.settings,
+                                                  [(servable.model, device) for device in servable.cards]))
         if waiting <= 0:
             return 0.0
         seconds = WINDOW_S * (RATE_WINDOWS - 1) + max(now - windows[0], 1.0)

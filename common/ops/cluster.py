@@ -40,6 +40,8 @@ class StreamState(BaseModel):
     low_waiting: int = 0
     # Parked jobs per tenant (fair shares, common/fairness.py) over the levels, the TOP_TENANTS with the most.
     tenants_waiting: dict[str, int] = Field(default_factory=dict)
+    # Of `waiting`: the interactive jobs waiting in the workers' affinity streams (prefix affinity).
+    affinity_waiting: int = 0
     stats: Summary | None = None
     node: str = ""  # the Redis node the stream lives on (HOST:PORT): the primary, or its cluster shard's master
 
@@ -149,6 +151,7 @@ async def streams(redis: aioredis.Redis, keys: Keys, settings: Settings,
         for level in FAIR_LEVELS:
             pipe.hgetall(keys.fair_clock(model, device, level))
     replies = iter(await pipe.execute(raise_on_error=False))
+    affine = iter(await affinity_waiting(redis, keys, settings, pairs))
     states = []
     for model, device in pairs:
         length, pending, groups, live, batch_length, batch_pending = (next(replies) for _ in range(6))
@@ -161,14 +164,39 @@ async def streams(redis: aioredis.Redis, keys: Keys, settings: Settings,
         batch_in_flight = _pending(batch_pending)
         consumers = 0 if isinstance(groups, ResponseError) else sum(
             int(g["consumers"]) for g in groups if _text(g["name"]) == GROUP)
+        in_affinity = next(affine)
         states.append(StreamState(model=model, device=device, stream=keys.jobs(model, device),
-                                  waiting=max(length - in_flight, 0), in_flight=in_flight,
+                                  waiting=max(length - in_flight, 0) + in_affinity, in_flight=in_flight,
+                                  affinity_waiting=in_affinity,
                                   workers=int(live), consumers=consumers,
                                   batch_waiting=max(_length(batch_length) - batch_in_flight, 0),
                                   batch_in_flight=batch_in_flight, high_waiting=high, low_waiting=low,
                                   tenants_waiting=dict(sorted(tenants.items(), key=lambda kv: -kv[1])[:TOP_TENANTS]),
                                   node=await node_of(redis, keys.jobs(model, device))))
     return states
+
+
+async def affinity_waiting(redis: aioredis.Redis, keys: Keys, settings: Settings,
+                           pairs: list[tuple[str, str]]) -> list[int]:
+    """Per (model, device): the jobs waiting (undelivered) in its workers' affinity streams, dead workers' included.
+    The API lets at most OVQ_AFFINITY_MAX_WAITING wait in one, so this is a round trip for the owners and, if there
+    are any, one for their streams, however long the queue."""
+    pipe = redis.pipeline(transaction=False)
+    since = time.time() - settings.job_ttl_s
+    for model, device in pairs:
+        pipe.zrangebyscore(keys.affinity_owners(model, device), since, "+inf")
+    owners = await pipe.execute(raise_on_error=False)
+    streams = [[keys.affinity_jobs(model, device, _text(w)) for w in (found if isinstance(found, list) else [])]
+               for (model, device), found in zip(pairs, owners, strict=True)]
+    if not any(streams):
+        return [0] * len(pairs)
+    pipe = redis.pipeline(transaction=False)
+    for group in streams:
+        for stream in group:
+            pipe.xlen(stream)
+            pipe.xpending(stream, GROUP)
+    replies = iter(await pipe.execute(raise_on_error=False))
+    return [sum(max(_length(next(replies)) - _pending(next(replies)), 0) for _ in group) for group in streams]
 
 
 def _pending(reply: object) -> int:

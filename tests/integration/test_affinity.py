@@ -1,6 +1,6 @@
-"""Prefix affinity with two workers of SmolLM2 (prefix caching on): a conversation's next turn runs on the worker
-that ran its last one, a `prompt_cache_key` steers it the same way, and a job waiting in a stopped worker's
-affinity stream is stolen by the other once it waited OVQ_AFFINITY_STEAL_MS."""
+"""Prefix affinity with two workers of SmolLM2 (prefix caching on, so the default OVQ_AFFINITY=auto turns it on): a
+conversation's next turn runs on the worker that ran its last one, a `prompt_cache_key` steers it the same way, and a
+job waiting in a stopped worker's affinity stream is stolen by the other once it waited OVQ_AFFINITY_STEAL_MS."""
 from __future__ import annotations
 
 import os
@@ -22,7 +22,7 @@ SYSTEM = "You are the help desk of a large library. " + "Answer briefly and poli
 @pytest.fixture(scope="module")
 def fleet(redis_url: str, model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Tiers]:
     models = {MODEL: {"path": str(model_dir), "cache_size": 0, "enable_prefix_caching": True}}
-    t = Tiers(redis_url, tmp_path_factory.mktemp("affinity"), models, OVQ_AFFINITY="true",
+    t = Tiers(redis_url, tmp_path_factory.mktemp("affinity"), models,
               OVQ_AFFINITY_STEAL_MS="1000", OVQ_WORKER_TTL_S="30")
     t.api()
     t.worker(MODEL, name="a")

@@ -5,11 +5,13 @@ Reading order (`AffineIntake.read`), one source per read as the shared intake do
 1. the worker's affinity stream (`Keys.affinity_jobs`), unless a job of a level above interactive (high) waits in
    the shared streams: affinity jobs are interactive, and keep that level's place;
 2. stealing, on the same condition: the oldest undelivered jobs of other workers' affinity streams that have
-   waited at least `affinity_steal_ms` (a stream id's milliseconds are its enqueue time, Redis clock): a busy,
-   dead or draining worker's jobs start elsewhere, no later than the threshold after a worker has room; before
+   waited at least `affinity_steal_ms` (a stream id's milliseconds are its enqueue time, Redis clock): a busy
+   or dead worker's jobs start elsewhere, no later than the threshold after a worker has room; before
    the shared interactive jobs (they have waited the threshold already), so before batch lines too;
 3. the shared streams as before (`Intake.read`: levels, aging, batch last), without blocking;
 4. a blocking read of the shared streams and its own affinity stream together, so it wakes for either.
+
+A draining worker gets no new affinity jobs and hands back those waiting for it at once (`Affinity.drain`).
 
 A stolen job stays an entry of its owner's stream: it is acked there (`Job.affinity` names it), and a thief that
 dies leaves it pending there, where any worker's reclaimer takes it over (`Affinity.streams`) by today's rules, dead
@@ -27,7 +29,7 @@ import time
 import redis.asyncio as aioredis
 from redis.exceptions import ResponseError
 
-from common.jobs import Job
+from common.jobs import ENTRY_JOB, Job
 from common.keys import GROUP, Keys
 from common.redis.client import UNAVAILABLE
 from common.redis.lane import Lane, Script
@@ -102,6 +104,33 @@ end
 return {0, {}, soonest}
 """
 
+# KEYS: the draining workers zset, the worker's affinity stream, its device's shared interactive stream.
+# ARGV: group, worker id, now (unix s), job TTL. The worker says it drains (the API's ENQUEUE then passes it over)
+# and, in the same step, moves its undelivered affinity jobs to the shared stream (their `affinity` cleared: whoever
+# reads them there acks them there). Returns how many it moved.
+DRAIN = _LAST_DELIVERED + f"""
+redis.call('ZADD', KEYS[1], ARGV[3], ARGV[2])
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', tonumber(ARGV[3]) - tonumber(ARGV[4]))
+redis.call('EXPIRE', KEYS[1], ARGV[4])
+local last = last_delivered(KEYS[2]) or '0-0'
+local entries = redis.call('XRANGE', KEYS[2], '(' .. last, '+')
+local mine = '"affinity":"' .. ARGV[2] .. '"'
+for _, entry in ipairs(entries) do
+  local fields = entry[2]
+  for j = 1, #fields, 2 do
+    if fields[j] == '{ENTRY_JOB}' then
+      local at, to = string.find(fields[j + 1], mine, 1, true)
+      if at then
+        fields[j + 1] = string.sub(fields[j + 1], 1, at - 1) .. '"affinity":null' .. string.sub(fields[j + 1], to + 1)
+      end
+    end
+  end
+  redis.call('XADD', KEYS[3], '*', unpack(fields))
+  redis.call('XDEL', KEYS[2], entry[1])
+end
+return #entries
+"""
+
 
 class Affinity:
     """One worker's affinity state: its stream, the others' (to steal from and reclaim), its counts."""
@@ -120,6 +149,7 @@ class Affinity:
         self._steal = Script(STEAL)
         self._tasks: set[asyncio.Task[None]] = set()
         self.next_steal_ms = -1  # after a steal that found nothing: when the first job waiting may be stolen
+        self.draining = False  # it records no prefixes any more: the API should not prefer it
 
     @property
     def streams(self) -> tuple[str, ...]:
@@ -162,6 +192,18 @@ class Affinity:
         self.others = [self.keys.affinity_jobs(m.model, m.device, w.decode()) for w in members
                        if w.decode() != m.id]
 
+    async def drain(self) -> int:
+        """It drains: no new affinity jobs for it, and those waiting for it go back to the shared stream (DRAIN),
+        where any worker takes them now rather than after the steal threshold. Returns how many moved."""
+        self.draining = True
+        m = self.member
+        shared = dict(m.levels).get("interactive", m.stream)
+        keys = [self.keys.affinity_draining(m.model, m.device), self.stream, shared]
+        moved = int(await self.redis.eval(DRAIN, len(keys), *keys, GROUP, m.id, time.time(), self.settings.job_ttl_s))
+        if moved:
+            log.info("draining: %d affinity jobs back to the shared stream", moved)
+        return moved
+
     def served(self, jobs: list[Job]) -> None:
         """Jobs it starts: count where they came from, and record their prefixes as served here (in the
         background: a lost record only costs a later job its affinity)."""
@@ -172,7 +214,7 @@ class Affinity:
                 self.hits += 1
             elif job.affinity:
                 self.steals += 1
-            if job.prefixes:
+            if job.prefixes and not self.draining:
                 digests += job.prefixes
                 self.recorded += 1
         if not digests:

@@ -74,6 +74,7 @@ class ServableInfo:
             prompt_lookup=bool(model.plugin_config.get("prompt_lookup")),
             speculative=model.draft_models_path is not None and servable in CONTINUOUS,
             adapters=sorted(model.lora_adapters) if servable in CONTINUOUS else [],
+            prefix_caching=model.enable_prefix_caching and servable in CONTINUOUS,
         )
         return cls(tokenizer, card, model_defaults(model, path), vocab, path)
 

@@ -12,6 +12,7 @@ from api.queue.registry import Registry
 from common.jobs import Job, SamplingParams
 from common.keys import GROUP, Keys
 from common.modelcard import ModelCard
+from common.ops.cluster import streams
 from common.servable import ServableType
 from common.settings import Settings
 
@@ -121,3 +122,51 @@ async def test_a_dead_preferred_worker_or_a_non_interactive_job_goes_to_the_shar
     low = job(prompt).model_copy(update={"priority": "low"})
     assert (await reg.enqueue(servable, low)).stream == keys.level_jobs("m", "CPU", "low")
     assert (await reg.enqueue(servable, job(prompt))).stream == keys.affinity_jobs("m", "CPU", "w1")
+
+
+@pytest.mark.parametrize(("word", "parsed"), [("auto", "auto"), ("1", "true"), ("on", "true"), ("no", "false"),
+                                              (True, "true"), (False, "false")])
+def test_ovq_affinity_takes_auto_and_boolean_words(word: object, parsed: str) -> None:
+    assert Settings(affinity=word).affinity == parsed
+
+
+async def test_auto_affinity_applies_only_to_a_model_whose_card_says_it_caches_prefixes(setup) -> None:
+    redis, keys, _ = setup
+    reg = Registry(redis, keys, Settings(affinity="auto"), expected=[])
+    prompt = turn(2, "a")
+    for digest in job(prompt).prefixes:
+        await redis.set(keys.prefix_owner("m", digest), "CPU|w1")
+    servable = await reg.servable("m")
+    assert not servable.prefix_caching
+    assert (await reg.enqueue(servable, job(prompt))).stream == keys.jobs("m", "CPU")
+    caching = ModelCard.model_validate_json(card("CPU")).model_copy(update={"prefix_caching": True})
+    servable.cards["CPU"] = caching
+    assert (await reg.enqueue(servable, job(prompt))).stream == keys.affinity_jobs("m", "CPU", "w1")
+
+
+async def test_a_draining_preferred_worker_gets_no_affinity_job(setup) -> None:
+    redis, keys, reg = setup
+    prompt = turn(2, "a")
+    for digest in job(prompt).prefixes:
+        await redis.set(keys.prefix_owner("m", digest), "CPU|w1")
+    servable = await reg.servable("m")
+    assert (await reg.enqueue(servable, job(prompt))).stream == keys.affinity_jobs("m", "CPU", "w1")
+    await redis.zadd(keys.affinity_draining("m", "CPU"), {"w1": time.time()})
+    assert (await reg.enqueue(servable, job(prompt))).stream == keys.jobs("m", "CPU")
+
+
+async def test_jobs_waiting_in_affinity_streams_count_in_the_wait_estimate_and_the_status(setup) -> None:
+    redis, keys, reg = setup
+    servable = await reg.servable("m")
+    assert await reg.wait_estimate(servable, "interactive") == 0.0
+    now = time.time()
+    await redis.zadd(keys.affinity_owners("m", "CPU"), {"w1": now, "w2": now})
+    w1 = keys.affinity_jobs("m", "CPU", "w1")
+    for _ in range(3):
+        await redis.xadd(w1, {"job": "x"})
+    await redis.xreadgroup(GROUP, "w1", {w1: ">"}, count=1)  # running: no longer waiting
+    reg._estimates.clear()
+    assert await reg.wait_estimate(servable, "interactive") is None  # 2 wait, none finished lately: unknown
+    assert await reg.wait_estimate(servable, "high") == 0.0  # a high job goes before them
+    [state] = await streams(redis, keys, Settings(), [("m", "CPU")])
+    assert (state.waiting, state.affinity_waiting) == (2, 2)

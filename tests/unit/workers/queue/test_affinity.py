@@ -102,3 +102,26 @@ async def test_served_jobs_are_counted_by_origin_and_their_prefixes_recorded_wit
     for digest in ("a1", "a0", "b0"):
         key = keys.prefix_owner("m", digest)
         assert await redis.get(key) == b"CPU|w1" and 0 < await redis.ttl(key) <= 600
+
+
+async def test_a_draining_worker_hands_its_waiting_jobs_to_the_shared_stream_and_records_no_prefixes(fleet) -> None:
+    redis, keys, made = fleet
+    w1, w2 = made["w1"], made["w2"]
+    own, shared = w2.affinity.stream, keys.jobs("m", "CPU")
+
+    def job(n: int) -> Job:
+        return Job(id=f"j{n}", model="m", device="CPU", kind="chat", prompt="p", params=SamplingParams(),
+                   reply_to="api", affinity="w2", prefixes=["d"])
+
+    for n in range(3):
+        await redis.xadd(own, {"job": job(n).model_dump_json()})
+    [(_, [(_, running)])] = await redis.xreadgroup(GROUP, "w2", {own: ">"}, count=1)  # one runs: it stays
+    assert await w2.affinity.drain() == 2
+    assert await redis.xlen(own) == 1 and Job.from_fields(running).id == "j0"
+    moved = [Job.from_fields(fields) for _, fields in await redis.xrange(shared)]
+    assert [(j.id, j.affinity, j.prefixes) for j in moved] == [("j1", None, ["d"]), ("j2", None, ["d"])]
+    assert await redis.zscore(keys.affinity_draining("m", "CPU"), "w2") is not None
+    assert 0 < await redis.ttl(keys.affinity_draining("m", "CPU"))
+    assert [stream for stream, _ in await w1.read(8, block_ms=50)] == [shared]  # at once, not after 5 s
+    w2.affinity.served([job(3)])
+    assert not w2.affinity._tasks and await redis.get(keys.prefix_owner("m", "d")) is None
