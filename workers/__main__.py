@@ -11,7 +11,7 @@ import uvloop
 from common.models.config import ConfigError, ModelConfig
 from common.models.prepare import prepare
 from common.models.sources import find_model
-from common.redis.client import RedisURLError, connect, redis_url, wait_until_up
+from common.redis.client import RedisRefused, RedisURLError, connect, redis_url, wait_until_up
 from common.servable import ServableType, infer_servable
 from common.settings import Settings
 from workers.engine.continuous import error_message
@@ -72,6 +72,9 @@ def main(argv: list[str] | None = None) -> int:
     except TimeoutError as exc:
         print(f"ovq worker: {exc}; exiting", file=sys.stderr)
         return 1
+    except RedisRefused as exc:
+        print(f"ovq worker: {exc}", file=sys.stderr)
+        return 2
     prepare(model)
     device = args.device.upper()
     try:

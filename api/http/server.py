@@ -12,7 +12,7 @@ from api.http.auth import KeyFileError, exposure_refusal, is_loopback, load_keys
 from api.http.signals import EarlySignals
 from common.models.config import ConfigError
 from common.models.sources import configured_models
-from common.redis.client import RedisURLError, connect, redis_url, wait_until_up
+from common.redis.client import RedisRefused, RedisURLError, connect, redis_url, wait_until_up
 from common.settings import Settings, get_settings
 
 
@@ -41,7 +41,7 @@ def serve(signals: EarlySignals) -> int:
             return 2
         redis_url(settings)
         asyncio.run(_wait_for_redis(settings))
-    except (ConfigError, RedisURLError, KeyFileError) as exc:
+    except (ConfigError, RedisURLError, RedisRefused, KeyFileError) as exc:
         print(f"ovq api: {exc}", file=sys.stderr)
         return 2
     except TimeoutError as exc:

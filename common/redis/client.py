@@ -263,8 +263,13 @@ def connect_rq(settings: Settings) -> redis.Redis:
     return connect_sync(settings)
 
 
+class RedisRefused(Exception):
+    """Redis answered a tier's first commands with an error (NOPERM, ...): a one-line reason at start, no retry."""
+
+
 async def wait_until_up(client: aioredis.Redis, url: str, max_wait_s: float, who: str) -> None:
-    """PING with exponential backoff and one log line per failed attempt; TimeoutError after `max_wait_s`."""
+    """PING with exponential backoff and one log line per failed attempt; TimeoutError after `max_wait_s`;
+    RedisRefused when Redis answers but refuses the connection's first commands (an ACL without them)."""
     deadline = time.monotonic() + max_wait_s
     backoff = Backoff()
     while True:
@@ -277,6 +282,9 @@ async def wait_until_up(client: aioredis.Redis, url: str, max_wait_s: float, who
                 raise TimeoutError(f"Redis at {describe(url)} unreachable for {max_wait_s:.0f}s: {why}") from None
             log.warning("%s waiting for Redis at %s: %s (retry in %.1fs)", who, describe(url), why, backoff.delay)
             await backoff.wait()
+        except ResponseError as exc:  # answered, and said no (not "away"): waiting will not change it
+            raise RedisRefused(f"Redis at {describe(url)} refused {who}'s first commands: {exc} (does its ACL user "
+                               "allow them? deploy/redis/users.acl lists what each tier runs)") from None
 
 
 class Backoff:

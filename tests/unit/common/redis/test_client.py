@@ -10,6 +10,7 @@ from redis.exceptions import ResponseError
 
 from common.redis.client import (
     Backoff,
+    RedisRefused,
     RedisURLError,
     SentinelURL,
     describe,
@@ -20,6 +21,7 @@ from common.redis.client import (
     redis_away,
     redis_url,
     replicas_wanted,
+    wait_until_up,
 )
 from common.settings import Settings
 
@@ -105,3 +107,19 @@ def test_a_cluster_url_is_taken_and_names_tagged_keys() -> None:
 def test_a_malformed_cluster_url_is_refused_in_one_line(url: str) -> None:
     with pytest.raises(RedisURLError, match="redis\\+cluster://"):
         redis_url(Settings(REDIS_URL=url))
+
+
+async def test_a_redis_that_refuses_the_first_command_is_one_clear_error_not_a_wait(redis_url: str) -> None:
+    user = f"noping{time.time_ns()}"
+    admin = aioredis.Redis.from_url(redis_url)
+    await admin.execute_command("ACL", "SETUSER", user, "on", ">pw", "~*", "-@all", "+auth", "+hello",
+                                "+client|setname", "+select")
+    host, port = redis_url.split("//")[1].split("/")[0].split(":")
+    client = aioredis.Redis(host=host, port=int(port), username=user, password="pw")
+    try:
+        with pytest.raises(RedisRefused, match="refused ovq worker's first commands"):
+            await wait_until_up(client, redis_url, 30, "ovq worker")
+    finally:
+        await client.aclose()
+        await admin.execute_command("ACL", "DELUSER", user)
+        await admin.aclose()
