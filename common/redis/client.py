@@ -34,6 +34,7 @@ from common.redis.cluster import (
     sync_cluster,
     sync_slot_client,
 )
+from common.redis.hosts import host_list
 from common.settings import Settings
 
 log = logging.getLogger("ovq.redis")
@@ -121,8 +122,7 @@ class SentinelURL:
         userinfo, _, hosts = parsed.netloc.rpartition("@")
         username, _, password = userinfo.partition(":")
         try:
-            sentinels = [(host.rpartition(":")[0].strip("[]") or "localhost", int(host.rpartition(":")[2] or 26379))
-                         if ":" in host else (host, 26379) for host in hosts.split(",") if host]
+            sentinels = host_list(hosts, 26379)
             path = [part for part in parsed.path.split("/") if part]
             db = int(path[1]) if len(path) > 1 else 0
         except ValueError:

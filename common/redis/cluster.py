@@ -32,6 +32,7 @@ from redis.exceptions import (
     TryAgainError,
 )
 
+from common.redis.hosts import host_list
 from common.redis.lane import RETRIED, Command, Lane
 
 log = logging.getLogger("ovq.redis")
@@ -62,8 +63,7 @@ class ClusterURL:
         userinfo, _, hosts = parsed.netloc.rpartition("@")
         username, _, password = userinfo.partition(":")
         try:
-            nodes = [(host.rpartition(":")[0].strip("[]") or "localhost", int(host.rpartition(":")[2] or 6379))
-                     if ":" in host else (host, 6379) for host in hosts.split(",") if host]
+            nodes = host_list(hosts, 6379)
         except ValueError:
             raise ClusterURLError(f"REDIS_URL {url!r} is malformed: want redis+cluster://host:port[,host:port...]") \
                 from None
