@@ -25,8 +25,8 @@ from common.redis.client import sync_client
 from tests.conftest import ROOT, Tiers
 from tests.integration.redis_ha import ClusterSet, Node, missing_for_sentinel
 from tests.integration.test_batch import BATCH_ENV, answered_once, batch_worker, client_for, line, results, start, wait
-from tests.integration.test_failover import QUEUED, STREAMS, probe, unary_as
-from tests.integration.test_faults import HELLO, TINY, Counts, in_threads, join, stream, tiny
+from tests.integration.test_failover import QUEUED, STREAMS, probe, under_load
+from tests.integration.test_faults import TINY, Counts, join, tiny
 from tests.integration.test_redis_security import denied, run_a_batch, serve_and_chat
 
 pytestmark = pytest.mark.skipif(missing_for_sentinel() is not None, reason=str(missing_for_sentinel()))
@@ -129,17 +129,7 @@ def test_a_killed_master_fails_over_with_nothing_hung_or_lost(tiers: Callable[..
     t.wait_served(TINY)
     keys, r = Keys(t.prefix, cluster=True), cluster.client()
     master = cluster.node(r.get_node_from_key(keys.jobs(TINY, "CPU")).port)
-    long = {"model": TINY, "messages": [{"role": "user", "content": "go"}], "max_tokens": 1900, "ignore_eos": True}
-    streams, unaries = Counts(), Counts()
-    started = [threading.Event() for _ in range(STREAMS)]
-    running = in_threads(STREAMS, lambda i: stream(t.base_url, long, streams, started[i]))
-    for event in started:
-        assert event.wait(60)
-    queued = in_threads(QUEUED, lambda i: unary_as(f"unary-{i}", t.base_url, HELLO, unaries))
-    deadline = time.monotonic() + 120
-    while sum(r.exists(keys.job(f"unary-{i}", TINY)) for i in range(QUEUED)) < QUEUED:  # all enqueued
-        assert time.monotonic() < deadline, "the unary requests were not all queued"
-        time.sleep(0.1)
+    streams, unaries, running, queued = under_load(t, lambda job: bool(r.exists(keys.job(job, TINY))))
     waiting = [entry for _, entry in r.xrange(keys.jobs(TINY, "CPU"))]
     [reply_to] = r.zrange(keys.apis, 0, -1)
     shared = r.get_node_from_key(keys.events(reply_to.decode())).port == master.port  # then its events are lost too

@@ -36,6 +36,23 @@ def sentinel_set(tmp_path: Path) -> Iterator[SentinelSet]:
     made.stop()
 
 
+def under_load(t: Tiers, queued: Callable[[str], bool]) -> tuple[Counts, Counts, list, list]:
+    """STREAMS long streams running, then QUEUED unary requests (`unary-N`) queued behind them (`queued(job)`: its
+    hash exists): the load a node is killed under. Returns their counts and threads."""
+    long = {"model": TINY, "messages": [{"role": "user", "content": "go"}], "max_tokens": 1900, "ignore_eos": True}
+    streams, unaries = Counts(), Counts()
+    started = [threading.Event() for _ in range(STREAMS)]
+    running = in_threads(STREAMS, lambda i: stream(t.base_url, long, streams, started[i]))
+    for event in started:
+        assert event.wait(60)
+    waiting = in_threads(QUEUED, lambda i: unary_as(f"unary-{i}", t.base_url, HELLO, unaries))
+    deadline = time.monotonic() + 120
+    while sum(queued(f"unary-{i}") for i in range(QUEUED)) < QUEUED:  # all enqueued
+        assert time.monotonic() < deadline, "the unary requests were not all queued"
+        time.sleep(0.1)
+    return streams, unaries, running, waiting
+
+
 def unary_as(request_id: str, base_url: str, body: dict, counts: Counts) -> None:
     """`unary` with the job's id chosen (X-Request-Id), so the test can tell when Redis has it."""
     try:
@@ -90,17 +107,7 @@ def test_a_killed_sentinel_primary_fails_over_with_nothing_hung_or_lost(
     batch = start(sdk, [line(i) for i in range(20)])  # behind the interactive load: it runs across the failover
     keys = Keys(t.prefix)
     primary = redis.Redis(port=sentinel_set.primary.port)
-    long = {"model": TINY, "messages": [{"role": "user", "content": "go"}], "max_tokens": 1900, "ignore_eos": True}
-    streams, unaries = Counts(), Counts()
-    started = [threading.Event() for _ in range(STREAMS)]
-    running = in_threads(STREAMS, lambda i: stream(t.base_url, long, streams, started[i]))
-    for event in started:
-        assert event.wait(60)
-    queued = in_threads(QUEUED, lambda i: unary_as(f"unary-{i}", t.base_url, HELLO, unaries))
-    deadline = time.monotonic() + 120
-    while sum(primary.exists(keys.job(f"unary-{i}")) for i in range(QUEUED)) < QUEUED:  # all enqueued
-        assert time.monotonic() < deadline, "the unary requests were not all queued"
-        time.sleep(0.1)
+    streams, unaries, running, queued = under_load(t, lambda job: bool(primary.exists(keys.job(job))))
     waiting = [entry for _, entry in primary.xrange(keys.jobs(TINY, "CPU"))]
     sentinel_set.primary.kill()
     again, served, live, ready = Counts(), [], [], []
