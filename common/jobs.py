@@ -57,6 +57,7 @@ class JobHash:
     REASON: Final = "reason"  # why it was cancelled, when not by its client
     TEXT: Final = "text"  # the first choice's text, only with OVQ_KEEP_JOB_TEXT
     RETRIES: Final = "retries"  # how often an operator retried it from the dead letters
+    FAIR: Final = "fair"  # its tenant's fair-share correction, once made at its end (workers/queue/share.py)
 
 
 # A stream entry's fields: the job (`Job.to_fields`); a dead letter adds why and which worker put it there.

@@ -40,6 +40,7 @@ from workers.queue.heartbeat import Heartbeat, Steering, gone_apis
 from workers.queue.intake import FairKeys, Intake
 from workers.queue.publisher import Outbox, Publisher
 from workers.queue.reclaim import Continued, Reclaimer, Takeover
+from workers.queue.share import correction
 from workers.vitals import Member, Vitals
 
 log = logging.getLogger("ovq.worker")
@@ -523,8 +524,8 @@ class BaseWorker:
             summary = state.summary()
             used = int(summary.get("prompt_tokens") or 0) + int(summary.get("completion_tokens") or 0)
             clock = self.keys.fair_clock(self.model.name, self.device, state.job.priority)
-            outbox.commands += [["HINCRBYFLOAT", clock, f"f:{share.tenant}", (used - share.cost) / share.weight],
-                                ["EXPIRE", clock, self.settings.job_ttl_s]]
+            outbox.commands.append(correction(clock, self.keys.job(state.job.id, self.model.name), share.tenant,
+                                              (used - share.cost) / share.weight, self.settings.job_ttl_s))
 
     def _fail_all(self, status: int, message: str) -> None:
         outbox = Outbox()
