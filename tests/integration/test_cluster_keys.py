@@ -24,6 +24,7 @@ from common.settings import Settings
 from tests.integration.redis_ha import ClusterSet, missing_for_sentinel
 from workers.queue.intake import READ
 from workers.queue.reclaim import FORGET, Reclaimer
+from workers.queue.share import CORRECT
 from workers.vitals import Member
 
 pytestmark = pytest.mark.skipif(missing_for_sentinel() is not None, reason=str(missing_for_sentinel()))
@@ -82,6 +83,8 @@ def test_queue_scripts_of_one_model_touch_one_slot(client: redis.RedisCluster) -
                                   args=[GROUP, "w1", 1, 10_000, 1, 2, PARK])
             assert which == 1 and len(entries) == 1, "the intake read nothing from the stream it was given"
             assert expected in (entries[0][0], entries[0][1][1])
+        correct = client.register_script(CORRECT)  # the job's end: its tenant's correction, once (one slot)
+        assert [correct(keys=[clock, KEYS.job(job, model)], args=["tenant", -3, 60]) for _ in range(2)] == [1, 0]
         # FORGET reads the stream and its consumers' worker hashes: those are keyed by worker, not model (the
         # tiers' cluster mode must split it); with the stream alone it runs on the stream's node
         assert client.register_script(FORGET)(keys=[stream], args=[GROUP]) == 0
