@@ -3,7 +3,8 @@
 figure printed as a ratio against its baseline measured in the same run (the machine is shared and noisy: only
 ratios from one run mean anything).
 
-Scenarios (`SCENARIOS`, name -> async function; `benchmarks/fleet_sched.py`, when present, adds its own):
+Scenarios (`SCENARIOS`, name -> async function; those of `benchmarks/fleet_sched.py`, flood_with_victim_tenant,
+priorities_under_load and deadlines_under_overload, run through that script on a stack of its own):
 
   burst-join       120 streams at one SmolLM2 worker; a second worker starts 3 s later. Jobs the second owns
                    within 2 s of its first heartbeat, its share of those waiting then, and the burst's time; the
@@ -368,11 +369,10 @@ SCENARIOS: dict[str, Scenario] = {
     "greedy-vs-knee": greedy_vs_knee,
     "burst-ttft-raw": burst_ttft_raw,
 }
-try:  # scheduling scenarios (tenants, priorities, deadlines), kept in a module of their own
-    SCENARIOS.update(importlib.import_module("fleet_sched").SCENARIOS)
-except ModuleNotFoundError as exc:
-    if exc.name != "fleet_sched":
-        raise
+# Scheduling scenarios (tenants, priorities, deadlines) live in fleet_sched.py with a stack of their own (keys with
+# tenants, a fair and a FIFO API on one worker): run by name through that script, after this one's.
+SCHED = Path(__file__).with_name("fleet_sched.py")
+SCHED_SCENARIOS = tuple(importlib.import_module("fleet_sched").SCENARIOS)
 
 
 def table(name: str, figures: list[Figure]) -> str:
@@ -395,18 +395,20 @@ def main() -> None:
     args.loop_tokens = 32 if args.short else 128
     args.loop_s = 5.0 if args.short else 20.0
     args.ttft_tokens = 8 if args.short else 32
-    names = args.scenarios or list(SCENARIOS)
-    unknown = [n for n in names if n not in SCENARIOS]
+    names = args.scenarios or [*SCENARIOS, *SCHED_SCENARIOS]
+    unknown = [n for n in names if n not in SCENARIOS and n not in SCHED_SCENARIOS]
     if unknown:
-        parser.error(f"unknown scenario(s): {', '.join(unknown)}; known: {', '.join(SCENARIOS)}")
+        parser.error(f"unknown scenario(s): {', '.join(unknown)}; known: {', '.join([*SCENARIOS, *SCHED_SCENARIOS])}")
     # A timeout's SIGTERM ends the run through its `finally`s: the fleet's processes and Redis stop with it.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     print(f"# load average at start: {os.getloadavg()}", flush=True)
-    for name in names:
+    for name in [n for n in names if n in SCENARIOS]:
         t0 = time.monotonic()
         figures = asyncio.run(SCENARIOS[name](args))
         print(table(name, figures), flush=True)
         print(f"# {name}: {time.monotonic() - t0:.0f} s; load average {os.getloadavg()}\n", flush=True)
+    if sched := [n for n in names if n in SCHED_SCENARIOS]:
+        subprocess.run([sys.executable, str(SCHED), *sched], check=True)
 
 
 if __name__ == "__main__":
