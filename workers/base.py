@@ -36,6 +36,7 @@ from common.settings import Settings
 from workers.ops.health import HealthServer
 from workers.queue.accounting import Accounting
 from workers.queue.affinity import AffineIntake, Affinity
+from workers.queue.fence import Fence
 from workers.queue.heartbeat import Heartbeat, Steering, gone_apis
 from workers.queue.intake import FairKeys, Intake
 from workers.queue.publisher import Outbox, Publisher
@@ -86,6 +87,9 @@ class BaseWorker:
         accounting = Accounting(self.keys, model.name, device, self.id, settings)
         self.publisher = Publisher(self.redis, self.keys, self.stream, settings.job_ttl_s, accounting,
                                    settings.journal_ttl_s, settings.journal_max_entries, model.name)
+        # The stream entries of the jobs it took: checked after Redis was out of reach (workers/queue/fence.py).
+        self.fence = Fence(self.id)
+        self.publisher.guard(self.fence, self.fence_off)
         fair = FairKeys(tuple(self.keys.fair_order(model.name, device, level) for level, _ in self.levels),
                         tuple(self.keys.fair_clock(model.name, device, level) for level, _ in self.levels),
                         self.keys.fair_bell(model.name, device))
@@ -104,7 +108,7 @@ class BaseWorker:
         if self.affinity is not None:
             self.intake = AffineIntake(self.redis, self.id, *(s for _, s in self.levels),
                                        aging_s=settings.priority_aging_s, fair=fair, affinity=self.affinity)
-        self.heartbeat = Heartbeat(self.redis, self.keys, settings, self.member, self.vitals)
+        self.heartbeat = Heartbeat(self.redis, self.keys, settings, self.member, self.vitals, self.fence)
         self.reclaimer = Reclaimer(self.redis, self.keys, settings, self.member, self.room, self.resumable,
                                    self.heartbeat.steady, self._affinity_streams)
         self.health = HealthServer(self.member, self.vitals, settings.heartbeat_s, settings.worker_host,
@@ -318,6 +322,7 @@ class BaseWorker:
         now = time.time()
         started: list[Job] = []
         for entry_id, job in jobs:
+            self.fence.hold(entry_id, self.stream_of(job), job.id)
             if job.expired(now):
                 self._drop_late(entry_id, job, outbox)
                 continue
@@ -478,6 +483,21 @@ class BaseWorker:
             await self.admit([(c.entry_id, c.fields) for c in takeover.continued], takeover.stream)
             # Cancelled meanwhile (or their API is gone): they did not start, and will not.
             self._continuing = {j: c for j, c in self._continuing.items() if j in self._deferred}
+
+    def fence_off(self, jobs: set[str]) -> None:
+        """Jobs another worker took over while this one could not reach Redis (the publisher found them so and
+        logged it): they are that worker's now. Stop them here without a word; nothing of them goes out."""
+        for job_id in jobs:
+            self._deferred.pop(job_id, None)
+            self._continuing.pop(job_id, None)
+            if job_id in self.running:
+                self.drop(job_id)
+        self._slot_free.set()
+
+    def drop(self, job_id: str) -> None:
+        """Stop a running job that is no longer this worker's: cancelled as by its client (the publisher drops
+        what it still sends, its end too)."""
+        self.cancel_running(job_id)
 
     def cancel_orphans(self, gone: set[str]) -> None:
         """Cancel the running jobs of API processes that are gone: nobody reads what they would generate."""

@@ -168,9 +168,10 @@ class ClusterLane:
         self._refreshing: asyncio.Future[None] | None = None
         self._timeout: float = cluster.connection_kwargs.get("socket_timeout") or 5.0
 
-    async def execute(self, commands: list[Command], blocks_s: float = 0.0) -> list[Any]:
+    async def execute(self, commands: list[Command], blocks_s: float = 0.0, retry: bool = True) -> list[Any]:
+        """`retry`: as `Lane.execute`'s (False: a lost connection is not sent again, on any master)."""
         if not any(command[0] == "PUBSUB" for command in commands):
-            return await self._execute(commands, blocks_s)
+            return await self._execute(commands, blocks_s, retry)
         # A channel's subscribers are counted on its slot's master (sharded pub/sub): PUBSUB NUMSUB a b ... is
         # asked as PUBSUB SHARDNUMSUB of each channel on its own node, answered as one flat reply.
         expanded: list[Command] = []
@@ -180,7 +181,7 @@ class ClusterLane:
             parts = [["PUBSUB", "SHARDNUMSUB", channel] for channel in command[2:]] if numsub else [command]
             spans.append((len(expanded), len(expanded) + len(parts), numsub))
             expanded += parts
-        replies = await self._execute(expanded, blocks_s)
+        replies = await self._execute(expanded, blocks_s, retry)
         answered: list[Any] = []
         for start, end, numsub in spans:
             if not numsub:
@@ -190,7 +191,7 @@ class ClusterLane:
             answered.append(failed if failed is not None else [part for r in replies[start:end] for part in r])
         return answered
 
-    async def _execute(self, commands: list[Command], blocks_s: float) -> list[Any]:
+    async def _execute(self, commands: list[Command], blocks_s: float, retry: bool = True) -> list[Any]:
         if not commands:
             return []
         await initialized(self._cluster)
@@ -203,13 +204,13 @@ class ClusterLane:
                 for i in todo:  # a command without a key (WAIT, INFO) goes where the one before it went
                     node = self._node(commands[i], node)
                     groups.setdefault(node, []).append(i)
-            results = await asyncio.gather(*(self._lane(node).execute([commands[i] for i in group], blocks_s)
+            results = await asyncio.gather(*(self._lane(node).execute([commands[i] for i in group], blocks_s, retry)
                                              for node, group in groups.items()), return_exceptions=True)
             todo, asked = [], []
             lost: BaseException | None = None
             for group, result in zip(groups.values(), results, strict=True):
                 if isinstance(result, BaseException):
-                    if not isinstance(result, RETRIED) or attempt == ATTEMPTS - 1:
+                    if not isinstance(result, RETRIED) or attempt == ATTEMPTS - 1 or not retry:
                         raise result
                     lost = result
                     todo += group

@@ -152,9 +152,10 @@ class Lane:
         self._flushing = False
         self._connecting: asyncio.Task[None] | None = None
 
-    async def execute(self, commands: list[Command], blocks_s: float = 0.0) -> list[Any]:
+    async def execute(self, commands: list[Command], blocks_s: float = 0.0, retry: bool = True) -> list[Any]:
         """Each command's reply, or the ResponseError Redis answered it with, in order. `blocks_s`: how long a
-        blocking command among them may wait in Redis, beyond the socket timeout for its reply."""
+        blocking command among them may wait in Redis, beyond the socket timeout for its reply. `retry`: False for a
+        caller that must check something first when a connection was lost (the worker's publisher: its fence)."""
         if not commands:
             return []
         packed = self._pack(commands)  # a value Redis cannot take (None) is this caller's DataError, no one else's
@@ -162,6 +163,8 @@ class Lane:
             try:
                 return await self._call(packed, len(commands), blocks_s)
             except RETRIED:
+                if not retry:
+                    raise
                 return await self._call(packed, len(commands), blocks_s)  # once more, on a fresh connection
         except asyncio.CancelledError:
             if blocks_s:  # a blocked read nobody waits for must not take entries: dropping the connection ends it

@@ -16,6 +16,7 @@ import redis.asyncio as aioredis
 from common.keys import Keys
 from common.redis.client import UNAVAILABLE, Backoff, describe, redis_url
 from common.settings import Settings
+from workers.queue.fence import Fence
 from workers.vitals import Member, Vitals
 
 log = logging.getLogger("ovq.worker")
@@ -55,8 +56,11 @@ def gone_apis(reply_tos: list[str], scores: list[float | None], api_ttl_s: float
 
 class Heartbeat:
     def __init__(self, redis: aioredis.Redis, keys: Keys, settings: Settings, member: Member,
-                 vitals: Callable[[], Vitals]) -> None:
+                 vitals: Callable[[], Vitals], fence: Fence | None = None) -> None:
+        """`fence`: checked before the worker's next publish after a beat failed (another worker may have taken
+        this one's jobs over meanwhile)."""
         self.redis, self.keys, self.settings, self.member, self.vitals = redis, keys, settings, member, vitals
+        self.fence = fence
         self.host = socket.gethostname()
         self.last_ok = time.monotonic()
         self.reachable_since: float | None = self.last_ok  # None while beats fail
@@ -114,6 +118,8 @@ class Heartbeat:
                 steering = await self.beat()
             except UNAVAILABLE as exc:
                 self.reachable_since = None
+                if self.fence is not None:
+                    self.fence.due = True
                 await asyncio.sleep(backoff.failed(log, where, exc))
                 continue
             self.last_ok = time.monotonic()

@@ -6,6 +6,9 @@ slower than the engine, the batches waiting are merged into one round trip.
 
 A streaming text job's generated ids (`Outbox.record`) are appended to its `Keys.generated` in the same round trip,
 just before the events whose text they made, so another worker can continue the job if this one dies.
+
+After Redis was out of reach, the first round trip waits for the fence's check (`workers/queue/fence.py`): the jobs
+another worker took over meanwhile are dropped from everything this publisher still sends.
 """
 from __future__ import annotations
 
@@ -29,9 +32,13 @@ from common.redis.client import UNAVAILABLE, Backoff, reason
 from common.redis.cluster import open_lane
 from common.redis.lane import Command
 from workers.queue.accounting import STATS_EVERY_S, Accounting
+from workers.queue.fence import Fence
 
 log = logging.getLogger("ovq.publisher")
 RENEW_EVERY = 256  # a journal's TTL is renewed with its first entry, every this many entries, and its last
+# How long what a fenced-off job still sends is dropped: its worker stops it at once, but a kind of worker whose
+# job ends at its next step (speech, images) may still send its end that long after.
+STALE_S = 60.0
 
 
 @dataclass
@@ -123,6 +130,15 @@ class Publisher:
         self._task: asyncio.Task[None] | None = None
         self._ticker: asyncio.Task[None] | None = None
         self._publish = "SPUBLISH" if keys.cluster else "PUBLISH"  # sharded on a Cluster: to its node only
+        self.fence: Fence | None = None
+        self._fenced_off: Callable[[set[str]], None] = lambda jobs: None
+        # Jobs (and their entries) another worker took over: what they still send is dropped, until the instant.
+        self._stale: dict[str, float] = {}
+        self._stale_entries: dict[bytes, float] = {}
+
+    def guard(self, fence: Fence, fenced_off: Callable[[set[str]], None]) -> None:
+        """Check `fence` after Redis was out of reach; `fenced_off` stops the jobs it finds taken over."""
+        self.fence, self._fenced_off = fence, fenced_off
 
     def start(self) -> None:
         self._task = asyncio.create_task(self._run(), name="publisher")
@@ -163,6 +179,8 @@ class Publisher:
             while not self._queue.empty():
                 batch.merge(self._queue.get_nowait())
                 merged += 1
+            if self._stale:
+                self._strip(batch)
             try:
                 await self._send_until_sent(batch)
             finally:
@@ -173,15 +191,22 @@ class Publisher:
         """Redis away for a moment must not lose a terminal event: retry, newest batches wait behind."""
         failures = self.accounting.settle(batch.status, batch.stats) if self.accounting is not None else []
         backoff = Backoff()
+        fence = self.fence
         while True:
             try:
+                if fence is not None and fence.due:
+                    await self._check(fence, batch)
                 await self._send(batch, failures)
+                if fence is not None and batch.acks:
+                    fence.acked(batch.acks)
                 if self.accounting is not None:
                     self.accounting.written(True)
                 for done in batch.sent:
                     done()
                 return
             except UNAVAILABLE as exc:
+                if fence is not None:
+                    fence.due = True
                 if self.accounting is not None:
                     self.accounting.written(False)
                 if not (batch.events or batch.status or batch.acks or batch.records or batch.forgotten or failures):
@@ -189,6 +214,42 @@ class Publisher:
                 if not backoff.failures:
                     log.warning("publishing to Redis failed (%s); retrying until it is back", reason(exc))
                 await backoff.wait()
+
+    async def _check(self, fence: Fence, batch: Outbox) -> None:
+        """One round trip: which of this worker's jobs another worker took over while Redis was out of reach. Those
+        are stopped here (`fenced_off`) and nothing more of them goes out, from `batch` on."""
+        commands = fence.commands()
+        lost = fence.lost(await self.lane.execute(commands) if commands else [])
+        if not lost:
+            return
+        jobs = set(lost.values())
+        log.warning("fenced off %d jobs another worker took over while this one could not reach Redis; dropping "
+                    "what they had still to send: %s", len(jobs), ", ".join(sorted(jobs)))
+        until = time.monotonic() + STALE_S
+        self._stale.update(dict.fromkeys(jobs, until))
+        self._stale_entries.update(dict.fromkeys(lost, until))
+        self._fenced_off(jobs)
+        self._strip(batch)
+
+    def _strip(self, batch: Outbox) -> None:
+        """Drop from `batch` everything of the jobs fenced off (their events, hash fields, records, acks)."""
+        now = time.monotonic()
+        self._stale = stale = {job: until for job, until in self._stale.items() if until > now}
+        self._stale_entries = {entry: until for entry, until in self._stale_entries.items() if until > now}
+        for reply_to, events in list(batch.events.items()):
+            kept = [event for event in events if event["job"] not in stale]
+            if kept:
+                batch.events[reply_to] = kept
+            else:
+                del batch.events[reply_to]
+        for job in stale:
+            batch.status.pop(job, None)
+            batch.records.pop(job, None)
+            self._journaled.pop(job, None)
+        batch.fresh -= stale.keys()
+        batch.forgotten -= stale.keys()
+        batch.journaled -= stale.keys()
+        batch.acks = [(stream, entry) for stream, entry in batch.acks if entry not in self._stale_entries]
 
     async def _send(self, batch: Outbox, failures: list[bytes], everything: bool = False) -> None:
         commands: list[Command] = []
@@ -222,7 +283,9 @@ class Publisher:
             self.accounting.write(commands, failures, everything)
         if not commands:
             return
-        for result in await self.lane.execute(commands):
+        # Not sent again by the lane on a fresh connection: after a lost one, the fence is checked first (the
+        # jobs may be another worker's by then).
+        for result in await self.lane.execute(commands, retry=False):
             # A command Redis refuses (NOGROUP after Redis lost its data) must not hold up the events behind it.
             if isinstance(result, ResponseError):
                 log.warning("Redis refused a command while publishing: %s", result)

@@ -150,6 +150,12 @@ class TextWorker(BaseWorker):
             return
         self.engine.send(protocol.cancel_command(job_id))
 
+    def drop(self, job_id: str) -> None:
+        """Ended here at once, into an outbox that goes nowhere; the engine's later updates of it are ignored."""
+        self._end(self.running[job_id], JobStatus.CANCELLED, Outbox())
+        if not self._restarting:
+            self.engine.send(protocol.cancel_command(job_id))
+
     def _start(self, entry_id: bytes, job: Job, outbox: Outbox) -> None:
         """Hand the job to the engine; it answers `accepted` (prompt tokens) or an error right away."""
         skip = job.params.skip_special_tokens

@@ -12,7 +12,7 @@ import redis.asyncio as aioredis
 from redis.exceptions import ResponseError
 
 from common.keys import GROUP
-from common.redis.lane import Lane, Script
+from common.redis.lane import RETRIED, Lane, Script
 
 
 @pytest.fixture()
@@ -100,6 +100,23 @@ async def test_a_connection_dropped_under_it_is_replaced_without_an_error(client
     killed = await client.execute_command("CLIENT", "KILL", "TYPE", "normal", "SKIPME", "yes")
     assert killed >= 1
     assert await lane.execute([["ECHO", "again"]]) == [b"again"]
+    await lane.close()
+
+
+async def test_a_caller_that_asks_for_no_retry_gets_the_lost_connection(client: aioredis.Redis) -> None:
+    """`retry=False` (the worker's publisher, which checks its fence first): a call whose connection is lost under
+    it fails, and is not sent again on a fresh one; the next call connects afresh."""
+    lane = Lane(client)
+    key = f"lane-no-retry-{time.time_ns()}"
+    blocked = asyncio.ensure_future(lane.execute([["BLPOP", key, 5]], blocks_s=5, retry=False))
+    await asyncio.sleep(0.2)
+    assert await client.execute_command("CLIENT", "KILL", "TYPE", "normal", "SKIPME", "yes") >= 1
+    with pytest.raises(RETRIED):
+        await blocked
+    await client.rpush(key, b"x")
+    await asyncio.sleep(0.1)
+    assert await client.llen(key) == 1  # no BLPOP sent again took it
+    assert await lane.execute([["LPOP", key]], retry=False) == [b"x"]
     await lane.close()
 
 

@@ -64,7 +64,8 @@ async def test_records_of_generated_ids_are_appended_before_their_events_and_go_
     first.merge(second)
     assert first.records == {"j": [b"ab", b"cd"]} and first.fresh == {"j"}
     sent = []
-    publisher.lane.execute = lambda commands, run=publisher.lane.execute: sent.append(commands) or run(commands)
+    publisher.lane.execute = lambda commands, run=publisher.lane.execute, **kw: sent.append(commands) or run(commands,
+                                                                                                             **kw)
     publisher.put(first)
     await publisher.drain()
     assert [c[0] for c in sent[0]] == ["APPEND", "EXPIRE", "PUBLISH"]  # the ids before the text they match
