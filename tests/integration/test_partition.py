@@ -119,7 +119,7 @@ def test_a_partitioned_worker_taken_over_sends_nothing_twice(tiers: Callable[...
         assert result["terminal"] == 1 and result["done"] == 1, result
         text = result["text"]
         assert len(text) == len(expected) and text == expected, (len(text), len(expected))
-        assert "fenced off 1 jobs" in t.log(workers[victim]), t.log(workers[victim])[-3000:]
+        assert "fenced off 1 job(s)" in t.log(workers[victim]), t.log(workers[victim])[-3000:]
         # The cut worker is back and serves again.
         again = httpx.post(f"{t.base_url}/chat/completions", json={**body, "max_tokens": 4}, timeout=BOUND_S)
         assert again.status_code == 200, again.text

@@ -223,7 +223,7 @@ class Publisher:
         if not lost:
             return
         jobs = set(lost.values())
-        log.warning("fenced off %d jobs another worker took over while this one could not reach Redis; dropping "
+        log.warning("fenced off %d job(s) another worker took over while this one could not reach Redis; dropping "
                     "what they had still to send: %s", len(jobs), ", ".join(sorted(jobs)))
         until = time.monotonic() + STALE_S
         self._stale.update(dict.fromkeys(jobs, until))
