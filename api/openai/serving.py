@@ -197,7 +197,7 @@ class Serving:
             return await self.resumable.resume(request, body.model, Frames(fmt, choices), *point)
         resumable = wants_resumable(request, body.stream, jobs)
         if resumable:
-            await self.resumable.hold(jobs[0])
+            self.resumable.hold(jobs[0])
         async with self.open(request, body.model, servable, jobs, body.stream) as generation:
             headers = {"X-Request-Id": record.request_id}
             if resumable:
