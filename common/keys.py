@@ -197,8 +197,9 @@ class Keys:
 
     def reader(self, job_id: str, model: str = "") -> str:
         """String: the API process now streaming a resumable job to a client (its `reply_to`), TTL
-        OVQ_RESUME_GRACE_S, renewed by that stream while it lasts. A worker cancels a resumable (not background)
-        job once this is gone: its client left and did not come back within the grace period."""
+        OVQ_RESUME_GRACE_S, set in the job's enqueue round trip and renewed by that stream while it lasts. A worker
+        cancels a resumable (not background) job once this is gone: its client left and did not come back within
+        the grace period."""
         return f"{self.prefix}:reader:{self._of(model)}{job_id}" if self.cluster else f"{self.prefix}:reader:{job_id}"
 
     def background(self, response_id: str) -> str:

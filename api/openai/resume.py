@@ -112,11 +112,11 @@ class Resumable:
     def lease(self, job_id: str, model: str = "") -> tuple[str, str, float]:
         return self.keys.reader(job_id, model), self.jobs.hub.reply_to, self.settings.resume_grace_s
 
-    async def hold(self, job: Job) -> None:
-        """Before the job is queued: it is resumable, and this process reads it (the worker checks the lease)."""
+    @staticmethod
+    def hold(job: Job) -> None:
+        """Before the job is queued: it is resumable, and this process reads it (the enqueue's round trip sets the
+        reader lease the worker checks: `Registry._reader_lease`)."""
         job.journal = True
-        key, value, ttl = self.lease(job.id, job.model)
-        await self.jobs.redis.set(key, value, ex=max(1, round(ttl)))
 
     async def live(self, generation: Generation, frames: Frames) -> AsyncIterator[bytes]:
         """The stream as it starts, from the hub: one tagged write per wake-up; the client leaving does not cancel
@@ -170,14 +170,17 @@ class Resumable:
         if fmt.running is not None:  # usage on every chunk: each delta is counted in `Frames.of`
             return None
         choices = frames.choices
+        job = generation.job.id
+        tag = b"id: " + job.encode() + b":"  # `tagged`'s line, made once: an express frame is a single frame
 
         def express(event: EventDict) -> bool:
-            if event["type"] != DELTA or event.get("finish_reason") or not generation.quiet:
+            if event["type"] != DELTA or event.get("finish_reason") or not generation.quiet or event["job"] != job:
                 return False
-            choice = choices.get((event["job"], event.get("index", 0)))
+            choice = choices.get((job, event.get("index", 0)))
             if choice is None or not choice.plain or time.monotonic() >= due[0]:
                 return False
-            return write(tagged(fmt.plain(choice, event["text"], None), event["job"], event["seq"]))
+            out = fmt.plain(choice, event["text"], None)
+            return write(b"%b%d\n%b" % (tag, event["seq"], out) if out else out)
 
         return express
 

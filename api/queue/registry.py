@@ -282,8 +282,9 @@ class Registry:
                 model, level, share.tenant if share else "", share.cost / share.weight if share else 0,
                 *(part for pair in jobs for part in pair)]
         touched = [self.keys.job(job.id, job.model), *keys]
-        reply = await (self._enqueue(self._lane, touched, args) if self._replicas is None
-                       else self._replicas.run(self._lane, self._enqueue, touched, args))
+        before = self._reader_lease(job)
+        reply = await (self._enqueue(self._lane, touched, args, before) if self._replicas is None
+                       else self._replicas.run(self._lane, self._enqueue, touched, args, before))
         if reply[0] < 0:
             raise OvqError(f"The model `{model}` is overloaded; retry later", 429, "rate_limit_error",
                            code="queue_full")
@@ -292,6 +293,14 @@ class Registry:
         at = 6 * (chosen - 1)
         return Queued(job.device, keys[at + 2], entry.decode() if isinstance(entry, bytes) else entry, bool(live),
                       (keys[at + 3], keys[at + 4], share.tenant) if parked and share else None)
+
+    def _reader_lease(self, job: Job) -> list[Command]:
+        """A resumable stream's job goes out with its reader lease (`Keys.reader`: this process reads it, the
+        worker checks), set just ahead of the enqueue in its round trip rather than in one of its own."""
+        if not job.journal or job.background:
+            return []
+        ttl = max(1, round(self.settings.resume_grace_s))
+        return [["SET", self.keys.reader(job.id, job.model), job.reply_to, "EX", ttl]]
 
     async def _affine(self, servable: Servable, job: Job) -> Queued | None:
         """Into the preferred worker's affinity stream (two round trips: who served the prefixes, then the
@@ -306,8 +315,9 @@ class Registry:
         since = time.time() - self.settings.worker_ttl_s
         touched, args = affinity.enqueue_args(self.keys, job, found, since, self.settings.affinity_max_waiting,
                                               self.settings.job_ttl_s)
-        reply = await (self._affine_enqueue(self._lane, touched, args) if self._replicas is None
-                       else self._replicas.run(self._lane, self._affine_enqueue, touched, args))
+        before = self._reader_lease(job)
+        reply = await (self._affine_enqueue(self._lane, touched, args, before) if self._replicas is None
+                       else self._replicas.run(self._lane, self._affine_enqueue, touched, args, before))
         if not reply[0]:
             return None
         chosen = found[reply[0] - 1]

@@ -242,10 +242,21 @@ class Script:
     def command(self, keys: Sequence[Any], args: Sequence[Any]) -> list[Any]:
         return ["EVALSHA", self.sha, len(keys), *keys, *args]
 
-    async def __call__(self, lane: Lane, keys: Sequence[Any], args: Sequence[Any]) -> Any:
-        [reply] = await lane.execute([self.command(keys, args)])
+    async def __call__(self, lane: Lane, keys: Sequence[Any], args: Sequence[Any],
+                       before: Sequence[Command] = ()) -> Any:
+        """`before`: commands that run just ahead of the script, in the same round trip (one Redis refused raises,
+        after the script ran)."""
+        *first, reply = await lane.execute([*before, self.command(keys, args)])
+        refused(first)
         if isinstance(reply, NoScriptError):
             [reply] = await lane.execute([["EVAL", self.source, len(keys), *keys, *args]])
         if isinstance(reply, ResponseError):
             raise reply
         return reply
+
+
+def refused(replies: Sequence[Any]) -> None:
+    """Raises the first ResponseError among `replies`."""
+    for reply in replies:
+        if isinstance(reply, ResponseError):
+            raise reply

@@ -18,7 +18,7 @@ from typing import Any
 
 from redis.exceptions import NoScriptError, ResponseError
 
-from common.redis.lane import Lane, Script
+from common.redis.lane import Command, Lane, Script, refused
 
 log = logging.getLogger("ovq.redis")
 INFO_EVERY_S = 1.0
@@ -34,12 +34,14 @@ class ReplicaWait:
         self._warned_at = -WARN_EVERY_S
         self.short = 0  # writes a replica had not acknowledged within the bound
 
-    async def run(self, lane: Lane, script: Script, keys: Sequence[Any], args: Sequence[Any]) -> Any:
-        """`script`'s reply, once min(wanted, connected) replicas have it or the bound passed."""
+    async def run(self, lane: Lane, script: Script, keys: Sequence[Any], args: Sequence[Any],
+                  before: Sequence[Command] = ()) -> Any:
+        """`script`'s reply, once min(wanted, connected) replicas have it or the bound passed. `before`: commands
+        run just ahead of the script, in the same round trip (as `Script`'s)."""
         now = time.monotonic()
         asks_info = now - self._info_at >= INFO_EVERY_S
         want = min(self.wanted, self.connected)
-        commands = [script.command(keys, args)]
+        commands = [*before, script.command(keys, args)]
         if want:
             commands.append(["WAIT", want, self.timeout_ms])
         if asks_info:
@@ -48,6 +50,8 @@ class ReplicaWait:
         replies = await lane.execute(commands, blocks_s=self.timeout_ms / 1000 if want else 0.0)
         if asks_info:
             self._learn(replies[-1])
+        refused(replies[:len(before)])
+        replies = replies[len(before):]
         reply = replies[0]
         if isinstance(reply, NoScriptError):  # Redis restarted or failed over: load it, then wait for it
             reply = await script(lane, keys, args)

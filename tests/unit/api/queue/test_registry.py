@@ -169,3 +169,17 @@ async def test_wait_estimate_is_the_jobs_waiting_ahead_over_the_recent_finishing
     reg._estimates.clear()
     lowest = await reg.wait_estimate(servable, "batch")  # the interactive jobs wait ahead of a batch one
     assert lowest is not None and abs(lowest - 7 * seconds / 12) < 0.5
+
+
+async def test_a_resumable_streams_job_is_queued_with_its_reader_lease_and_no_other_job_is(setup) -> None:
+    redis, keys, reg = setup
+    await redis.hset(keys.model("m"), mapping={"CPU": card("CPU")})
+    await redis.zadd(keys.workers("m", "CPU"), {"c": time.time()})
+    servable = await reg.servable("m")
+    plain, resumable, background = job(), job(), job()
+    resumable.journal = background.journal = background.background = True
+    for each in (plain, resumable, background):
+        await reg.enqueue(servable, each)
+    assert await redis.get(keys.reader(resumable.id, "m")) == b"api"  # the API process that streams it
+    assert 0 < await redis.ttl(keys.reader(resumable.id, "m")) <= round(reg.settings.resume_grace_s)
+    assert not await redis.exists(keys.reader(plain.id, "m"), keys.reader(background.id, "m"))

@@ -177,3 +177,15 @@ async def test_a_redis_that_never_answers_fails_within_the_bound() -> None:
     await lane.close()
     await client.aclose()
     silent.close()
+
+
+async def test_commands_before_a_script_run_ahead_of_it_in_its_round_trip(client: aioredis.Redis) -> None:
+    lane = Lane(client)
+    key = f"lane{time.time_ns()}"
+    sizes = counting(lane)
+    script = Script("return redis.call('GET', KEYS[1])")
+    assert await script(lane, [key], [], before=[["SET", key, "first"]]) == b"first"
+    assert sizes[0] == 2  # one write: the SET, then the script that already sees it
+    with pytest.raises(ResponseError):
+        await script(lane, [key], [], before=[["INCR", key]])  # refused: raised, after the script ran
+    await lane.close()

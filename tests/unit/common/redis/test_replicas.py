@@ -35,3 +35,10 @@ async def test_a_script_redis_forgot_is_loaded_and_still_waited_for(lane: Lane) 
     wait._info_at = 1e18  # noqa: SLF001 - INFO not asked: the replica is assumed there
     assert await wait.run(lane, script, [], []) == str(id(lane)).encode()
     assert wait.short == 1
+
+
+async def test_commands_before_the_script_run_ahead_of_it_and_its_reply_is_still_the_answer(lane: Lane) -> None:
+    wait = ReplicaWait(wanted=1, timeout_ms=20)
+    get = Script("return redis.call('GET', KEYS[1])")
+    assert await wait.run(lane, get, ["replicas:b"], [], before=[["SET", "replicas:b", "lease"]]) == b"lease"
+    assert await wait.run(lane, get, ["replicas:b"], [], before=[["SET", "replicas:b", "again"]]) == b"again"
