@@ -18,6 +18,7 @@ import orjson
 import pytest
 import redis
 from openai import OpenAI
+from redis.crc import key_slot
 
 from common.jobs import ENTRY_JOB
 from common.keys import GROUP, Keys
@@ -26,7 +27,7 @@ from tests.conftest import ROOT, Tiers
 from tests.integration.redis_ha import ClusterSet, Node, missing_for_sentinel
 from tests.integration.test_batch import BATCH_ENV, answered_once, batch_worker, client_for, line, results, start, wait
 from tests.integration.test_failover import QUEUED, STREAMS, probe, under_load
-from tests.integration.test_faults import TINY, Counts, join, tiny
+from tests.integration.test_faults import TINY, Counts, in_threads, join, stream, tiny, unary
 from tests.integration.test_redis_security import denied, run_a_batch, serve_and_chat
 
 pytestmark = pytest.mark.skipif(missing_for_sentinel() is not None, reason=str(missing_for_sentinel()))
@@ -112,6 +113,59 @@ def test_the_tiers_run_on_a_cluster_with_the_documented_acl_users(tiers: Callabl
         admin.close()
     finally:
         made.stop()
+
+
+def test_the_queues_slot_resharded_while_serving_loses_no_request(tiers: Callable[..., Tiers],
+                                                                    cluster: ClusterSet) -> None:
+    """The slot of the model's queue and jobs moves to another master (IMPORTING and MIGRATING, its keys MIGRATEd a
+    few at a time, then SETSLOT NODE) while 8 clients send streamed and unary requests one after another: every
+    request completes (the tiers follow ASK behind ASKING, wait out TRYAGAIN, then follow MOVED), and the queue is
+    served from its new master."""
+    t = tiers(tiny(max_num_seqs=8), url=cluster.url)
+    t.api()
+    worker = t.worker(TINY)
+    t.wait_served(TINY)
+    keys, r = t.keys, cluster.client()
+    stream_key = keys.jobs(TINY, "CPU")
+    source = r.get_node_from_key(stream_key).port
+    target = next(node.port for node in r.get_primaries() if node.port != source)
+    r.close()
+    body = {"model": TINY, "messages": HI, "max_tokens": 8, "ignore_eos": True}
+    counts, stop = [Counts() for _ in range(8)], threading.Event()
+
+    def client(i: int) -> None:
+        while not stop.is_set():
+            (stream if i % 2 else unary)(t.base_url, body, counts[i])
+
+    def completed() -> int:
+        return sum(c.completed for c in counts)
+
+    threads = in_threads(8, client)
+    wait_until(lambda: completed() >= 16, 60, "requests completing before the resharding")
+    before = completed()
+    moved = cluster.move_slot(key_slot(stream_key.encode()), target)
+    during = completed() - before
+    wait_until(lambda: completed() >= before + during + 16, 60, "requests completing after the resharding")
+    stop.set()
+    join(threads)
+    after = cluster.client()
+    print(f"cluster resharding: {moved} keys of the queue's slot moved from port {source} to {target}; requests "
+          f"completed: {before} before, {during} during, {completed() - before - during} after; "
+          f"{[str(c) for c in counts if c.failed or c.hung or c.internal]}")
+    assert after.get_node_from_key(stream_key).port == target and moved
+    assert all(c.failed == c.hung == c.internal == 0 for c in counts), [str(c) for c in counts]
+    wait_until(lambda: after.xlen(stream_key) == 0, 30, "every job acknowledged on the new master")
+    assert worker.poll() is None
+    logs = "".join(t.log(p) for p in t.procs)
+    assert "Traceback" not in logs and "CROSSSLOT" not in logs, logs[max(0, logs.find("Traceback") - 1500):][:5000]
+    after.close()
+
+
+def wait_until(condition: Callable[[], object], timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"not within {timeout:.0f}s: {what}"
+        time.sleep(0.1)
 
 
 def live_client(cluster: ClusterSet, dead: Node) -> redis.RedisCluster:
