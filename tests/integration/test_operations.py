@@ -47,8 +47,11 @@ def _orphan(r: redis.Redis, model: str, streamed: bool) -> tuple[Job, redis.clie
     tx.xadd(stream, job.to_fields())
     tx.xreadgroup(GROUP, "ghost-worker", {stream: ">"}, count=1)
     _, taken = tx.execute()
-    entries = taken[0][1] if isinstance(taken, list) else taken[stream.encode()][0]
-    assert Job.from_fields(entries[0][1]).id == job.id
+    # XREADGROUP's reply: [[stream, [[id, fields]]]] from one Redis (RESP2), {stream: [[id, fields]]} from a Cluster's
+    # transaction, whose fields come unparsed: a flat [field, value, ...] list.
+    [(entry_id, fields)] = taken[0][1] if isinstance(taken, list) else taken[stream.encode()]
+    fields = fields if isinstance(fields, dict) else dict(zip(fields[::2], fields[1::2], strict=True))
+    assert Job.from_fields(fields).id == job.id
     return job, listener
 
 
