@@ -276,15 +276,15 @@ class BaseWorker:
             try:
                 reply = await self.intake.read(free, block_ms=1000)
                 taken = time.time()
+            except UNAVAILABLE:  # before ResponseError: a Cluster's TRYAGAIN (a slot migrating) is one too
+                await backoff.wait()  # the heartbeat loop logs the outage
+                continue
             except ResponseError as exc:
                 if not is_nogroup(exc):
                     raise
                 log.warning("the stream %s lost its consumer group (Redis restarted empty?); creating it again",
                             self.stream)
                 await self.ensure_group()
-                continue
-            except UNAVAILABLE:
-                await backoff.wait()  # the heartbeat loop logs the outage
                 continue
             backoff.reset()
             for stream, entries in reply:

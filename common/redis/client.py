@@ -58,6 +58,12 @@ def is_nogroup(exc: BaseException) -> bool:
     return _refused_with(exc, "NOGROUP")
 
 
+def is_unblocked(exc: BaseException) -> bool:
+    """A blocking read ended because its stream is gone: deleted, or MIGRATEd to another master (a Cluster's slot
+    resharded). Nothing was read; the next read goes where the slot map now says."""
+    return _refused_with(exc, "UNBLOCKED")
+
+
 def is_busygroup(exc: BaseException) -> bool:
     """The consumer group exists already."""
     return _refused_with(exc, "BUSYGROUP")

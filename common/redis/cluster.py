@@ -26,6 +26,7 @@ from redis.crc import key_slot
 from redis.exceptions import (
     AskError,
     ClusterDownError,
+    ClusterError,
     MovedError,
     RedisClusterException,
     SlotNotCoveredError,
@@ -38,9 +39,12 @@ from common.redis.lane import RETRIED, Command, Lane
 log = logging.getLogger("ovq.redis")
 CLUSTER_SCHEMES = ("redis+cluster", "rediss+cluster")
 REROUTED = (MovedError, AskError, TryAgainError, ClusterDownError)  # the command did not run: send it again
-# What a Cluster answers while a master is down and before its replica is promoted.
-FAILING_OVER = (ClusterDownError, TryAgainError, SlotNotCoveredError)
+# What a Cluster answers while a master is down and before its replica is promoted, or while a slot migrates
+# (redis-py's ClusterError: "TTL exhausted", its redirections and TRYAGAIN waits spent).
+FAILING_OVER = (ClusterDownError, TryAgainError, SlotNotCoveredError, ClusterError)
 ATTEMPTS = 3  # sends of one command across MOVED replies and failovers
+# Waits, before sending again, for a command refused TRYAGAIN (its keys split by a slot migration): 3.1 s in all.
+MIGRATING_PAUSES_S = (0.05, 0.1, 0.2, 0.4, 0.8, 1.6)
 
 
 class ClusterURLError(ValueError):
@@ -197,7 +201,9 @@ class ClusterLane:
         await initialized(self._cluster)
         replies: list[Any] = [None] * len(commands)
         todo = list(range(len(commands)))
-        for attempt in range(ATTEMPTS):
+        attempt = waits = 0
+        while True:
+            final = attempt == ATTEMPTS - 1
             groups: dict[str, list[int]] = {}
             node = None
             with unreachable():
@@ -210,7 +216,7 @@ class ClusterLane:
             lost: BaseException | None = None
             for group, result in zip(groups.values(), results, strict=True):
                 if isinstance(result, BaseException):
-                    if not isinstance(result, RETRIED) or attempt == ATTEMPTS - 1 or not retry:
+                    if not isinstance(result, RETRIED) or final or not retry:
                         raise result
                     lost = result
                     todo += group
@@ -218,16 +224,24 @@ class ClusterLane:
                 for i, reply in zip(group, result, strict=True):
                     if isinstance(reply, AskError) and not isinstance(reply, MovedError):
                         asked.append(i)
-                    elif isinstance(reply, REROUTED) and attempt < ATTEMPTS - 1:
+                    elif isinstance(reply, REROUTED) and not final:
                         todo.append(i)
                     replies[i] = reply
             for i in asked:  # its slot is migrating and the key is on the target already: ask there, this once
                 replies[i] = await self._ask(commands[i], replies[i], blocks_s)
+                if isinstance(replies[i], TryAgainError) and not final:
+                    todo.append(i)
             if not todo:
                 return replies
-            await self._refresh(lost)
+            if waits < len(MIGRATING_PAUSES_S) and all(isinstance(replies[i], TryAgainError) for i in todo):
+                # A slot migrating (resharding) with the command's keys split between its two masters for now: the
+                # slot map is right, so no refresh; wait for the keys to move, a bounded number of times.
+                await asyncio.sleep(MIGRATING_PAUSES_S[waits])
+                waits += 1
+            else:
+                attempt += 1
+                await self._refresh(lost)
             todo.sort()
-        return replies
 
     async def _ask(self, command: Command, ask: AskError, blocks_s: float) -> Any:
         """`command` on the node an ASK named, behind ASKING (which lets only the next command in): both in one

@@ -191,6 +191,36 @@ class ClusterSet:
     def node(self, port: int) -> Node:
         return next(n for n in self.nodes if n.port == port)
 
+    def move_slot(self, slot: int, to_port: int, batch: int = 5, pause_s: float = 0.02) -> int:
+        """Reshard one slot to the master on `to_port` as `redis-cli --cluster reshard` does: the target IMPORTING,
+        the owner MIGRATING, its keys MIGRATEd a few at a time (slowly: clients meanwhile meet ASK and TRYAGAIN),
+        then every master told the slot's new owner. Returns how many keys moved."""
+        source = self._owner(slot)
+        target = redis.Redis(port=to_port, **self.auth)
+        source_id, target_id = source.cluster("myid"), target.cluster("myid")
+        target.execute_command("CLUSTER SETSLOT", slot, "IMPORTING", source_id)
+        source.execute_command("CLUSTER SETSLOT", slot, "MIGRATING", target_id)
+        login = ["AUTH2", self.auth["username"], self.auth["password"]] if self.auth else []
+        moved = 0
+        while keys := source.execute_command("CLUSTER GETKEYSINSLOT", slot, batch):
+            source.execute_command("MIGRATE", "127.0.0.1", to_port, "", 0, 5000, *login, "KEYS", *keys)
+            moved += len(keys)
+            time.sleep(pause_s)
+        for node in (target, source, *self._masters()):
+            node.execute_command("CLUSTER SETSLOT", slot, "NODE", target_id)
+        return moved
+
+    def _masters(self) -> list[redis.Redis]:
+        nodes = [redis.Redis(port=n.port, **self.auth) for n in self.nodes if n.process and n.process.poll() is None]
+        return [n for n in nodes if n.info("replication")["role"] == "master"]
+
+    def _owner(self, slot: int) -> redis.Redis:
+        client = self.client()
+        try:
+            return redis.Redis(port=int(client.nodes_manager.get_node_from_slot(slot).port), **self.auth)
+        finally:
+            client.close()
+
     def _wait_ok(self) -> None:
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:

@@ -48,8 +48,8 @@ def test_a_worker_joining_a_burst_takes_a_third_of_what_waits(tiers: Callable[..
     t.api()
     first = t.worker(MODEL, name="first")
     t.wait_served(MODEL)
-    r = redis.Redis.from_url(t.redis_url)
-    keys = Keys(t.prefix)
+    r = t.redis()
+    keys = t.keys
     stream = keys.jobs(MODEL, "CPU")
     # Warm-up: a worker that has not fitted its curve yet admits up to twice what it measured (it explores); one
     # that has holds its limit. So first let it learn (a fit's knee is below max_num_seqs), then burst.
@@ -74,7 +74,7 @@ def test_a_worker_joining_a_burst_takes_a_third_of_what_waits(tiers: Callable[..
         time.sleep(0.05)
     burst.join(600)
     assert not burst.is_alive() and len(result[0]) == BURST
-    owners = [r.hget(keys.job(job), "worker").decode() for job in result[0]]
+    owners = [r.hget(keys.job(job, MODEL), "worker").decode() for job in result[0]]
     assert owners.count(first_id) + owners.count(second_id) == BURST
     assert owners.count(second_id) >= waiting / 3, (owners.count(second_id), waiting)
     print("FIGURES", waiting, owners.count(second_id), r.hget(keys.worker(first_id), "admission_limit"))

@@ -11,9 +11,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-import redis
 
-from common.keys import Keys
 from tests.conftest import MODEL, Tiers
 
 SYSTEM = "You are the help desk of a large library. " + "Answer briefly and politely, citing the shelf. " * 12
@@ -41,7 +39,7 @@ def _chat(t: Tiers, messages: list[dict], rid: str, session: str | None = None, 
 
 
 def _worker(t: Tiers, rid: str) -> str:
-    return redis.Redis.from_url(t.redis_url).hget(Keys(t.prefix).job(rid), "worker").decode()
+    return t.redis().hget(t.keys.job(rid, MODEL), "worker").decode()
 
 
 def _conversation(i: int) -> list[dict]:
@@ -77,8 +75,8 @@ def test_a_conversations_next_turns_run_on_the_worker_that_ran_its_first(fleet: 
 
 def test_a_job_in_a_stopped_workers_affinity_stream_is_stolen_after_the_threshold(fleet: Tiers) -> None:
     t = fleet
-    r = redis.Redis.from_url(t.redis_url)
-    keys = Keys(t.prefix)
+    r = t.redis()
+    keys = t.keys
     messages = _conversation(99)
     messages.append({"role": "assistant", "content": _chat(t, messages, "s-1")})
     owner = _worker(t, "s-1")
@@ -89,7 +87,7 @@ def test_a_job_in_a_stopped_workers_affinity_stream_is_stolen_after_the_threshol
         _chat(t, messages, "s-2")
         thief = _worker(t, "s-2")
         assert thief != owner
-        assert r.hget(keys.job("s-2"), "entry") is not None
+        assert r.hget(keys.job("s-2", MODEL), "entry") is not None
         # It waited in the owner's affinity stream, and was acked (deleted) there by the thief.
         assert r.xlen(keys.affinity_jobs(MODEL, "CPU", owner)) == 0
         until = time.monotonic() + 30

@@ -212,3 +212,41 @@ async def test_a_lane_follows_ask_to_a_migrating_slots_target(cluster: ClusterSe
         await lane.close()
         await client.aclose()
         sync.close()
+
+
+async def test_a_lane_waits_out_tryagain_while_a_slot_migrates(cluster: ClusterSet) -> None:
+    """A command over two keys of a migrating slot, one still on the source and one not: the source answers
+    TRYAGAIN until the keys are together. The lane waits (a bounded number of times) and sends again; once the slot
+    has moved it follows MOVED: the command is answered, not refused."""
+    sync = cluster.client()
+    kept, absent = KEYS.job("kept", MODELS[7]), KEYS.job("absent", MODELS[7])
+    slot, source = sync.keyslot(kept), sync.get_node_from_key(kept)
+    target = next(n for n in sync.get_primaries() if n.name != source.name)
+    sync.set(kept, "v")
+    src, dst = redis.Redis(port=source.port), redis.Redis(port=target.port)
+    src_id, dst_id = (node.execute_command("CLUSTER", "MYID").decode() for node in (src, dst))
+    dst.execute_command("CLUSTER", "SETSLOT", slot, "IMPORTING", src_id)
+    src.execute_command("CLUSTER", "SETSLOT", slot, "MIGRATING", dst_id)
+    client = RedisCluster(host="127.0.0.1", port=cluster.nodes[0].port)
+    lane = ClusterLane(client)
+    try:
+        with pytest.raises(redis.exceptions.TryAgainError):  # what the lane meets first
+            src.mget(kept, absent)
+
+        async def finish_the_migration() -> None:
+            await asyncio.sleep(0.5)
+            await asyncio.to_thread(src.migrate, "127.0.0.1", target.port, [kept], 0, 5000)
+            for node in (dst, src, *(redis.Redis(port=n.port) for n in sync.get_primaries())):
+                node.execute_command("CLUSTER", "SETSLOT", slot, "NODE", dst_id)
+
+        moving = asyncio.ensure_future(finish_the_migration())
+        assert await lane.execute([["MGET", kept, absent]]) == [[b"v", None]]
+        await moving
+        assert client.get_node_from_key(kept).name == target.name
+    finally:
+        dst.delete(kept)
+        for node in (src, dst):
+            node.close()
+        await lane.close()
+        await client.aclose()
+        sync.close()

@@ -18,13 +18,12 @@ import httpx
 import orjson
 import psutil
 import pytest
-import redis
 
 from common.jobs import Job, SamplingParams
-from common.keys import GROUP, Keys
+from common.keys import GROUP
 from common.redis.server import EmbeddedRedis
 from common.structured import regex
-from tests.conftest import MODEL, MODELS, Tiers, free_port
+from tests.conftest import MODEL, MODELS, ON_CLUSTER, Tiers, free_port
 from tests.integration import sse
 
 TINY = "tiny-llama"
@@ -167,18 +166,21 @@ def test_a_failed_step_fails_only_its_culprit(tiers: Callable[..., Tiers], model
     threads = in_threads(3, lambda i: stream(t.base_url, body, counts, started[i]))
     for event in started:
         assert event.wait(60)
-    r = redis.Redis.from_url(redis_url)
-    keys = Keys(t.prefix)
+    r = t.redis()
+    keys = t.keys
     culprit = Job(model=MODEL, device="CPU", kind="completion", prompt="Hello", reply_to=f"test-{time.time_ns()}",
                   params=SamplingParams(max_tokens=4, structured=regex("(?=a)a+")))
     listener = r.pubsub()
-    listener.subscribe(keys.events(culprit.reply_to))
+    if keys.cluster:  # the workers SPUBLISH there: sharded pub/sub, on the channel's master
+        listener.ssubscribe(keys.events(culprit.reply_to))
+    else:
+        listener.subscribe(keys.events(culprit.reply_to))
     r.xadd(keys.jobs(MODEL, "CPU"), culprit.to_fields())
     events: list[dict] = []
     deadline = time.monotonic() + 60
     while not any(e["type"] in ("done", "error") for e in events) and time.monotonic() < deadline:
-        message = listener.get_message(timeout=1)
-        if message and message["type"] == "message":
+        message = listener.get_sharded_message(timeout=1) if keys.cluster else listener.get_message(timeout=1)
+        if message and message["type"] in ("message", "smessage"):
             events.extend(orjson.loads(message["data"])["events"])
     join(threads)
     assert [(e["type"], e["status"]) for e in events] == [("error", 400)], events
@@ -236,12 +238,12 @@ def streamed_text(base_url: str, body: dict, request_id: str, started: threading
     return outcome, "".join(text), errors
 
 
-def holders(redis_url: str, prefix: str, job_ids: list[str]) -> dict[str, list[str]]:
+def holders(t: Tiers, job_ids: list[str]) -> dict[str, list[str]]:
     """The jobs each worker runs now, by the worker's process id (worker ids are host-pid-suffix)."""
-    r = redis.Redis.from_url(redis_url)
+    r = t.redis()
     held: dict[str, list[str]] = {}
     for job_id in job_ids:
-        worker = r.hget(Keys(prefix).job(job_id), "worker")
+        worker = r.hget(t.keys.job(job_id, TINY), "worker")
         if worker:
             held.setdefault(worker.decode().rsplit("-", 2)[1], []).append(job_id)
     return held
@@ -282,7 +284,7 @@ def test_worker_kill_continues_streams(tiers: Callable[..., Tiers], redis_url: s
     threads = in_threads(16, one)
     for event in started:
         assert event.wait(60)
-    held = holders(redis_url, t.prefix, ids)
+    held = holders(t, ids)
     victim = max((first, second), key=lambda proc: len(held.get(str(proc.pid), [])))
     killed = held.get(str(victim.pid), [])
     worker_process(victim).send_signal(sig)
@@ -315,6 +317,9 @@ def test_a_killed_workers_stream_nobody_continues_ends_with_one_error(tiers: Cal
 
 @pytest.fixture()
 def own_redis(tmp_path: Path) -> Iterator[EmbeddedRedis]:
+    if ON_CLUSTER:
+        pytest.skip("stops and restarts one embedded redis-server of its own, never the session's Cluster (a "
+                    "Cluster master's death is test_cluster.py's master-kill test)")
     server = EmbeddedRedis(tmp_path / "own-redis", port=free_port(), appendonly=True)
     server.start()
     yield server
@@ -342,8 +347,8 @@ def test_jobs_queued_across_a_redis_restart_run_after_it_returns(tiers: Callable
     counts = Counts()
     running = long_stream(t, counts)
     queued = in_threads(3, lambda i: unary(t.base_url, HELLO, counts))
-    r = redis.Redis.from_url(own_redis.url)
-    keys = Keys(t.prefix)
+    r = t.redis()
+    keys = t.keys
     deadline = time.monotonic() + 30
     while r.xlen(keys.jobs(TINY, "CPU")) < 4:  # the three wait behind the running one
         assert time.monotonic() < deadline
@@ -386,7 +391,7 @@ def test_killed_redis_clients_just_reconnect(tiers: Callable[..., Tiers], own_re
     t.wait_served(TINY)
     counts = Counts()
     thread = long_stream(t, counts)
-    r = redis.Redis.from_url(own_redis.url)
+    r = t.redis()
     r.execute_command("CLIENT", "KILL", "TYPE", "pubsub")
     r.execute_command("CLIENT", "KILL", "TYPE", "normal", "SKIPME", "yes")
     thread.join(BOUND_S)
@@ -482,8 +487,8 @@ def test_a_disconnect_storm_is_fully_cancelled(unharmed: Tiers, redis_url: str) 
             await asyncio.gather(*(one() for _ in range(200)))
 
     asyncio.run(storm())
-    r = redis.Redis.from_url(redis_url)
-    stream_key = Keys(t.prefix).jobs(TINY, "CPU")
+    r = t.redis()
+    stream_key = t.keys.jobs(TINY, "CPU")
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline and (r.xlen(stream_key) or r.xpending(stream_key, GROUP)["pending"]):
         time.sleep(0.1)

@@ -14,10 +14,10 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import httpx
 import pytest
-import redis
 from PIL import Image
 
 from api.openai.media import FETCH_FAILED
+from common.redis.client import sync_client
 from tests.conftest import MODEL, UNRESOLVABLE, VLM, Stack, free_port
 from tests.integration.conftest import Guarded
 from tests.integration.counts import Tally
@@ -307,7 +307,7 @@ def test_keep_alive_connections_are_closed_when_idle(guarded: Guarded) -> None:
 def test_a_stream_nobody_reads_is_ended_and_its_job_cancelled(stack: Stack, guarded: Guarded) -> None:
     """Image previews fill the socket buffers (32 KB on the server's side here); the client reads nothing, so the
     write timeout cuts the connection and the job is cancelled."""
-    r = redis.Redis.from_url(stack.redis_url)
+    r = sync_client(stack.redis_url)
     cancels_before = set(r.scan_iter("ovqtest:cancel:*"))
     body = json.dumps({"model": "tiny-sd", "prompt": "noise", "n": 3, "size": "256x256",
                        "num_inference_steps": 100, "stream": True}).encode()

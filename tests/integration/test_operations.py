@@ -10,15 +10,10 @@ import redis
 from openai import OpenAI
 
 from common.jobs import Job, SamplingParams
-from common.keys import GROUP, Keys
-from tests.conftest import IMAGE, MODEL, ON_CLUSTER, SINGLE, STATEFUL, STATEFUL_VLM, TOOLS, VLM, Stack
+from common.keys import GROUP
+from tests.conftest import IMAGE, MODEL, ON_CLUSTER, SINGLE, STATEFUL, STATEFUL_VLM, TOOLS, VLM, Stack, test_keys
 
-KEYS = Keys("ovqtest")
-
-# These tests write a job into Redis by hand and listen to its channel with SUBSCRIBE, as laid out on one Redis; not
-# adapted to a Cluster (hash-tagged keys, sharded pub/sub), where the reclaimer's scripts are tested by
-# tests/integration/test_cluster_keys.py.
-SINGLE_REDIS_ONLY = pytest.mark.skipif(ON_CLUSTER, reason="hand-written single-Redis key layout and pub/sub")
+KEYS = test_keys("ovqtest")
 
 
 def test_health_reports_ready(stack: Stack) -> None:
@@ -43,33 +38,45 @@ def _orphan(r: redis.Redis, model: str, streamed: bool) -> tuple[Job, redis.clie
     """A job delivered to a consumer that has no heartbeat: a worker that died holding it."""
     job = Job(model=model, device="CPU", kind="completion", prompt="Hello", add_special_tokens=True,
               params=SamplingParams(max_tokens=3), reply_to=f"test-{time.time_ns()}")
-    listener = r.pubsub()
-    listener.subscribe(KEYS.events(job.reply_to))
-    listener.get_message(timeout=2)
+    listener = _listen(r, job.reply_to)
     if streamed:
-        r.hset(KEYS.job(job.id), mapping={"status": "running", "streamed": 1})
+        r.hset(KEYS.job(job.id, model), mapping={"status": "running", "streamed": 1})
     # Added and taken in one transaction, so the live worker (blocked in XREADGROUP) cannot get it first.
     stream = KEYS.jobs(model, "CPU")
     tx = r.pipeline(transaction=True)
     tx.xadd(stream, job.to_fields())
     tx.xreadgroup(GROUP, "ghost-worker", {stream: ">"}, count=1)
     _, taken = tx.execute()
-    entries = taken[0][1] if isinstance(taken, list) else taken[stream.encode()][0]
-    assert Job.from_fields(entries[0][1]).id == job.id
+    # XREADGROUP's reply: [[stream, [[id, fields]]]] from one Redis (RESP2), {stream: [[id, fields]]} from a Cluster's
+    # transaction, whose fields come unparsed: a flat [field, value, ...] list.
+    [(entry_id, fields)] = taken[0][1] if isinstance(taken, list) else taken[stream.encode()]
+    fields = fields if isinstance(fields, dict) else dict(zip(fields[::2], fields[1::2], strict=True))
+    assert Job.from_fields(fields).id == job.id
     return job, listener
+
+
+def _listen(r: redis.Redis, reply_to: str) -> redis.client.PubSub:
+    """Subscribed to an API's event channel as the API is: sharded (SSUBSCRIBE, on its master) on a Cluster."""
+    listener = r.pubsub()
+    if ON_CLUSTER:
+        listener.ssubscribe(KEYS.events(reply_to))
+        listener.get_sharded_message(timeout=2)
+    else:
+        listener.subscribe(KEYS.events(reply_to))
+        listener.get_message(timeout=2)
+    return listener
 
 
 def _events(listener: redis.client.PubSub, timeout: float) -> list[dict]:
     events: list[dict] = []
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline and not any(e["type"] in ("done", "error") for e in events):
-        message = listener.get_message(timeout=0.5)
-        if message and message["type"] == "message":
+        message = listener.get_sharded_message(timeout=0.5) if ON_CLUSTER else listener.get_message(timeout=0.5)
+        if message and message["type"] in ("message", "smessage"):
             events.extend(orjson.loads(message["data"])["events"])
     return events
 
 
-@SINGLE_REDIS_ONLY
 def test_dead_workers_unstarted_job_is_run_again(stack: Stack, redis_client: redis.Redis) -> None:
     job, listener = _orphan(redis_client, MODEL, streamed=False)
     events = _events(listener, 20)
@@ -77,7 +84,6 @@ def test_dead_workers_unstarted_job_is_run_again(stack: Stack, redis_client: red
     assert events[-1]["type"] == "done" and events[-1]["job"] == job.id
 
 
-@SINGLE_REDIS_ONLY
 def test_dead_workers_half_streamed_job_ends_with_an_error(stack: Stack, redis_client: redis.Redis) -> None:
     stream = KEYS.jobs(SINGLE, "CPU")
     job, listener = _orphan(redis_client, SINGLE, streamed=True)
@@ -100,13 +106,10 @@ def test_a_device_that_cannot_open_fails_the_worker_with_one_line(stack: Stack) 
     assert last.startswith(f"ovq worker: device GPU unavailable for {MODEL}: ") and "\n" not in last
 
 
-@SINGLE_REDIS_ONLY
 def test_an_unreadable_job_still_gets_its_terminal_event(stack: Stack, redis_client: redis.Redis) -> None:
     """A job from an incompatible API (here: no prompt) goes to the dead-letter stream, and its client hears so."""
     reply_to = f"test-{time.time_ns()}"
-    listener = redis_client.pubsub()
-    listener.subscribe(KEYS.events(reply_to))
-    listener.get_message(timeout=2)
+    listener = _listen(redis_client, reply_to)
     dead_before = redis_client.xlen(KEYS.dead) if redis_client.exists(KEYS.dead) else 0
     raw = orjson.dumps({"v": 99, "id": "broken-job", "reply_to": reply_to, "model": MODEL})
     redis_client.xadd(KEYS.jobs(MODEL, "CPU"), {"job": raw})

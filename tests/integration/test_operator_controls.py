@@ -43,7 +43,7 @@ def consumers(r: redis.Redis, stream: str) -> set[str]:
 
 
 def jobs(r: redis.Redis, keys: Keys) -> dict[str, dict[bytes, bytes]]:
-    return {k.decode().rsplit(":", 1)[1]: r.hgetall(k) for k in r.scan_iter(keys.job("*"))}
+    return {k.decode().rsplit(":", 1)[1]: r.hgetall(k) for k in r.scan_iter(keys.job("*", "*"))}
 
 
 def test_dead_consumers_are_removed_from_the_group(tiers: Callable[..., Tiers], redis_client: redis.Redis) -> None:
@@ -51,7 +51,7 @@ def test_dead_consumers_are_removed_from_the_group(tiers: Callable[..., Tiers], 
     t.api()
     t.worker(TINY)
     t.wait_served(TINY)
-    keys, stream = Keys(t.prefix), Keys(t.prefix).jobs(TINY, "CPU")
+    keys, stream = t.keys, t.keys.jobs(TINY, "CPU")
     [worker] = live_workers(redis_client, keys, TINY)
     # Two workers that died: one that had finished its job (Redis 6.2 makes a consumer only when it gets an
     # entry), one holding a job it had taken. Added and taken in one transaction: the live worker cannot get them.
@@ -68,7 +68,7 @@ def test_dead_consumers_are_removed_from_the_group(tiers: Callable[..., Tiers], 
     redis_client.xdel(stream, first)
     assert {"ghost-idle", "ghost-holding"} <= consumers(redis_client, stream)
     # The held job is taken over (not lost with its consumer: the live worker becomes its consumer) and run.
-    wait_for(lambda: redis_client.hget(keys.job(job.id), "status") == b"done", 30, "the held job ran")
+    wait_for(lambda: redis_client.hget(keys.job(job.id, TINY), "status") == b"done", 30, "the held job ran")
     wait_for(lambda: consumers(redis_client, stream) == {worker}, 30, "dead consumers removed")
     assert redis_client.xlen(stream) == 0
 
@@ -92,7 +92,7 @@ def test_a_dead_api_process_s_jobs_are_cancelled(tiers: Callable[..., Tiers], mo
     api = t.api()
     worker = t.worker(MODEL)
     t.wait_served(MODEL)
-    keys = Keys(t.prefix)
+    keys = t.keys
     stream = keys.jobs(MODEL, "CPU")
     body = {"model": MODEL, "messages": [{"role": "user", "content": "Count to a thousand."}], "max_tokens": 1500,
             "stream": True, "ignore_eos": True}
@@ -110,12 +110,13 @@ def test_a_dead_api_process_s_jobs_are_cancelled(tiers: Callable[..., Tiers], mo
 
     api.send_signal(signal.SIGKILL)
     api.wait(10)
-    wait_for(lambda: redis_client.hget(keys.job(running), "status") == b"cancelled", 30, "the running job cancelled")
-    wait_for(lambda: redis_client.hget(keys.job(queued), "status") == b"cancelled", 30, "the queued job skipped")
-    record = redis_client.hgetall(keys.job(running))
+    wait_for(lambda: redis_client.hget(keys.job(running, MODEL), "status") == b"cancelled", 30,
+             "the running job cancelled")
+    wait_for(lambda: redis_client.hget(keys.job(queued, MODEL), "status") == b"cancelled", 30, "the queued job skipped")
+    record = redis_client.hgetall(keys.job(running, MODEL))
     assert b"is gone" in record[b"reason"]
     assert int(record[b"completion_tokens"]) < 1500
-    skipped = redis_client.hgetall(keys.job(queued))
+    skipped = redis_client.hgetall(keys.job(queued, MODEL))
     assert b"worker" not in skipped and b"is gone" in skipped[b"reason"]  # never started
     wait_for(lambda: redis_client.xlen(stream) == 0, 10, "both acked")
     assert worker.poll() is None
@@ -130,7 +131,7 @@ def test_a_worker_drains_on_ovq_worker_drain(tiers: Callable[..., Tiers], model_
     t.api()
     worker = t.worker(MODEL)
     t.wait_served(MODEL)
-    keys = Keys(t.prefix)
+    keys = t.keys
     [worker_id] = live_workers(redis_client, keys, MODEL)
     client = OpenAI(base_url=t.base_url, api_key="unused", max_retries=0, timeout=120)
     stream = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Count."}],
@@ -182,7 +183,7 @@ def test_job_hashes_keep_counts_and_the_text_only_on_request(tiers: Callable[...
     plain = t.worker(TINY, name="plain")
     kept = t.worker("tiny-kept", name="kept", OVQ_KEEP_JOB_TEXT="1", OVQ_LOG_JOBS="1")
     t.wait_served(TINY, "tiny-kept")
-    keys = Keys(t.prefix)
+    keys = t.keys
     for name, worker, keep in ((TINY, plain, False), ("tiny-kept", kept, True)):
         answer = httpx.post(f"{t.base_url}/completions", json={"model": name, "prompt": "a b", "max_tokens": 6,
                                                                   "ignore_eos": True},

@@ -144,7 +144,7 @@ def test_the_ops_page_shows_what_redis_holds_and_steers_the_queue(
     t.api()
     worker_proc = t.worker(MODEL)
     t.wait_served(MODEL)
-    keys = Keys(t.prefix)
+    keys = t.keys
     [worker] = [m.decode() for m in redis_client.zrange(keys.workers(MODEL, "CPU"), 0, -1)]
     poison = Job(model=MODEL, device="CPU", kind="completion", prompt="a", params=SamplingParams(max_tokens=2),
                  reply_to="nobody")
@@ -161,13 +161,16 @@ def test_the_ops_page_shows_what_redis_holds_and_steers_the_queue(
     page.goto(f"{origin}/ops")
     assert page.title() == "ovq · operations"
     assert page.locator(f'tr[data-stream="{MODEL}:CPU"]').count() == 1
-    assert page.locator(f'tr[data-stream="{MODEL}:CPU"] [data-k="node"]').inner_text() == describe(t.redis_url)
+    # The queue's node: the Redis, or on a Cluster the master that owns the queue's slot.
+    node = redis_client.get_node_from_key(keys.jobs(MODEL, "CPU")).name if keys.cluster else describe(t.redis_url)
+    assert page.locator(f'tr[data-stream="{MODEL}:CPU"] [data-k="node"]').inner_text() == node
     assert page.locator('[data-k="dead-total"]').inner_text() == "2"
 
     # A job the worker refuses (its prompt is longer than the model's context): a failure with its error.
     refused = Job(model=MODEL, device="CPU", kind="completion", prompt=[1] * 9000, reply_to="nobody")
     redis_client.xadd(keys.jobs(MODEL, "CPU"), refused.to_fields())
-    wait_for(lambda: redis_client.hget(keys.job(refused.id), "status") == b"error", 30, "the long prompt refused")
+    wait_for(lambda: redis_client.hget(keys.job(refused.id, MODEL), "status") == b"error", 30,
+             "the long prompt refused")
 
     load = Load(t.base_url)
     agreed = None
@@ -182,7 +185,8 @@ def test_the_ops_page_shows_what_redis_holds_and_steers_the_queue(
             agreed = shown
     assert agreed is not None, "the page's numbers never matched Redis during the load"
     failure = page.locator(f'tr[data-failed="{refused.id}"] .error').inner_text()
-    assert failure == redis_client.hget(keys.job(refused.id), "error").decode().split('"message":"')[1].split('"')[0]
+    stored = redis_client.hget(keys.job(refused.id, MODEL), "error").decode()
+    assert failure == stored.split('"message":"')[1].split('"')[0]
     assert agreed[2] == 1 and agreed[1] <= 2
     assert_fits(page, "under load")
     screenshot = tmp_path / "ops-page.png"
@@ -210,7 +214,7 @@ def test_the_ops_page_shows_what_redis_holds_and_steers_the_queue(
     page.locator(f'tr[data-dead="{letter}"] button').click()
     page.wait_for_selector("#flash:not([hidden])")
     assert "queued again" in page.locator("#flash").inner_text()
-    wait_for(lambda: redis_client.hget(keys.job(poison.id), "status") == b"done", 60, "the retried job ran")
+    wait_for(lambda: redis_client.hget(keys.job(poison.id, MODEL), "status") == b"done", 60, "the retried job ran")
     page.locator("#dead button.danger").click()
     wait_for(lambda: not redis_client.exists(keys.dead), 10, "dead letters purged")
     next_refresh(page)

@@ -15,7 +15,6 @@ import openai
 import pytest
 import redis
 
-from common.keys import Keys
 from tests.conftest import MODEL, Tiers
 
 BOSS, PLAIN = "sk-boss", "sk-plain"
@@ -59,7 +58,7 @@ def _post(t: Tiers, rid: str, key: str = PLAIN, max_tokens: int = 12, **body: ob
 
 
 def _waiting(t: Tiers, r: redis.Redis) -> int:
-    keys = Keys(t.prefix)
+    keys = t.keys
     streams = [keys.level_jobs(MODEL, "CPU", level) for level in ("high", "interactive", "low")]
     return sum(r.xlen(s) for s in streams if r.exists(s)) - 1  # the running one is still in its stream
 
@@ -67,17 +66,17 @@ def _waiting(t: Tiers, r: redis.Redis) -> int:
 def _running(t: Tiers, r: redis.Redis, rid: str) -> None:
     """Until a worker runs the job: what is sent next waits behind it."""
     until = time.monotonic() + 60
-    while r.hget(Keys(t.prefix).job(rid), "status") != b"running":
+    while r.hget(t.keys.job(rid, MODEL), "status") != b"running":
         assert time.monotonic() < until
         time.sleep(0.02)
 
 
 def _taken(t: Tiers, r: redis.Redis, rid: str) -> float:
-    return float(r.hget(Keys(t.prefix).job(rid), "taken"))
+    return float(r.hget(t.keys.job(rid, MODEL), "taken"))
 
 
 def test_higher_priority_runs_first_and_raising_it_takes_a_key_that_may(single: Tiers) -> None:
-    r = redis.Redis.from_url(single.redis_url)
+    r = single.redis()
     sdk = openai.OpenAI(base_url=single.base_url, api_key=PLAIN, max_retries=0)
     with pytest.raises(openai.PermissionDeniedError) as caught:
         sdk.completions.create(model=MODEL, prompt="Hi", max_tokens=2, extra_body={"priority": -1})
@@ -101,18 +100,18 @@ def test_higher_priority_runs_first_and_raising_it_takes_a_key_that_may(single: 
         assert blocker.result().status_code == 200
         assert all(f.result().status_code == 200 for f in futures), [f.result().text for f in futures]
     # Those still waiting once all four were queued (a worker may have taken the first at once) by level.
-    queued = max(float(r.hget(Keys(single.prefix).job(rid), "created")) for rid, _ in sent)
+    queued = max(float(r.hget(single.keys.job(rid, MODEL), "created")) for rid, _ in sent)
     waited = [rid for rid in sorted((rid for rid, _ in sent), key=lambda rid: _taken(single, r, rid))
               if _taken(single, r, rid) > queued]
     assert len(waited) >= 3, waited
     assert waited == [rid for rid in ("p-high", "p-mid", "p-low", "p-batch") if rid in waited], \
-        {rid: r.hgetall(Keys(single.prefix).job(rid)) for rid in ("p-block", *(rid for rid, _ in sent))}
+        {rid: r.hgetall(single.keys.job(rid, MODEL)) for rid in ("p-block", *(rid for rid, _ in sent))}
 
 
 def test_low_priority_ages_in(aging: Tiers) -> None:
     """A low-priority job behind a stream of interactive ones that outlasts the aging bound: it does not run last."""
     single = aging
-    r = redis.Redis.from_url(single.redis_url)
+    r = single.redis()
     with ThreadPoolExecutor(16) as pool:
         futures = [pool.submit(_post, single, "a-block", max_tokens=32)]
         _running(single, r, "a-block")

@@ -11,9 +11,7 @@ from pathlib import Path
 import httpx
 import orjson
 import pytest
-import redis
 
-from common.keys import Keys
 from common.modelcard import ModelCard
 from common.servable import ServableType
 from tests.conftest import MODEL, Tiers
@@ -50,8 +48,8 @@ def test_requests_sent_while_no_worker_is_live_wait_for_one(since: str, tiers: C
     wait for its card first."""
     t = tiers(_models(model_dir))
     t.api()
-    stream = Keys(t.prefix).jobs(MODEL, "CPU")
-    r = redis.Redis.from_url(t.redis_url)
+    stream = t.keys.jobs(MODEL, "CPU")
+    r = t.redis()
     if since == "restart":
         first = t.worker(MODEL, name="first")
         t.wait_served(MODEL)
@@ -88,8 +86,8 @@ def test_a_request_no_worker_takes_in_time_is_a_503_and_leaves_the_stream(tiers:
                                                                          model_dir: Path) -> None:
     t = tiers(_models(model_dir), OVQ_QUEUE_TIMEOUT_S="3")
     t.api()
-    keys = Keys(t.prefix)
-    r = redis.Redis.from_url(t.redis_url)
+    keys = t.keys
+    r = t.redis()
     # The model's worker announced itself, then went (scaled to zero): its card is within the card TTL.
     card = ModelCard(name=MODEL, device="CPU", servable_type=ServableType.LM_CB, context_length=2048,
                      chat_template="{{ messages[0]['content'] }}", created=int(time.time()))

@@ -4,9 +4,9 @@ from __future__ import annotations
 import httpx
 import openai
 import pytest
-import redis
 from openai import OpenAI
 
+from common.redis.client import sync_client
 from tests.conftest import MODEL, Stack
 from tests.integration.conftest import Guarded
 from tests.integration.rawhttp import connect, read_response, request_head
@@ -107,7 +107,7 @@ def test_keys_never_reach_logs_metrics_or_redis(stack: Stack, guarded: Guarded) 
         sdk(guarded, "sk-wrong-and-logged?").models.list()
     metrics = httpx.get(guarded.url("/metrics"), headers={"Authorization": f"Bearer {guarded.admin_key}"}).text
     logs = "".join(p.read_text(errors="replace") for p in stack.logs.rglob("*.log"))
-    r = redis.Redis.from_url(stack.redis_url)
+    r = sync_client(stack.redis_url)
     stored = []
     for key in r.scan_iter(count=1000):
         kind = r.type(key)

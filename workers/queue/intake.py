@@ -24,6 +24,7 @@ from redis.exceptions import ResponseError
 
 from common.fairness import PARK
 from common.keys import GROUP
+from common.redis.client import is_unblocked
 from common.redis.cluster import open_lane
 from common.redis.lane import Script
 
@@ -166,6 +167,8 @@ class Intake:
         [reply] = await self.lane.execute([["XREADGROUP", "GROUP", GROUP, self.consumer, "COUNT", 1, "BLOCK", block_ms,
                                             "STREAMS", *blocking, *(">" for _ in blocking)]], block_ms / 1000)
         if isinstance(reply, ResponseError):
+            if is_unblocked(reply):  # a stream moved to another master (resharding) or was deleted: read again
+                return []
             raise reply
         got = {s.decode(): _entries(entries) for s, entries in _by_stream(reply)}
         jobs = [(stream, got[stream]) for stream in (*self.streams, *also) if got.get(stream)]
