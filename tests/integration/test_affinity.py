@@ -21,6 +21,7 @@ import redis
 from common.keys import Keys
 from tests.conftest import MODEL, Tiers
 
+WORKER_TTL_S = 120  # a stopped worker stays live this long: its jobs are stolen, not reclaimed from the dead
 SYSTEM = "You are the help desk of a large library. " + "Answer briefly and politely, citing the shelf. " * 12
 
 
@@ -28,7 +29,7 @@ SYSTEM = "You are the help desk of a large library. " + "Answer briefly and poli
 def fleet(redis_url: str, model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Tiers]:
     models = {MODEL: {"path": str(model_dir), "cache_size": 0, "enable_prefix_caching": True}}
     t = Tiers(redis_url, tmp_path_factory.mktemp("affinity"), models,
-              OVQ_AFFINITY_STEAL_MS="2500", OVQ_WORKER_TTL_S="30")
+              OVQ_AFFINITY_STEAL_MS="2500", OVQ_WORKER_TTL_S=str(WORKER_TTL_S))
     t.api()
     t.worker(MODEL, name="a")
     t.worker(MODEL, name="b")
@@ -37,9 +38,10 @@ def fleet(redis_url: str, model_dir: Path, tmp_path_factory: pytest.TempPathFact
     t.stop()
 
 
-def _chat(t: Tiers, messages: list[dict], rid: str, session: str | None = None, **extra: object) -> str:
+def _chat(t: Tiers, messages: list[dict], rid: str, session: str | None = None, timeout: float = 300,
+          **extra: object) -> str:
     headers = {"X-Request-Id": rid, **({"X-Ovq-Session": session} if session else {})}
-    response = httpx.post(f"{t.base_url}/chat/completions", timeout=300, headers=headers,
+    response = httpx.post(f"{t.base_url}/chat/completions", timeout=timeout, headers=headers,
                           json={"model": MODEL, "messages": messages, "max_tokens": 6, "temperature": 0, **extra})
     assert response.status_code == 200, response.text
     return response.json()["choices"][0]["message"]["content"]
@@ -99,8 +101,12 @@ def test_a_job_in_a_stopped_workers_affinity_stream_is_stolen_after_the_threshol
     pid = int(r.hget(keys.worker(owner), "pid"))
     os.kill(pid, signal.SIGSTOP)  # still live for OVQ_WORKER_TTL_S: the next turn is queued for it
     try:
+        # A blocking read it had issued ends within its 1 s block. A job added before that would be delivered to the
+        # stopped worker (as to any hung reader) and only reclaimed once it is dead: not what this test is about.
+        time.sleep(1.5)
         messages.append({"role": "user", "content": "And which floor?"})
-        _chat(t, messages, "s-2")
+        # Stolen, it ends long before the owner could be declared dead and its jobs reclaimed.
+        _chat(t, messages, "s-2", timeout=WORKER_TTL_S / 2)
         thief = _worker(t, "s-2")
         assert thief != owner
         assert r.hget(keys.job("s-2"), "entry") is not None
