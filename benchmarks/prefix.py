@@ -16,11 +16,20 @@ ran where its cache most likely held the prefix), jobs stolen, and the longest w
 jobs), and the jobs that waited longer than the steal threshold while a worker of the arm ran nothing (for more
 than `--idle-slack-ms` of that time: a worker's wake-up is not instant) with the longest such idle time: what "no job
 waits longer than the threshold while a worker is idle" must keep at 0 (from the job hashes: when each job was
-queued, taken, last written, and by which worker). Then the same for a uniform load (every prompt different, no
-shared prefix; `--uniform-rounds` of `--uniform-phase-s`, more than the shared load: its ratio is affinity's cost).
+queued, taken, last written, and by which worker). Where a job's TTFT went: its queue wait (`queue_p50/p90`) and
+the time from being taken to its first token (`served_p50/p90`: admission, prefill of what was not cached, the
+steps it shared), the mean prompt size and the busiest worker's share of the jobs. Then the same for a uniform load
+(every prompt different, no shared prefix; `--uniform-rounds` of `--uniform-phase-s`, more than the shared load: its
+ratio is affinity's cost). Several `--steal-ms` values (100,250,500,1000) run one affinity arm per threshold.
+
+Each engine has a KV cache of `--cache-gb` (1 GB): with 0 (grow as needed) GenAI keeps the cache only as big as the
+running sequences needed, so the next few other prompts an engine runs evict a conversation's history before its
+next turn, wherever that turn is routed (one engine, 4 conversations interleaved: turn 4 took 3 steps to its first
+token with 0 and 1 step with 1 GB).
 
   python benchmarks/prefix.py                 # 2 workers per arm, 2 rounds of 60 s phases
   python benchmarks/prefix.py --workers 4 --phase-s 45 --rounds 1 --no-uniform
+  python benchmarks/prefix.py --steal-ms 100,250,500,1000 --phase-s 30 --uniform-rounds 2 --uniform-phase-s 30
 """
 from __future__ import annotations
 
@@ -31,6 +40,7 @@ import sys
 import tempfile
 import time
 import uuid
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -46,7 +56,6 @@ from sse_client import Connection, Result  # noqa: E402
 
 from common.jobs import JobHash  # noqa: E402
 
-ARMS = ("affine", "plain")
 WORDS = ("shelf", "catalogue", "atlas", "periodical", "manuscript", "archive", "index", "reading room", "folio",
          "microfilm", "loan", "reference", "rare book", "map", "journal", "thesis")
 SYSTEM = ("You are the help desk of a large research library. The following house rules apply to every answer. "
@@ -166,65 +175,87 @@ def idle_waits(fleet: Fleet, model: str, jobs: list[str], steal_ms: int, slack_m
     return count, longest
 
 
-def summary(fleet: Fleet, model: str, arm: Arm, before: tuple[int, int], args: argparse.Namespace) -> dict[str, float]:
+def summary(fleet: Fleet, model: str, arm: Arm, before: tuple[int, int], args: argparse.Namespace,
+            steal_ms: int) -> dict[str, float]:
     ok = [r for r in arm.results if r.ok and r.first is not None]
     ttft = [(r.first - r.sent) * 1000 for r in ok]
-    queue = [float(q) for q in (fleet.redis.hget(fleet.keys.job(j), JobHash.QUEUE_MS) for j in arm.jobs) if q]
+    pipe = fleet.redis.pipeline(transaction=False)
+    for job in arm.jobs:
+        pipe.hmget(fleet.keys.job(job), [JobHash.QUEUE_MS, JobHash.TTFT_MS, JobHash.PROMPT_TOKENS, JobHash.WORKER])
+    rows = [row for row in pipe.execute() if row[0] and row[1]]
+    queue = [float(q) for q, *_ in rows]
+    served = [float(t) - float(q) for q, t, *_ in rows]  # taken to first token: admission, prefill, first step
+    per_worker = Counter(w for *_, w in rows if w)
     hits, steals = (now - then for now, then in zip(counts(fleet, model), before, strict=True))
     return {"requests": len(ok), "errors": len(arm.results) - len(ok), "ttft_p50": pct(ttft, 50),
             "ttft_p90": pct(ttft, 90), "req_s": len(ok) / arm.wall if arm.wall else 0.0,
             "tok_s": sum(r.tokens for r in ok) / arm.wall if arm.wall else 0.0,
             "hit_share": hits / len(ok) if ok else 0.0, "steals": steals,
-            "queue_max_ms": max(queue, default=0.0),
+            "queue_p50": pct(queue, 50), "queue_p90": pct(queue, 90), "queue_max_ms": max(queue, default=0.0),
+            "served_p50": pct(served, 50), "served_p90": pct(served, 90),
+            "prompt_tokens": sum(int(p) for _, _, p, _ in rows if p) / len(rows) if rows else 0.0,
+            "busiest_share": max(per_worker.values(), default=0) / len(rows) if rows else 0.0,
             **dict(zip(("idle_waits", "idle_wait_max_ms"),
-                       idle_waits(fleet, model, arm.jobs, args.steal_ms, args.idle_slack_ms), strict=True))}
+                       idle_waits(fleet, model, arm.jobs, steal_ms, args.idle_slack_ms), strict=True))}
 
 
 def show(title: str, figures: dict[str, dict[str, float]]) -> None:
-    a, p = figures["affine"], figures["plain"]
+    """One column per arm, then each affinity arm's ratio to the plain one."""
+    plain = figures["plain"]
+    affine = [arm for arm in figures if arm != "plain"]
+    label = {arm: "on" if arm == "affine" else f"on {arm.split('-')[1]}ms" for arm in affine}
     print(f"\n{title}")
-    print(f"{'':16}{'affinity on':>14}{'off':>14}{'on/off':>10}")
+    print(f"{'':16}" + "".join(f"{label[arm]:>14}" for arm in affine) + f"{'off':>14}"
+          + "".join(f"{label[arm] + '/off':>14}" for arm in affine))
     for name, fmt in (("requests", "{:.0f}"), ("errors", "{:.0f}"), ("ttft_p50", "{:.0f} ms"),
                       ("ttft_p90", "{:.0f} ms"), ("req_s", "{:.2f}"), ("tok_s", "{:.1f}"), ("hit_share", "{:.0%}"),
-                      ("steals", "{:.0f}"), ("queue_max_ms", "{:.0f} ms"), ("idle_waits", "{:.0f}"),
-                      ("idle_wait_max_ms", "{:.0f} ms")):
-        ratio = f"{a[name] / p[name]:.2f}" if p[name] else "-"
-        print(f"{name:16}{fmt.format(a[name]):>14}{fmt.format(p[name]):>14}{ratio:>10}")
+                      ("steals", "{:.0f}"), ("queue_p50", "{:.0f} ms"),
+                      ("queue_p90", "{:.0f} ms"), ("queue_max_ms", "{:.0f} ms"), ("served_p50", "{:.0f} ms"),
+                      ("served_p90", "{:.0f} ms"), ("prompt_tokens", "{:.0f}"), ("busiest_share", "{:.0%}"),
+                      ("idle_waits", "{:.0f}"), ("idle_wait_max_ms", "{:.0f} ms")):
+        values = "".join(f"{fmt.format(figures[arm][name]):>14}" for arm in [*affine, "plain"])
+        ratios = "".join(f"{figures[arm][name] / plain[name]:>14.2f}" if plain[name] else f"{'-':>14}"
+                         for arm in affine)
+        print(f"{name:16}{values}{ratios}")
 
 
 async def run(args: argparse.Namespace) -> None:
     with tempfile.TemporaryDirectory() as work:
-        entry = {"path": str(args.model), "cache_size": 0, "enable_prefix_caching": True}
-        fleet = Fleet({arm: entry for arm in ARMS}, Path(work), OVQ_AFFINITY="true",
-                      OVQ_AFFINITY_STEAL_MS=str(args.steal_ms))
+        entry = {"path": str(args.model), "cache_size": args.cache_gb, "enable_prefix_caching": True}
+        # One affinity arm per steal threshold (the workers read it; the API does not).
+        steal = ({"affine": args.steal_ms[0]} if len(args.steal_ms) == 1
+                 else {f"affine-{ms}": ms for ms in args.steal_ms})
+        arms = (*steal, "plain")
+        fleet = Fleet({arm: entry for arm in arms}, Path(work), OVQ_AFFINITY="true")
         try:
             for _ in range(args.workers):
-                fleet.worker("affine", OVQ_AFFINITY="true")
+                for arm, ms in steal.items():
+                    fleet.worker(arm, OVQ_AFFINITY="true", OVQ_AFFINITY_STEAL_MS=str(ms))
                 fleet.worker("plain", OVQ_AFFINITY="false")
             plain_port = free_port()
             fleet.procs.append(fleet._start(["api"], OVQ_PORT=str(plain_port), OVQ_AFFINITY="false"))
-            args.ports = {"affine": fleet.port, "plain": plain_port}
-            fleet.ready("affine", args.workers)
-            fleet.ready("plain", args.workers)
+            args.ports = {**dict.fromkeys(steal, fleet.port), "plain": plain_port}
+            for arm in arms:
+                fleet.ready(arm, args.workers, timeout=600)  # many workers start slowly on a busy machine
             api_ready(plain_port, "plain")
-            for arm in ARMS:  # first steps of a fresh engine are slow (kernels for new shapes): not measured
+            for arm in arms:  # first steps of a fresh engine are slow (kernels for new shapes): not measured
                 await phase(fleet, arm, Arm(), argparse.Namespace(**{**vars(args), "phase_s": args.warmup_s,
                                                                      "conversations": 2 * args.workers}), False, 99)
             loads = ((True, "shared prefixes (conversations over a long system prompt)"),
                      (False, "uniform load (no shared prefix)"))
             for shared, title in loads if args.uniform else loads[:1]:
-                arms = {arm: Arm() for arm in ARMS}
-                before = {arm: counts(fleet, arm) for arm in ARMS}
+                measured = {arm: Arm() for arm in arms}
+                before = {arm: counts(fleet, arm) for arm in arms}
                 rounds, phase_s = (args.rounds, args.phase_s) if shared else (args.uniform_rounds, args.uniform_phase_s)
                 load = argparse.Namespace(**{**vars(args), "phase_s": phase_s})
                 for round_ in range(rounds):
-                    order = ARMS if round_ % 2 == 0 else ARMS[::-1]
-                    for arm in order:
-                        await phase(fleet, arm, arms[arm], load, shared, round_)
+                    for arm in arms if round_ % 2 == 0 else arms[::-1]:
+                        await phase(fleet, arm, measured[arm], load, shared, round_)
                 await asyncio.sleep(args.heartbeat_wait_s)  # the workers' counts reach their hashes
                 show(f"{title}: {args.workers} workers per arm, {args.conversations} clients, "
                      f"{rounds} x {phase_s:.0f} s per arm",
-                     {arm: summary(fleet, arm, arms[arm], before[arm], args) for arm in ARMS})
+                     {arm: summary(fleet, arm, measured[arm], before[arm], args, steal.get(arm, args.steal_ms[0]))
+                      for arm in arms})
         finally:
             fleet.stop()
 
@@ -239,7 +270,11 @@ def main() -> None:
     parser.add_argument("--phase-s", type=float, default=60.0)
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--warmup-s", type=float, default=20.0)
-    parser.add_argument("--steal-ms", type=int, default=500)
+    parser.add_argument("--steal-ms", type=lambda v: [int(ms) for ms in v.split(",")], default=[500],
+                        help="the steal threshold; several (100,250,500,1000): one affinity arm each")
+    # 0 (grow as needed) keeps the cache only as big as the running sequences needed: a conversation's history is
+    # evicted by the next few other prompts the engine runs, whichever worker it is routed to.
+    parser.add_argument("--cache-gb", type=int, default=1, help="each engine's KV cache (GB; 0: grow as needed)")
     parser.add_argument("--no-uniform", dest="uniform", action="store_false", help="the shared-prefix load only")
     parser.add_argument("--uniform-rounds", type=int, default=4)
     parser.add_argument("--uniform-phase-s", type=float, default=60.0)

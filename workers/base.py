@@ -105,6 +105,10 @@ class BaseWorker:
         # OVQ_AFFINITY=auto: only where the engine caches prefixes (the card says so to the API).
         on = settings.affinity_on(model.enable_prefix_caching)
         self.affinity = Affinity(self.redis, self.keys, settings, self.member) if on else None
+        if model.enable_prefix_caching and not model.cache_size:
+            # Measured: 4 conversations interleaved on one engine, each next turn found only the system prompt.
+            log.warning("%s: prefix caching with cache_size 0 keeps only what running sequences needed: set a "
+                        "cache_size (GB) to keep prefixes between requests", model.name)
         if self.affinity is not None:
             self.intake = AffineIntake(self.redis, self.id, *(s for _, s in self.levels),
                                        aging_s=settings.priority_aging_s, fair=fair, affinity=self.affinity)

@@ -76,3 +76,16 @@ async def test_a_running_job_past_its_deadline_is_cancelled_once(redis_url: str)
     worker.cancel_overdue(time.time())
     assert worker.cancelled == [overdue.id]
     await worker.redis.aclose()
+
+
+async def test_prefix_caching_without_a_sized_cache_is_warned_about(redis_url: str, caplog: Any) -> None:
+    settings = Settings(redis_url=redis_url, key_prefix=f"base{time.time_ns()}")
+    warned = []
+    for cache_size in (0, 1):
+        caplog.clear()
+        worker = Started.__new__(Started)
+        BaseWorker.__init__(worker, settings, ModelConfig(name="m", path="/none", enable_prefix_caching=True,
+                                                          cache_size=cache_size), "CPU")
+        warned.append(any("cache_size 0" in r.getMessage() for r in caplog.records))
+        await worker.redis.aclose()
+    assert warned == [True, False]
