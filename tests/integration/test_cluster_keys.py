@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 import redis
@@ -182,17 +183,24 @@ async def test_a_lane_follows_moved_to_the_slots_master(cluster: ClusterSet) -> 
     await client.aclose()
 
 
-async def test_a_lane_follows_ask_to_a_migrating_slots_target(cluster: ClusterSet) -> None:
-    """A slot migrating between masters: a key its source no longer has is answered ASK; the lane sends the command
-    to the target behind ASKING, and it lands there."""
-    sync = cluster.client()
-    key = KEYS.job("asked", MODELS[6])
+def start_migrating(sync: redis.RedisCluster, key: str) -> tuple[int, Any, redis.Redis, redis.Redis, str]:
+    """Mark the slot of `key` as migrating from its master to another one: (slot, target node, source and target
+    connections, target's id)."""
     slot, source = sync.keyslot(key), sync.get_node_from_key(key)
     target = next(n for n in sync.get_primaries() if n.name != source.name)
     src, dst = redis.Redis(port=source.port), redis.Redis(port=target.port)
     src_id, dst_id = (node.execute_command("CLUSTER", "MYID").decode() for node in (src, dst))
     dst.execute_command("CLUSTER", "SETSLOT", slot, "IMPORTING", src_id)
     src.execute_command("CLUSTER", "SETSLOT", slot, "MIGRATING", dst_id)
+    return slot, target, src, dst, dst_id
+
+
+async def test_a_lane_follows_ask_to_a_migrating_slots_target(cluster: ClusterSet) -> None:
+    """A slot migrating between masters: a key its source no longer has is answered ASK; the lane sends the command
+    to the target behind ASKING, and it lands there."""
+    sync = cluster.client()
+    key = KEYS.job("asked", MODELS[6])
+    slot, target, src, dst, _ = start_migrating(sync, key)
     client = RedisCluster(host="127.0.0.1", port=cluster.nodes[0].port)
     lane = ClusterLane(client)
     try:
@@ -220,13 +228,8 @@ async def test_a_lane_waits_out_tryagain_while_a_slot_migrates(cluster: ClusterS
     has moved it follows MOVED: the command is answered, not refused."""
     sync = cluster.client()
     kept, absent = KEYS.job("kept", MODELS[7]), KEYS.job("absent", MODELS[7])
-    slot, source = sync.keyslot(kept), sync.get_node_from_key(kept)
-    target = next(n for n in sync.get_primaries() if n.name != source.name)
     sync.set(kept, "v")
-    src, dst = redis.Redis(port=source.port), redis.Redis(port=target.port)
-    src_id, dst_id = (node.execute_command("CLUSTER", "MYID").decode() for node in (src, dst))
-    dst.execute_command("CLUSTER", "SETSLOT", slot, "IMPORTING", src_id)
-    src.execute_command("CLUSTER", "SETSLOT", slot, "MIGRATING", dst_id)
+    slot, target, src, dst, dst_id = start_migrating(sync, kept)
     client = RedisCluster(host="127.0.0.1", port=cluster.nodes[0].port)
     lane = ClusterLane(client)
     try:
