@@ -78,10 +78,10 @@ test_keys.__test__ = False  # type: ignore[attr-defined] - a helper, not a test
 @pytest.fixture(scope="session")
 def redis_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     if ON_CLUSTER:
-        from tests.integration.redis_ha import ClusterSet, missing_for_sentinel
+        from tests.integration.redis_ha import ClusterSet, missing_for_cluster
 
-        if missing_for_sentinel():
-            pytest.exit(f"OVQ_TEST_REDIS=cluster: {missing_for_sentinel()}", returncode=2)
+        if missing_for_cluster():
+            pytest.exit(f"OVQ_TEST_REDIS=cluster: {missing_for_cluster()}", returncode=2)
         cluster = ClusterSet(tmp_path_factory.mktemp("cluster"))
         yield cluster.url
         cluster.stop()
