@@ -84,6 +84,7 @@ def settings_page() -> str:
            "comma-separated). Read also, outside this object: `OTEL_*` (OpenTelemetry, "
            "[observability](../how-to/observability.md#traces)) and `RQ_KEY_PREFIX` (set from `OVQ_KEY_PREFIX` "
            "by ovq itself).\n\n"]
+    out.append("## Tiers, Redis, HTTP, workers, limits\n\n")
     table_open = False
     for name, annotation, expression, text in _comments(source, "Settings"):
         if not name:
@@ -96,7 +97,8 @@ def settings_page() -> str:
         field = Settings.model_fields[name]
         alias = field.validation_alias
         env = " or ".join(f"`{c}`" for c in alias.choices) if alias is not None else f"`OVQ_{name.upper()}`"
-        kind = "list of keys (JSON array or comma-separated)" if annotation == "Keys" else f"`{annotation}`"
+        kind = "list of keys (JSON array or comma-separated)" if annotation == "Keys" else \
+            " or ".join(f"`{part}`" for part in annotation.split(" | "))
         description = field.description or text
         out.append(f"| {env} | {cell(kind)} | {cell(_default(name, field, expression))} | {cell(description)} |\n")
     return "".join(out)
