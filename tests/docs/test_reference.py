@@ -21,9 +21,18 @@ def test_the_generated_reference_pages_are_current(tmp_path: Path) -> None:
     assert not stale, f"stale: docs/reference/{', '.join(stale)}; run `python docs/gen_reference.py` and commit them"
 
 
-def test_every_setting_says_what_it_does() -> None:
-    rows = [line for line in (ROOT / "docs" / "reference" / "settings.md").read_text().splitlines()
-            if line.startswith("| `")]
+def _silent(page: str) -> tuple[list[str], list[str]]:
+    """(rows, first cells of the rows whose last cell is empty) of a generated page's tables."""
+    rows = [line for line in (ROOT / "docs" / "reference" / page).read_text().splitlines() if line.startswith("| `")]
     cells = [[cell.strip() for cell in re.split(r"(?<!\\)\|", row)[1:-1]] for row in rows]  # escaped \| stays
-    silent = [row[0] for row in cells if not row[-1]]
+    return rows, [row[0] for row in cells if not row[-1]]
+
+
+def test_every_setting_says_what_it_does() -> None:
+    rows, silent = _silent("settings.md")
     assert rows and not silent, f"settings without a comment above them in common/settings.py: {silent}"
+
+
+def test_every_cli_argument_says_what_it_does() -> None:
+    rows, silent = _silent("cli.md")
+    assert rows and not silent, f"arguments without help= in cli/: {silent}"
