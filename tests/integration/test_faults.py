@@ -25,6 +25,7 @@ from common.redis.server import EmbeddedRedis
 from common.structured import regex
 from tests.conftest import MODEL, MODELS, ON_CLUSTER, Tiers, free_port
 from tests.integration import sse
+from tests.precision import F32
 
 TINY = "tiny-llama"
 BOUND_S = 90  # no request may take longer than this to end, one way or the other
@@ -256,7 +257,9 @@ def test_worker_kill_continues_streams(tiers: Callable[..., Tiers], redis_url: s
     completes with the text of an uninterrupted run (a unary request with the same body), nothing lost or
     repeated. SIGTERM: the streams the worker could not finish within its grace period are handed over the same
     way."""
-    t = tiers(tiny(max_num_seqs=16, plugin_config={"INFERENCE_NUM_THREADS": 1}), OVQ_SHUTDOWN_GRACE_S="1")
+    # f32, pinned: the continuing worker's prefill of the streamed ids rounds as the dead one's decoding did only
+    # there (in bf16 a near-tie flips and the text goes another way after the takeover point: precision.md).
+    t = tiers(tiny(max_num_seqs=16, plugin_config={"INFERENCE_NUM_THREADS": 1, **F32}), OVQ_SHUTDOWN_GRACE_S="1")
     t.api()
     first = t.worker(TINY, name="first")
     t.wait_served(TINY)

@@ -81,8 +81,11 @@ def _properties(spec: EngineSpec) -> dict[str, Any]:
     scheduler = g.SchedulerConfig()
     for name, value in draft["scheduler"].items():
         setattr(scheduler, name, value)
+    # The draft runs at the model's inference precision: a bf16 draft under an f32 model proposes tokens from other
+    # logits than the ones the f32 model verifies, and is accepted less often.
+    precision = {k: v for k, v in spec.plugin_config.items() if k == "INFERENCE_PRECISION_HINT"}
     return {**spec.plugin_config, "draft_model": g.draft_model(draft["path"], draft["device"],
-                                                              scheduler_config=scheduler)}
+                                                              scheduler_config=scheduler, **precision)}
 
 
 class Adapters:

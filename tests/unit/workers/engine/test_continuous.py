@@ -10,6 +10,7 @@ import orjson
 import pytest
 
 from common.structured import json_schema
+from tests.precision import F32
 from workers.engine.arrivals import ArrivalWindow
 from workers.engine.continuous import Engine, Request, _take
 from workers.engine.protocol import EngineSpec
@@ -129,12 +130,14 @@ def test_without_an_allowance_the_engine_does_not_wait(engine: Engine) -> None:
 
 def test_greedy_output_with_a_draft_model_is_the_output_without_one() -> None:
     """Speculative decoding: the tiny Llama drafted by its own first layer (it agrees on some tokens, not on
-    others) gives token for token what the tiny Llama gives alone, several jobs in one batch."""
+    others) gives token for token what the tiny Llama gives alone, several jobs in one batch. At f32: in bf16 the
+    verification of several drafted tokens in one pass rounds differently from decoding them one by one (pinned;
+    docs/how-to/precision.md has the measurement)."""
     models = Path(__file__).resolve().parents[3] / "models"
     llama, draft = str(models / "tiny-llama"), str(models / "tiny-llama-draft")
     scheduler = {"cache_size": 0}
-    plain = Engine(EngineSpec(llama, "CPU", scheduler, {}, 2048))
-    drafted = Engine(EngineSpec(llama, "CPU", scheduler, {}, 2048,
+    plain = Engine(EngineSpec(llama, "CPU", scheduler, F32, 2048))
+    drafted = Engine(EngineSpec(llama, "CPU", scheduler, F32, 2048,
                                 draft={"path": draft, "device": "CPU", "scheduler": scheduler}))
     prompts = ["hello world the", "The quick brown fox", "What is the capital of France?"]
     asks = [{"max_tokens": 40, "temperature": 0}, {"max_tokens": 40, "temperature": 0, "num_assistant_tokens": 3},
