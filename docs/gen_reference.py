@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import ast
 import inspect
+import re
 import sys
 import textwrap
 from collections.abc import Callable, Iterator
@@ -254,6 +255,7 @@ def keys_page() -> str:
                              "admission), TTL a few heartbeats.",
                    "cancel_channel": "Pub/sub channel of cancels on one Redis (`model_cancel_channel` on a "
                                      "Cluster)."}[member]
+        doc = re.sub(r"(?m)^(?!- )(.+)\n- ", r"\1\n\n- ", doc, count=1)  # a list needs a blank line before it
         same = "" if single == cluster else f"<br>Cluster: `{cluster}`"
         out.append(f"## `{member}`\n\n`{single}`{same}\n\n{doc}\n\n")
     return "".join(out)
