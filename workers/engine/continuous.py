@@ -123,13 +123,20 @@ class Adapters:
         import openvino as ov
         import openvino_genai as g
 
-        while pipe.has_non_finished_requests():  # cancelled requests leave at a step; generate() needs none
-            pipe.step()
+        drain(pipe)  # generate() needs no request in the pipeline, ended and cancelled ones included
         config = g.GenerationConfig(max_new_tokens=1)
         config.adapters = (g.AdapterConfig(self._adapters[adapter], float(self.declared[adapter].get("alpha", 1.0)))
                            if adapter is not None else g.AdapterConfig())
         pipe.generate([ov.Tensor(np.asarray([[max(eos or 0, 0)]], dtype=np.int64))], [config])
         self.active = adapter
+
+
+def drain(pipe: Any) -> None:
+    """Run the pipeline's requests out, then one empty step: GenAI frees a request's KV blocks at a step, and one
+    cancelled (or ended) no longer counts as unfinished, so without it its blocks stay held."""
+    while pipe.has_non_finished_requests():
+        pipe.step()
+    pipe.step()
 
 
 def refusal(job: str, exc: Exception) -> list[Any]:
@@ -371,9 +378,7 @@ class Engine:
         request no longer counts as unfinished, so one empty step follows the last. Otherwise the blocks stay
         allocated while the engine idles, and GenAI logs them as leaked when the pipeline is destroyed."""
         try:
-            while self.pipe.has_non_finished_requests():
-                self.pipe.step()
-            self.pipe.step()
+            drain(self.pipe)
         except Exception as exc:  # the next real step reports a broken pipeline
             log.warning("could not release the ended requests: %s", error_message(exc))
 
