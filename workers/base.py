@@ -258,6 +258,8 @@ class BaseWorker:
             task.cancel()
         try:
             await asyncio.wait_for(self.heartbeat.leave(), timeout=5)
+            own = (*self.streams, *self.intake.bells, *self._affinity_streams()[:1])  # those ensure_group joined
+            await asyncio.wait_for(self.reclaimer.leave(own), timeout=5)
         except (asyncio.TimeoutError, *UNAVAILABLE):
             pass
         await self.stop_backend()

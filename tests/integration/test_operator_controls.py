@@ -73,6 +73,27 @@ def test_dead_consumers_are_removed_from_the_group(tiers: Callable[..., Tiers], 
     assert redis_client.xlen(stream) == 0
 
 
+def test_a_worker_that_stops_leaves_no_consumer_behind(tiers: Callable[..., Tiers], redis_client: redis.Redis) -> None:
+    """Workers that come and go (autoscaling) each made a consumer in their streams' groups; one that stops with
+    nothing pending removes its own, so after two restarts the group holds the live worker's consumer alone. (A
+    worker TTL of a minute: no reclaim pass forgets a dead consumer within the test, so only its leaving can.)"""
+    t = tiers({TINY: {"path": str(MODELS / TINY), "cache_size": 0}}, OVQ_WORKER_TTL_S="60")
+    t.api()
+    client = OpenAI(base_url=t.base_url, api_key="unused", max_retries=0, timeout=60)
+    stream = t.keys.jobs(TINY, "CPU")
+    for round_ in range(3):
+        worker = t.worker(TINY, name=f"w{round_}")
+        t.wait_served(TINY)
+        client.completions.create(model=TINY, prompt="hello", max_tokens=2)  # its read makes its consumer
+        [live] = live_workers(redis_client, t.keys, TINY)
+        assert live in consumers(redis_client, stream)
+        if round_ < 2:
+            worker.send_signal(signal.SIGTERM)
+            assert worker.wait(60) == 0
+            wait_for(lambda: not live_workers(redis_client, t.keys, TINY), 10, "the worker left")
+    assert consumers(redis_client, stream) == {live}
+
+
 def sse_lines(base_url: str, body: dict, first: threading.Event, log: list[str]) -> None:
     try:
         with httpx.stream("POST", f"{base_url}/chat/completions", json=body, timeout=120) as response:

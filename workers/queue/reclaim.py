@@ -124,6 +124,18 @@ class Reclaimer:
                 continue  # expired, or without its group yet: nothing of it to take over
         return taken
 
+    async def leave(self, streams: tuple[str, ...]) -> int:
+        """The worker is leaving: its own consumer goes from each group where it holds nothing pending, so a fleet
+        that autoscales does not leave a consumer per worker it ever ran. Where it handed jobs back (pending under
+        it), the consumer stays until a reclaim pass has claimed them and forgets it (`forget_dead_consumers`)."""
+        removed = 0
+        for stream in streams:
+            try:
+                removed += int(await self._forget(keys=[stream], args=[GROUP, self.member.id]))
+            except ResponseError:
+                continue  # the stream or its group is gone: nothing to forget there
+        return removed
+
     async def forget_dead_consumers(self, stream: str, live: set[str]) -> int:
         """Remove from the group the consumers of dead workers that hold no pending entry (their worker hash is
         gone, idle past the worker TTL); the check and the removal are one script, so no entry is lost."""
