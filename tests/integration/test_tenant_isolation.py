@@ -237,6 +237,10 @@ def test_a_batch_runs_as_its_owner(tiers: Tiers) -> None:
     assert g.files.content(batch.output_file_id).content  # gamma's to read
     with pytest.raises(openai.NotFoundError):
         sdk(tiers, BETA).files.content(batch.output_file_id)
+    # Claiming to be a batch's line takes its run token, which only what reads Redis (a batch worker) knows.
+    forged = http(tiers, BETA).post("/v1/chat/completions", json={**line["body"]},
+                                    headers={"X-Ovq-Batch": f"{batch.id}:{'0' * 32}", "X-Ovq-Priority": "batch"})
+    assert forged.status_code == 403 and forged.json()["error"]["code"] == "batch_not_runnable", forged.text
 
 
 def test_objects_stored_before_owners_are_the_admins_only(tiers: Tiers, alphas: dict[str, list[str]]) -> None:
