@@ -171,6 +171,13 @@ def test_lists_hold_only_your_own_and_the_admin_sees_all(tiers: Tiers, alphas: d
     assert {mine.id, *alphas["file_id"]} <= everyone
     assert admin.batches.retrieve(alphas["batch_id"][0]).id == alphas["batch_id"][0]
     assert admin.responses.retrieve(alphas["response_id"][0]).id == alphas["response_id"][0]
+    # A batch of another tenant's input file is refused as one of a file that does not exist.
+    refusals = []
+    for file_id in (alphas["file_id"][0], NEVER["file_id"]):
+        with pytest.raises(openai.BadRequestError) as caught:
+            b.batches.create(input_file_id=file_id, endpoint="/v1/chat/completions", completion_window="24h")
+        refusals.append(orjson.dumps(caught.value.body).replace(file_id.encode(), b"ID"))
+    assert refusals[0] == refusals[1]
     assert b.files.delete(mine.id).deleted
 
 
