@@ -201,6 +201,7 @@ class ApiKeyMiddleware:
     def __init__(self, app: ASGIApp, keys: tuple[KeySet, KeySet]) -> None:
         self.app = app
         self.api_keys, self.admin_keys = keys
+        self._callers: dict[int, Caller] = {}  # by id() of the key's attributes, which live as long as the key set
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http":
@@ -220,11 +221,19 @@ class ApiKeyMiddleware:
                                else "Incorrect API key provided")
                     return await refuse(send, message, b'Bearer realm="ovq"')
                 state = scope.setdefault("state", {})
-                state[KEY_STATE] = attributes or admin  # request.state.api_key: its attributes
-                state[CALLER_STATE] = Caller((attributes or admin).who, admin=attributes is None)  # type: ignore[union-attr]
+                found = attributes or admin
+                state[KEY_STATE] = found  # request.state.api_key: its attributes
+                state[CALLER_STATE] = self._caller(found, admin=attributes is None)  # type: ignore[arg-type]
             else:  # keys off: one tenant, which is its own operator
                 scope.setdefault("state", {})[CALLER_STATE] = OPERATOR
         await self.app(scope, receive, send)
+
+    def _caller(self, key: KeyAttributes, admin: bool) -> Caller:
+        """The key's caller (made once per key: `who` hashes a plain key)."""
+        caller = self._callers.get(id(key))
+        if caller is None:
+            caller = self._callers[id(key)] = Caller(key.who, admin=admin)
+        return caller
 
     def _admin_allowed(self, scope: Scope) -> bool:
         if self.admin_keys:

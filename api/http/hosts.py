@@ -25,6 +25,7 @@ from common.settings import Settings
 SAFE_METHODS = ("GET", "HEAD", "OPTIONS")
 SAME = (b"same-origin", b"none")  # Sec-Fetch-Site values of a request the page itself, or the user, made
 WILDCARD_BINDS = ("0.0.0.0", "::", "")
+KNOWN_CACHED = 256  # Host values remembered with their verdict (a client sends the same one on every request)
 
 
 def _header(scope: Scope, wanted: bytes) -> bytes | None:
@@ -47,13 +48,20 @@ class HostGuard:
         self.check_host = not self.any_host and (is_loopback(settings.host) or bool(self.allowed))
         if settings.host not in WILDCARD_BINDS:
             self.allowed.add(settings.host.lower().strip("[]"))
+        self._verdicts: dict[bytes, bool] = {}
 
     def known(self, host: bytes | None) -> bool:
         """The Host names this server: a loopback name, or an allowed one. (No Host at all: not a browser.)"""
         if host is None:
             return True
-        name = host_name(host.decode("latin-1"))
-        return is_loopback(name) or name.endswith(".localhost") or name in self.allowed
+        verdict = self._verdicts.get(host)
+        if verdict is None:
+            name = host_name(host.decode("latin-1"))
+            verdict = is_loopback(name) or name.endswith(".localhost") or name in self.allowed
+            if len(self._verdicts) >= KNOWN_CACHED:  # (any number of names may be tried: the cache stays small)
+                self._verdicts.clear()
+            self._verdicts[host] = verdict
+        return verdict
 
     @staticmethod
     def cross_site(scope: Scope, host: bytes | None) -> bool:
