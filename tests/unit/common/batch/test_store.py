@@ -118,9 +118,11 @@ def test_the_rq_job_of_a_batch_lives_under_the_prefix_and_not_past_its_batch(red
 
 async def test_another_tenants_batch_is_a_missing_one(batches: Batches) -> None:
     a, b = Caller("a"), Caller("b")
-    for batch_id, owner in (("batch_a", "a"), ("batch_b", "b"), ("batch_old", None)):
-        await batches.create(state(batch_id).model_copy(update={"owner": owner}))
+    for i, (batch_id, owner) in enumerate((("batch_b", "b"), ("batch_a", "a"), ("batch_old", None))):  # oldest first
+        made = state(batch_id)
+        await batches.create(made.model_copy(update={"owner": owner, "created_at": made.created_at + i}))
     assert [s.id for s in (await batches.page(None, 10, a))[0]] == ["batch_a"]
+    assert (await batches.page("batch_b", 10, a))[0] == (await batches.page("batch_never", 10, a))[0]  # no oracle
     assert await batches.get("batch_b", a) is None and await batches.get("batch_old", a) is None
     assert await batches.cancel("batch_b", a) == ""  # as for no such batch, and nothing changed
     assert (await batches.get("batch_b", b)).status == "validating"
