@@ -237,9 +237,10 @@ class Batches:
     async def page(self, after: str | None, limit: int, caller: Caller) -> tuple[list[BatchState], bool]:
         """The caller's batches, newest first, from after the batch `after`; whether more follow."""
         start = 0
-        if after:
+        if after:  # (another's batch is no cursor: its place would say that it exists)
             rank = await self.redis.zrevrank(self.keys.batches, after)
-            start = 0 if rank is None else rank + 1
+            owner = await self.redis.hget(self.keys.batch(after), OWNER_FIELD)
+            start = 0 if rank is None or not caller.sees(owner) else rank + 1
         found: list[BatchState] = []
         while len(found) <= limit:
             ids = await self.redis.zrevrange(self.keys.batches, start, start + limit)
