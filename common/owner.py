@@ -36,10 +36,6 @@ class Caller:
             return False
         return (owner.decode() if isinstance(owner, bytes) else owner) == self.tenant
 
-    def only(self, objects: dict[str, str | bytes | None]) -> list[str]:
-        """Of `{id: owner}`, the ids this caller sees (in the order given): what a list endpoint returns."""
-        return [object_id for object_id, owner in objects.items() if self.sees(owner)]
-
 
 # Keys off: the one tenant, which is its own operator (the ops page is open then too).
 OPERATOR = Caller(ONE_TENANT, admin=True)

@@ -19,12 +19,6 @@ def test_an_operator_sees_everything_and_nobody_nothing() -> None:
         assert not NOBODY.sees(owner)
 
 
-def test_lists_keep_the_callers_own_in_order() -> None:
-    owners = {"b3": "beta", "a1": "alpha", "x": None, "a2": b"alpha"}
-    assert Caller("alpha").only(owners) == ["a1", "a2"]
-    assert OPERATOR.only(owners) == ["b3", "a1", "x", "a2"]
-
-
 def test_how_owners_are_shown() -> None:
     assert (shown("alpha"), shown(b"beta"), shown(ONE_TENANT), shown(None)) == \
         ("alpha", "beta", "(keys off)", "(before owners)")
