@@ -297,7 +297,7 @@ class Keys:
 
     # ---- Fair shares per tenant (common/fairness.py) ----------------------------------------------------------
     def fair_order(self, model: str, device: str, level: str) -> str:
-        """Sorted set: the parked jobs of one model, device and priority level (`batch` excepted) that carry a
+        """Sorted set: the parked jobs of one model, device and priority level (`batch` too) that carry a
         tenant, member `ENTRY_ID|TENANT`, score the job's virtual start time: workers take the lowest first.
         Owners: the API's enqueue adds (with the stream entry), a worker's read pops, a withdraw removes; at most
         one member per entry of its stream (bounded by OVQ_MAX_QUEUE_DEPTH), so it needs no TTL."""

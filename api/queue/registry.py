@@ -279,7 +279,7 @@ class Registry:
             job.device = device
             jobs.append((device, job.model_dump_json()))
         since = time.time() - self.settings.worker_ttl_s
-        share = job.share if level != "batch" else None
+        share = job.share  # (a batch line has one when it runs as its batch's owner: api/batch/lines.py)
         args = [since, self.settings.max_queue_depth, self.settings.job_ttl_s, job.created, job.reply_to,
                 model, level, share.tenant if share else "", share.cost / share.weight if share else 0,
                 *(part for pair in jobs for part in pair)]
@@ -357,7 +357,7 @@ class Registry:
     async def _estimate(self, servable: Servable, priority: str, tenant: str | None = None) -> float | None:
         now = time.time()
         windows = [window_of(now) - WINDOW_S * i for i in range(RATE_WINDOWS)]
-        fair = tenant is not None and priority != "batch"
+        fair = tenant is not None
         # On the lane, not a redis-py pipeline: the pipeline's Python costs about a millisecond per estimate.
         commands: list[Command] = []
         for device in servable.cards:

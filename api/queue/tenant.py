@@ -5,9 +5,9 @@ A quota is the key's `tokens_per_min` (api/http/auth.py): the bucket holds at mo
 continuously; a request is let in while the bucket is above zero and takes its estimated tokens (prompt + expected
 output) from it, so a request larger than a minute's quota still runs once the bucket is full, and leaves it in
 debt. Over quota: 429 `rate_limit_error`, code `quota_exceeded`, with `Retry-After` (when the bucket is above zero
-again). Batch API lines (priority `batch`) are not fair-queued (they wait, first come first served, behind every
-other level); a line run as its batch's owner (api/batch/lines.py) carries the owner as its tenant and takes from
-the owner's quota, as the owner's own requests do.
+again). A Batch API line (priority `batch`) run as its batch's owner's (api/batch/lines.py) carries the owner as
+its tenant: it waits in fair order among the batch level's tenants and takes from the owner's quota, as the owner's
+own requests do; a line of an old batch carries none (first come, first served at its level, no quota).
 """
 from __future__ import annotations
 

@@ -232,7 +232,7 @@ def test_a_chat_stream_resumes_only_for_its_owner(tiers: Tiers) -> None:
 
 def test_a_batch_runs_as_its_owner(tiers: Tiers) -> None:
     """Gamma's batch, run by a batch worker whose key is another tenant's (`runner`): its lines take from gamma's
-    token quota, none from runner's, and its output file is gamma's."""
+    token quota, none from runner's, wait in fair order as gamma's, and its output file is gamma's."""
     g, r = sdk(tiers, GAMMA), tiers.redis()
     line = {"custom_id": "x", "method": "POST", "url": "/v1/chat/completions",
             "body": {"model": TINY, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}}
@@ -241,6 +241,9 @@ def test_a_batch_runs_as_its_owner(tiers: Tiers) -> None:
                                            completion_window="24h").id)
     assert batch.status == "completed" and batch.request_counts.completed == 1, batch
     assert r.exists(tiers.keys.quota("gamma")) and not r.exists(tiers.keys.quota("runner"))
+    # ... and it waited in fair order at the batch level as gamma's (its virtual finish time is gamma's).
+    clock = r.hgetall(tiers.keys.fair_clock(TINY, "CPU", "batch"))
+    assert b"f:gamma" in clock and b"f:runner" not in clock, clock
     assert g.files.content(batch.output_file_id).content  # gamma's to read
     with pytest.raises(openai.NotFoundError):
         sdk(tiers, BETA).files.content(batch.output_file_id)
