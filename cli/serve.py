@@ -27,8 +27,9 @@ from cli import exposure, ovms
 from cli.progress import Progress, say
 from cli.readiness import Announcements, api_answers, api_bound_s, local_url, worker_bound_s
 from cli.tiers import add_api_arguments, api_env, key_env
+from common.keys import Keys
 from common.models.config import ModelConfig
-from common.redis.client import RedisURLError, embedded_socket, redis_url
+from common.redis.client import RedisURLError, embedded_socket, redis_url, sync_client
 from common.redis.server import EmbeddedRedis
 from common.settings import Settings
 
@@ -206,6 +207,23 @@ def _start_redis(redis: EmbeddedRedis, progress: Progress) -> str | None:
         return None
 
 
+def _forget_other_models(url: str, settings: Settings, models: list[ModelConfig]) -> None:
+    """The embedded Redis is this user's alone and outlives a run: the cards of models an earlier run served with
+    another models file would be listed (and wait for a worker that never comes) until the card TTL. This run serves
+    its models file's models, no others."""
+    keys = Keys(settings.key_prefix)
+    client = sync_client(url, socket_connect_timeout=settings.redis_timeout_s)
+    try:
+        keep = {m.name for m in models}
+        gone = [m for m in (n.decode() for n in client.zrange(keys.models, 0, -1)) if m not in keep]
+        if gone:
+            client.zrem(keys.models, *gone)
+            client.delete(*(keys.model(m) for m in gone))
+            log(f"forgot {len(gone)} model(s) an earlier run served: {', '.join(sorted(gone))}")
+    finally:
+        client.close()
+
+
 def _wait_until_serving(workers: list[Child], api: Child, batch: Child, stopper: Stopper, progress: Progress,
                         settings: Settings, url: str) -> str | None:
     """Wait, each tier within its bound, until the API answers and every worker has announced itself. None then
@@ -296,6 +314,7 @@ def serve(args: argparse.Namespace) -> int:
             if started is None:
                 return 1
             url = env["REDIS_URL"] = started
+            _forget_other_models(url, settings, models)
         stopper.interrupt = False  # from here on the children are stopped in order, by the `finally` below
     except Interrupted:
         progress.close()

@@ -211,3 +211,38 @@ def test_a_request_sent_before_ovq_serve_says_serving_waits_for_its_worker(model
     finally:
         if serve.poll() is None:
             serve.kill()
+
+
+def test_ovq_serve_lists_only_its_models_file_not_an_earlier_runs(model_dir: Path, tmp_path: Path) -> None:
+    """The embedded Redis outlives a run: a card an earlier run's worker announced (another models file) is
+    forgotten when `ovq serve` starts, so it is neither listed nor waited for; this run's model is."""
+    from common.keys import Keys
+    from common.modelcard import ModelCard
+    from common.redis.client import embedded_socket, sync_client
+    from common.redis.server import EmbeddedRedis
+    from common.servable import ServableType
+    from common.settings import Settings
+
+    env, port = _environment(tmp_path, model_dir)
+    earlier = EmbeddedRedis(embedded_socket(Settings(cache_dir=env["OVQ_CACHE_DIR"])).parent)
+    client = sync_client(earlier.start())
+    keys = Keys("ovq")
+    card = ModelCard(name="tiny-chat", device="CPU", servable_type=ServableType.LM_CB, created=int(time.time()))
+    client.hset(keys.model("tiny-chat"), "CPU", card.model_dump_json())
+    client.zadd(keys.models, {"tiny-chat": time.time()})
+    client.close()
+    earlier.stop()
+    serve = _start(_dev_serve(), {**env, "PYTHONPATH": str(ROOT)}, tmp_path)
+    try:
+        _wait_for_line(serve, tmp_path / "serve.log", SERVING)
+        listed = httpx.get(f"http://127.0.0.1:{port}/v3/models", timeout=30).json()["data"]
+        assert [m["id"] for m in listed] == [MODEL]
+        reply = httpx.post(f"http://127.0.0.1:{port}/v3/chat/completions", timeout=30,
+                           json={**README_REQUEST, "model": "tiny-chat"})
+        assert reply.status_code == 404, reply.text
+        assert "forgot 1 model(s) an earlier run served: tiny-chat" in (tmp_path / "serve.log").read_text()
+        serve.send_signal(signal.SIGINT)
+        assert serve.wait(60) == 0
+    finally:
+        if serve.poll() is None:
+            serve.kill()
