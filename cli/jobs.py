@@ -151,7 +151,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     b.set_defaults(func=backgrounds)
     for name, func, what in (("batches", batches, "the Batch API's batches"), ("files", files, "the stored files")):
         listing = actions.add_parser(name, help=f"{what}, every tenant's, with whose each is")
-        listing.add_argument("--json", action="store_true")
+        listing.add_argument("--json", action="store_true", help="print JSON instead of a table")
         listing.set_defaults(func=func)
     c = actions.add_parser("cancel", help="cancel a background response (by its resp_... id)")
     c.add_argument("id", help="the response id")
