@@ -14,9 +14,11 @@ from starlette.exceptions import HTTPException
 from starlette.responses import JSONResponse, Response
 
 from api.batch import batches, files
+from api.batch.lines import BatchLines
 from api.http.auth import ApiKeyMiddleware, load_keys
 from api.http.body import BodyGuard
 from api.http.front import Endpoint, Front
+from api.http.hosts import HostGuard
 from api.http.status import CLIENT_CLOSED
 from api.openai import tokenize
 from api.openai.adapters import adapter_names
@@ -100,10 +102,13 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(ops_router)
     keys = load_keys(settings)
     app.add_middleware(BodyGuard, settings=settings)
+    app.add_middleware(BatchLines, api_keys=keys[0])  # a batch line runs as its batch's owner's
     app.add_middleware(ApiKeyMiddleware, keys=keys)  # refuses before any body is read
+    app.add_middleware(HostGuard, settings=settings)  # the browser's requests: host names, cross-site
 
     def guard(inner: Any) -> Any:  # the same checks, in the same order, for the generation routes
-        return ApiKeyMiddleware(BodyGuard(inner, settings=settings), keys=keys)
+        return HostGuard(ApiKeyMiddleware(BatchLines(BodyGuard(inner, settings=settings), api_keys=keys[0]),
+                                          keys=keys), settings=settings)
 
     return Front(app, hot, guard)  # type: ignore[return-value]
 

@@ -1,5 +1,6 @@
 """`ovq jobs show ID`: where a job is and how it went: model, device, worker, API process, status, timings, error.
-`ovq jobs background` lists the background responses, `ovq jobs cancel RESP_ID` cancels one."""
+`ovq jobs background` lists the background responses, `ovq jobs cancel RESP_ID` cancels one; `ovq jobs batches` and
+`ovq jobs files` list the Batch API's batches and files. Every list says whose each object is (its owner tenant)."""
 from __future__ import annotations
 
 import argparse
@@ -10,7 +11,7 @@ from rich.table import Table
 
 from cli.console import console, error, print_json, run
 from common.keys import Keys
-from common.ops import control
+from common.ops import control, owned
 from common.settings import Settings
 
 
@@ -74,11 +75,40 @@ async def _backgrounds(redis: aioredis.Redis, keys: Keys, as_json: bool) -> int:
         print_json([b.model_dump(mode="json") for b in listed])
         return 0
     table = Table(box=None)
-    for column in ("response", "created", "model", "job", "status"):
+    for column in ("response", "owner", "created", "model", "job", "status"):
         table.add_column(column)
     for b in listed:
-        table.add_row(b.id, _when(b.created), b.model, b.job, b.status)
+        table.add_row(b.id, b.owner, _when(b.created), b.model, b.job, b.status)
     console().print(table if listed else "no background responses")
+    return 0
+
+
+async def _batches(redis: aioredis.Redis, keys: Keys, settings: Settings, as_json: bool) -> int:
+    listed = await owned.batches(redis, keys, settings, limit=100)
+    if as_json:
+        print_json([b.model_dump(mode="json") for b in listed])
+        return 0
+    table = Table(box=None)
+    for column in ("batch", "owner", "created", "model", "status", "lines done / failed / total"):
+        table.add_column(column)
+    for b in listed:
+        table.add_row(b.id, b.owner, _when(b.created), b.model or "-", b.status,
+                      f"{b.completed} / {b.failed} / {b.total}")
+    console().print(table if listed else "no batches")
+    return 0
+
+
+async def _files(redis: aioredis.Redis, keys: Keys, settings: Settings, as_json: bool) -> int:
+    listed = await owned.files(redis, keys, settings, limit=100)
+    if as_json:
+        print_json([f.model_dump(mode="json") for f in listed])
+        return 0
+    table = Table(box=None)
+    for column in ("file", "owner", "created", "purpose", "bytes", "filename"):
+        table.add_column(column)
+    for f in listed:
+        table.add_row(f.id, f.owner, _when(f.created), f.purpose, str(f.bytes), f.filename)
+    console().print(table if listed else "no files")
     return 0
 
 
@@ -96,6 +126,14 @@ def backgrounds(args: argparse.Namespace) -> int:
     return run(lambda redis, keys, settings: _backgrounds(redis, keys, args.json))
 
 
+def batches(args: argparse.Namespace) -> int:
+    return run(lambda redis, keys, settings: _batches(redis, keys, settings, args.json))
+
+
+def files(args: argparse.Namespace) -> int:
+    return run(lambda redis, keys, settings: _files(redis, keys, settings, args.json))
+
+
 def cancel(args: argparse.Namespace) -> int:
     return run(lambda redis, keys, settings: _cancel(redis, keys, settings, args.id))
 
@@ -111,6 +149,10 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
                            "and their status: queued, running, done, error, cancelled")
     b.add_argument("--json", action="store_true", help="print JSON instead of a table")
     b.set_defaults(func=backgrounds)
+    for name, func, what in (("batches", batches, "the Batch API's batches"), ("files", files, "the stored files")):
+        listing = actions.add_parser(name, help=f"{what}, every tenant's, with whose each is")
+        listing.add_argument("--json", action="store_true", help="print JSON instead of a table")
+        listing.set_defaults(func=func)
     c = actions.add_parser("cancel", help="cancel a background response (by its resp_... id)")
     c.add_argument("id", help="the response id")
     c.set_defaults(func=cancel)

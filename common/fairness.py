@@ -22,8 +22,9 @@ How (start-time fair queueing, SFQ, over the existing streams):
 - Aging across levels counts a level's oldest parked job too; a parked job counts as waiting (not in flight)
   everywhere waiting jobs are counted (`in_flight` below).
 
-Left out: Batch API lines (level `batch`) are never parked (they run when nothing else waits anyway); the tags
-of jobs already parked are not corrected (only the tenant's next ones).
+Batch API lines (level `batch`) carry a tenant, and are parked, when they run as their batch's owner's
+(api/batch/lines.py): batches of several tenants share the batch level fairly (it still runs only when nothing else
+waits). Left out: the tags of jobs already parked are not corrected (only the tenant's next ones).
 """
 from __future__ import annotations
 

@@ -58,6 +58,7 @@ class JobHash:
     TEXT: Final = "text"  # the first choice's text, only with OVQ_KEEP_JOB_TEXT
     RETRIES: Final = "retries"  # how often an operator retried it from the dead letters
     FAIR: Final = "fair"  # its tenant's fair-share correction, once made at its end (workers/queue/share.py)
+    OWNER: Final = "owner"  # a resumable stream's: whose it is, who may resume it (common/owner.py)
 
 
 # A stream entry's fields: the job (`Job.to_fields`); a dead letter adds why and which worker put it there.

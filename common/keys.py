@@ -181,7 +181,8 @@ class Keys:
     def response(self, response_id: str) -> str:
         """Hash: a stored response (`store: true`): `response` (the object, JSON), `items` (its input items, then
         its output items, JSON), `inputs` (how many of those are input), `chain` (the ids of the responses before
-        it through previous_response_id, oldest first, JSON). Owned by the API's response store: written once when
+        it through previous_response_id, oldest first, JSON), `owner` (its tenant: common/owner.py; absent on one
+        stored before owners were). Owned by the API's response store: written once when
         the response ends, with TTL OVQ_RESPONSES_TTL_S (renewed for a whole chain when a turn chains onto it),
         at most OVQ_RESPONSES_MAX_BYTES; removed by `DELETE /responses/{id}`."""
         if self.cluster:  # beside its background record (Keys.background): deleted together
@@ -204,7 +205,8 @@ class Keys:
 
     def background(self, response_id: str) -> str:
         """Hash: a background response (`background: true`) as created: `request` (the body, JSON), `job`,
-        `chain`, `prompt`, `created_at`. Owner: the API (api/openai/responses/background.py); TTL
+        `chain`, `prompt`, `created_at`, `owner` (its tenant: common/owner.py). Owner: the API
+        (api/openai/responses/background.py); TTL
         OVQ_JOURNAL_TTL_S, the journal's: once the journal is gone, the stored response (Keys.response) says it."""
         if self.cluster:
             return f"{self.prefix}:bg:{{r:{response_id}}}"
@@ -243,7 +245,8 @@ class Keys:
 
     @property
     def files(self) -> str:
-        """Hash: file id -> the file's metadata (JSON). Entries past their `expires_at` are trimmed by the file
+        """Hash: file id -> the file's metadata (JSON, with its `owner` tenant: common/owner.py). Entries past their
+        `expires_at` are trimmed by the file
         store on every listing and upload; a deleted file's entry is removed by the delete."""
         return f"{self.prefix}:{self._b()}files"
 
@@ -252,7 +255,9 @@ class Keys:
         return f"{self.prefix}:{self._b()}file:{file_id}:data"
 
     def batch(self, batch_id: str) -> str:
-        """Hash: a batch's fields. TTL: completion window + file TTL at creation, the file TTL once it ends."""
+        """Hash: a batch's fields, its `owner` tenant (common/owner.py) and `run_token` (what its lines are sent with
+        to run as the owner's: api/batch/lines.py) among them. TTL: completion window + file TTL at creation, the file
+        TTL once it ends."""
         return f"{self.prefix}:{self._b()}batch:{batch_id}"
 
     @property
@@ -292,7 +297,7 @@ class Keys:
 
     # ---- Fair shares per tenant (common/fairness.py) ----------------------------------------------------------
     def fair_order(self, model: str, device: str, level: str) -> str:
-        """Sorted set: the parked jobs of one model, device and priority level (`batch` excepted) that carry a
+        """Sorted set: the parked jobs of one model, device and priority level (`batch` too) that carry a
         tenant, member `ENTRY_ID|TENANT`, score the job's virtual start time: workers take the lowest first.
         Owners: the API's enqueue adds (with the stream entry), a worker's read pops, a withdraw removes; at most
         one member per entry of its stream (bounded by OVQ_MAX_QUEUE_DEPTH), so it needs no TTL."""

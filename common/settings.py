@@ -11,6 +11,8 @@ from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 # A list of keys from the environment: a JSON array, or comma-separated.
 Keys = Annotated[list[SecretStr], NoDecode]
+# A list of names from the environment: the same, not secret.
+Names = Annotated[list[str], NoDecode]
 
 
 def _default_cache_dir() -> Path:
@@ -151,6 +153,10 @@ class Settings(BaseSettings):
     # Protected mode: an API bound to an address other than loopback refuses to start without an API key, unless
     # this says an open API is meant (`--allow-unauthenticated`).
     allow_unauthenticated: bool = False
+    # DNS-rebinding defence (api/http/hosts.py): an API bound to loopback answers only requests whose Host is a
+    # loopback name (localhost, 127.0.0.1, [::1]) or one of these (a JSON array or comma-separated; `*`: any);
+    # bound elsewhere, only these when any is set. Add the names a proxy or a container network reaches it by.
+    allowed_hosts: Names = Field(default_factory=list)
     # Input limits, checked in the API before anything is queued (each a 4xx naming the field).
     max_body_bytes: int = 32 * 1024 * 1024  # 413; /images/edits takes up to 2 x max_upload_bytes + 1 MiB
     max_message_chars: int = 256_000  # characters in one message's content (text parts)
@@ -293,7 +299,7 @@ class Settings(BaseSettings):
         """Whether prefix affinity applies to a model whose engines do (or do not) cache prefixes."""
         return self.affinity == "true" or (self.affinity == "auto" and prefix_caching)
 
-    @field_validator("api_keys", "admin_keys", mode="before")
+    @field_validator("api_keys", "admin_keys", "allowed_hosts", mode="before")
     @classmethod
     def _key_list(cls, value: Any) -> Any:
         if isinstance(value, str):

@@ -97,6 +97,7 @@ def settings_page() -> str:
         alias = field.validation_alias
         env = " or ".join(f"`{c}`" for c in alias.choices) if alias is not None else f"`OVQ_{name.upper()}`"
         kind = "list of keys (JSON array or comma-separated)" if annotation == "Keys" else \
+            "list of names (JSON array or comma-separated)" if annotation == "Names" else \
             " or ".join(f"`{part}`" for part in annotation.split(" | "))
         description = field.description or text
         out.append(f"| {env} | {cell(kind)} | {cell(_default(name, field, expression))} | {cell(description)} |\n")

@@ -546,7 +546,7 @@ class BaseWorker:
         self._slot_free.set()
         outbox.ack(state.entry_id, self.stream_of(state.job))
         share = state.job.share
-        if share is not None and state.job.priority != "batch":  # its tenant's fair share: by the tokens it took
+        if share is not None:  # its tenant's fair share: by the tokens it took
             summary = state.summary()
             used = int(summary.get("prompt_tokens") or 0) + int(summary.get("completion_tokens") or 0)
             clock = self.keys.fair_clock(self.model.name, self.device, state.job.priority)

@@ -15,6 +15,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 
 from api.batch.files import file_store
 from api.batch.protocol import Batch, BatchCreateRequest, BatchList
+from api.http.auth import caller_of
 from common.batch.rq_keys import RQPrefixError
 from common.batch.store import (
     TERMINAL,
@@ -23,6 +24,7 @@ from common.batch.store import (
     BatchState,
     ModelBatches,
     new_batch_id,
+    new_run_token,
     per_model,
     window_seconds,
 )
@@ -84,7 +86,8 @@ async def create_batch(request: Request, body: BatchCreateRequest) -> Batch:
         raise OvqError(f"completion_window must be one of {', '.join(settings.batch_completion_windows)}",
                        param="completion_window")
     check_metadata(body.metadata, settings.batch_max_metadata)
-    stored = await file_store(request).get(body.input_file_id)
+    caller = caller_of(request)
+    stored = await file_store(request).get(body.input_file_id, caller)
     if stored is None:
         raise OvqError(f"No such File object: {body.input_file_id}", param="input_file_id")
     if stored.purpose != "batch":
@@ -94,7 +97,8 @@ async def create_batch(request: Request, body: BatchCreateRequest) -> Batch:
     state = BatchState(id=new_batch_id(), endpoint=body.endpoint, input_file_id=body.input_file_id,
                        completion_window=body.completion_window, created_at=now,
                        expires_at=now + window_seconds(body.completion_window), metadata=body.metadata,
-                       output_ttl_s=body.output_expires_after.seconds if body.output_expires_after else None)
+                       output_ttl_s=body.output_expires_after.seconds if body.output_expires_after else None,
+                       owner=caller.tenant, run_token=new_run_token())
     queue, store = batch_queue(request), batches(request)
     await store.create(state)
     # A batch created but not queued (Redis went away just now) is queued by a batch worker's sweep.
@@ -106,7 +110,7 @@ async def create_batch(request: Request, body: BatchCreateRequest) -> Batch:
 @router.get("/batches")
 async def list_batches(request: Request, after: str | None = None,
                        limit: int = Query(20, ge=1, le=100)) -> BatchList:
-    found, more = await batches(request).page(after, limit)
+    found, more = await batches(request).page(after, limit, caller_of(request))
     data = [Batch.of(s) for s in found]
     return BatchList(data=data, first_id=data[0].id if data else None, last_id=data[-1].id if data else None,
                      has_more=more)
@@ -114,7 +118,7 @@ async def list_batches(request: Request, after: str | None = None,
 
 @router.get("/batches/{batch_id}")
 async def retrieve_batch(request: Request, batch_id: str) -> Batch:
-    state = await batches(request).get(batch_id)
+    state = await batches(request).get(batch_id, caller_of(request))
     if state is None:
         raise no_such_batch(batch_id)
     return Batch.of(state)
@@ -123,13 +127,13 @@ async def retrieve_batch(request: Request, batch_id: str) -> Batch:
 @router.post("/batches/{batch_id}/cancel")
 async def cancel_batch(request: Request, batch_id: str) -> Batch:
     """Stop feeding its lines: those in flight finish, the batch ends `cancelled` with what was done."""
-    store = batches(request)
-    status = await store.cancel(batch_id)
+    store, caller = batches(request), caller_of(request)
+    status = await store.cancel(batch_id, caller)
     if not status:
         raise no_such_batch(batch_id)
     if status == "finalizing" or (status in TERMINAL and status != "cancelled"):
         raise OvqError(f"Cannot cancel a batch with status {status!r}", 409, param="batch_id")
-    state = await store.get(batch_id)
+    state = await store.get(batch_id, caller)
     if state is None:
         raise no_such_batch(batch_id)
     return Batch.of(state)

@@ -9,6 +9,7 @@ from starlette.datastructures import UploadFile
 from starlette.responses import StreamingResponse
 
 from api.batch.protocol import FileDeleted, FileList, FileObject
+from api.http.auth import caller_of
 from common.batch.files import CHUNK, FileStore, StoredFile
 from common.errors import OvqError
 
@@ -65,7 +66,8 @@ async def create_file(request: Request) -> FileObject:
             raise OvqError(f"purpose must be one of {', '.join(PURPOSES)} (ovq keeps files for the Batch API)",
                            param="purpose")
         ttl = _ttl(dict(form))
-        stored = await store.create(upload.filename or "upload.jsonl", str(purpose), _chunks(upload), ttl_s=ttl)
+        stored = await store.create(upload.filename or "upload.jsonl", str(purpose), _chunks(upload),
+                                    caller_of(request).tenant, ttl_s=ttl)
     finally:
         await form.close()
     return FileObject.of(stored)
@@ -74,7 +76,7 @@ async def create_file(request: Request) -> FileObject:
 @router.get("/files")
 async def list_files(request: Request, purpose: str | None = None, limit: int = Query(10_000, ge=1, le=10_000),
                      order: Literal["asc", "desc"] = "desc", after: str | None = None) -> FileList:
-    files = await file_store(request).list(purpose)
+    files = await file_store(request).list(caller_of(request), purpose)
     if order == "desc":
         files.reverse()
     if after is not None:
@@ -87,7 +89,7 @@ async def list_files(request: Request, purpose: str | None = None, limit: int = 
 
 async def _existing(request: Request, file_id: str) -> tuple[FileStore, StoredFile]:
     store = file_store(request)
-    stored = await store.get(file_id)
+    stored = await store.get(file_id, caller_of(request))
     if stored is None:
         raise no_such_file(file_id)
     return store, stored
@@ -101,7 +103,7 @@ async def retrieve_file(request: Request, file_id: str) -> FileObject:
 
 @router.delete("/files/{file_id}")
 async def delete_file(request: Request, file_id: str) -> FileDeleted:
-    if not await file_store(request).delete(file_id):
+    if not await file_store(request).delete(file_id, caller_of(request)):
         raise no_such_file(file_id)
     return FileDeleted(id=file_id)
 

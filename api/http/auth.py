@@ -6,6 +6,8 @@
   `OVQ_ADMIN_KEY_FILE`), as a Bearer token or as the password of HTTP Basic auth (so a browser can open them).
   With no admin key they are open only while no API key is configured either: a server with API keys never
   shows its operator routes to anyone without an admin key (fail closed).
+- The admin key is also accepted where an API key is: its caller is an operator, who sees every tenant's stored
+  objects (common/owner.py); an API key's caller sees only its tenant's.
 - Health probes (`/health`, `/v1/health`, `/v3/health`, `/v2/health/*`, `/v2/models/*/ready`) are always open:
   load balancers and orchestrators carry no keys.
 
@@ -31,14 +33,17 @@ from pathlib import Path
 import orjson
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError
+from starlette.requests import Request
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from common.jobs import Priority
+from common.owner import NOBODY, OPERATOR, Caller
 from common.settings import Settings
 
 OPEN = re.compile(r"(/v1|/v3)?/health|/v2/health/(live|ready)|/v2/models/.+/ready")
 ADMIN_PREFIXES = ("/metrics", "/docs", "/openapi.json", "/ops")
 KEY_STATE = "api_key"  # request.state's attribute holding the presented key's `KeyAttributes`
+CALLER_STATE = "caller"  # request.state's attribute holding the `Caller`: whose objects it sees (common/owner.py)
 
 
 class KeyFileError(Exception):
@@ -94,6 +99,11 @@ def read_keys(path: Path) -> list[KeyAttributes]:
     return keys
 
 
+def caller_of(request: Request) -> Caller:
+    """Whose stored objects this request sees (set by `ApiKeyMiddleware`; a request it did not see sees none)."""
+    return getattr(request.state, CALLER_STATE, NOBODY)
+
+
 def _digest(key: str | bytes) -> bytes:
     return hashlib.sha256(key.encode() if isinstance(key, str) else key).digest()
 
@@ -119,6 +129,10 @@ class KeySet:
             if hmac.compare_digest(given, digest):
                 found = attributes
         return found if key is not None else None
+
+    def of_tenant(self, tenant: str) -> KeyAttributes | None:
+        """The first key of a tenant (its attributes: weight, quota, max_priority), for work run on its behalf."""
+        return next((k for k in self.attributes if k.who == tenant), None)
 
 
 def load_keys(settings: Settings) -> tuple[KeySet, KeySet]:
@@ -187,6 +201,7 @@ class ApiKeyMiddleware:
     def __init__(self, app: ASGIApp, keys: tuple[KeySet, KeySet]) -> None:
         self.app = app
         self.api_keys, self.admin_keys = keys
+        self._callers: dict[int, Caller] = {}  # by id() of the key's attributes, which live as long as the key set
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http":
@@ -197,14 +212,28 @@ class ApiKeyMiddleware:
                 if not self._admin_allowed(scope):
                     return await refuse(send, "This operator route needs an admin key (OVQ_ADMIN_KEYS)",
                                         b'Basic realm="ovq admin", charset="UTF-8"')
+                scope.setdefault("state", {})[CALLER_STATE] = OPERATOR
             elif self.api_keys:
-                attributes = self.api_keys.find(key := presented_key(scope))
-                if attributes is None:
+                key = presented_key(scope)
+                attributes, admin = self.api_keys.find(key), self.admin_keys.find(key)
+                if attributes is None and admin is None:
                     message = ("You didn't provide an API key: send it as `Authorization: Bearer KEY`" if key is None
                                else "Incorrect API key provided")
                     return await refuse(send, message, b'Bearer realm="ovq"')
-                scope.setdefault("state", {})[KEY_STATE] = attributes  # request.state.api_key: its attributes
+                state = scope.setdefault("state", {})
+                found = attributes or admin
+                state[KEY_STATE] = found  # request.state.api_key: its attributes
+                state[CALLER_STATE] = self._caller(found, admin=attributes is None)  # type: ignore[arg-type]
+            else:  # keys off: one tenant, which is its own operator
+                scope.setdefault("state", {})[CALLER_STATE] = OPERATOR
         await self.app(scope, receive, send)
+
+    def _caller(self, key: KeyAttributes, admin: bool) -> Caller:
+        """The key's caller (made once per key: `who` hashes a plain key)."""
+        caller = self._callers.get(id(key))
+        if caller is None:
+            caller = self._callers[id(key)] = Caller(key.who, admin=admin)
+        return caller
 
     def _admin_allowed(self, scope: Scope) -> bool:
         if self.admin_keys:

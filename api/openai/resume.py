@@ -11,8 +11,10 @@ that retries) ask for it.
 Every frame of such a stream carries `id: <job id>:<seq>`, the worker event it came from. Reconnecting is sending
 the same request again with `Last-Event-ID` set to the last id seen: the API replays the journal through the same
 formatting (so parsers rebuild their state), and writes only the frames after that event, then follows the job
-live from its journal. While a stream is read its API process holds the job's reader lease (`Keys.reader`); once
-nobody has held it for `resume_grace_s`, the worker cancels the job: a client that left for good still frees it.
+live from its journal. Only the stream's owner may resume it (common/owner.py: its tenant, recorded in the job's
+hash with the enqueue); to anyone else it is a stream that does not exist. While a stream is read its API process
+holds the job's reader lease (`Keys.reader`); once nobody has held it for `resume_grace_s`, the worker cancels the
+job: a client that left for good still frees it.
 """
 from __future__ import annotations
 
@@ -24,6 +26,7 @@ from collections.abc import AsyncIterator
 import orjson
 from starlette.requests import Request
 
+from api.http.auth import caller_of
 from api.http.sse import DONE as END
 from api.http.sse import PING, Last, SSEResponse, Write
 from api.openai.choices import ChoiceState
@@ -187,9 +190,10 @@ class Resumable:
     async def resume(self, request: Request, model: str, frames: Frames, job_id: str, after: int) -> SSEResponse:
         """The rest of the stream after event `after` of job `job_id`, from its journal, on this API process."""
         redis = self.jobs.redis
-        owner, exists = await asyncio.gather(redis.hget(self.keys.job(job_id, model), JobHash.MODEL),
-                                             self.journal.exists(job_id, model))
-        if not exists or (owner is not None and owner.decode() != model):
+        (made_for, owner), exists = await asyncio.gather(
+            redis.hmget(self.keys.job(job_id, model), [JobHash.MODEL, JobHash.OWNER]),
+            self.journal.exists(job_id, model))
+        if not exists or (made_for is not None and made_for.decode() != model) or not caller_of(request).sees(owner):
             raise OvqError(f"No resumable stream `{job_id}` of `{model}` to resume: it was not resumable, its "
                            "model differs, or it ended longer ago than its journal is kept", 404,
                            code="stream_not_found")

@@ -218,7 +218,7 @@ class Metrics:
     async def waiting_tenants(self, model: str, device: str) -> dict[str, int]:
         """Parked jobs per tenant over the fair levels (common/fairness.py), the TOP_TENANTS with the most."""
         pipe = self.redis.pipeline(transaction=False)
-        for level in LEVELS[:-1]:  # batch lines are never parked
+        for level in LEVELS:  # (batch lines are parked when they run as their batch's owner's)
             pipe.hgetall(self.keys.fair_clock(model, device, level))
         counts: dict[str, int] = {}
         for clock in await pipe.execute(raise_on_error=False):

@@ -22,12 +22,13 @@ from contextlib import contextmanager
 import redis.asyncio as aioredis
 from starlette.requests import Request
 
+from api.http.auth import caller_of
 from api.http.sse import Write
 from api.ops.metrics import Metrics, Record
 from api.queue.hub import EventHub, Express, Inbox
 from api.queue.priority import priority_of
 from api.queue.registry import Queued, Registry, Servable
-from api.queue.tenant import Tenant, tenant_of
+from api.queue.tenant import Tenant, scheduled_tenant
 from common.errors import OvqError, unavailable
 from common.events import ACCEPTED, CANCELLED, ERROR, TERMINAL, AcceptedEvent, ErrorEvent, EventDict
 from common.fairness import estimate_cost
@@ -119,8 +120,9 @@ class JobClient:
         generation.bound_by = ("X-Request-Timeout" if "x-request-timeout" in request.headers
                                else "X-Stainless-Read-Timeout" if read_from_sdk is not None
                                else "request_timeout_s")
-        tenant = tenant_of(request) if priority != "batch" else None
+        tenant = scheduled_tenant(request, priority)
         generation.tenant = tenant
+        generation.owner = caller_of(request).tenant
         for job in jobs:
             job.priority = priority
             job.deadline, job.start_by = unix(deadline), unix(generation.start_by)
@@ -181,6 +183,7 @@ class Generation:
         self._orphaned_since: float | None = None  # when a job's worker was found dead (none continues it yet)
         self.detached = False  # a resumable stream's: closing it does not cancel its jobs (their lease lapses)
         self.tenant: Tenant | None = None  # whose work it is: fair shares and quota (api/queue/tenant.py)
+        self.owner: str | None = None  # whose it is: who may resume it (common/owner.py)
 
     async def __aenter__(self) -> Generation:
         trace = self.request.state.record.trace if self.request is not None else None
@@ -274,7 +277,7 @@ class Generation:
         try:
             for job in self.jobs:
                 hub.register(job.id, self.inbox)
-                self._queued[job.id] = await self.client.registry.enqueue(self.servable, job)
+                self._queued[job.id] = await self.client.registry.enqueue(self.servable, job, self.owner)
                 self._submitted.append(job.id)
         except OvqError as error:
             if error.body.code == "queue_full":

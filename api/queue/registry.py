@@ -251,7 +251,7 @@ class Registry:
         """An expected model with no card (yet): `servable` would wait for one."""
         return model in self.expected and not await self.cards(model)
 
-    async def enqueue(self, servable: Servable, job: Job) -> Queued:
+    async def enqueue(self, servable: Servable, job: Job, owner: str | None = None) -> Queued:
         """Put the job on the live device stream with the shortest backlog, in one atomic round trip: the
         device's stream of the job's priority level (`Keys.level_jobs`). With no live worker on any device,
         on the device stream with the shortest backlog all the same, to wait for one.
@@ -260,9 +260,11 @@ class Registry:
 
         With prefix affinity on (`affinity`), a job that carries prefix digests goes to the affinity stream of the
         live worker that last served its longest recorded prefix, when there is one (api/queue/affinity.py).
+
+        `owner`: whose a resumable stream's job is (common/owner.py), recorded in its hash in the same round trip.
         """
         if self.settings.affinity_on(servable.prefix_caching) and job.prefixes and affinity.eligible(job):
-            queued = await self._affine(servable, job)
+            queued = await self._affine(servable, job, owner)
             if queued is not None:
                 return queued
             job.affinity = None
@@ -277,12 +279,12 @@ class Registry:
             job.device = device
             jobs.append((device, job.model_dump_json()))
         since = time.time() - self.settings.worker_ttl_s
-        share = job.share if level != "batch" else None
+        share = job.share  # (a batch line has one when it runs as its batch's owner: api/batch/lines.py)
         args = [since, self.settings.max_queue_depth, self.settings.job_ttl_s, job.created, job.reply_to,
                 model, level, share.tenant if share else "", share.cost / share.weight if share else 0,
                 *(part for pair in jobs for part in pair)]
         touched = [self.keys.job(job.id, job.model), *keys]
-        before = self._reader_lease(job)
+        before = self._reader_lease(job, owner)
         reply = await (self._enqueue(self._lane, touched, args, before) if self._replicas is None
                        else self._replicas.run(self._lane, self._enqueue, touched, args, before))
         if reply[0] < 0:
@@ -294,15 +296,20 @@ class Registry:
         return Queued(job.device, keys[at + 2], entry.decode() if isinstance(entry, bytes) else entry, bool(live),
                       (keys[at + 3], keys[at + 4], share.tenant) if parked and share else None)
 
-    def _reader_lease(self, job: Job) -> list[Command]:
+    def _reader_lease(self, job: Job, owner: str | None = None) -> list[Command]:
         """A resumable stream's job goes out with its reader lease (`Keys.reader`: this process reads it, the
-        worker checks), set just ahead of the enqueue in its round trip rather than in one of its own."""
+        worker checks) and its owner in its hash (who may resume it: api/openai/resume.py), set just ahead of the
+        enqueue in its round trip rather than in one of its own; the hash has the job's TTL from there on."""
         if not job.journal or job.background:
             return []
         ttl = max(1, round(self.settings.resume_grace_s))
-        return [["SET", self.keys.reader(job.id, job.model), job.reply_to, "EX", ttl]]
+        lease: list[Command] = [["SET", self.keys.reader(job.id, job.model), job.reply_to, "EX", ttl]]
+        if owner is None:
+            return lease
+        key = self.keys.job(job.id, job.model)
+        return [*lease, ["HSET", key, JobHash.OWNER, owner], ["EXPIRE", key, self.settings.job_ttl_s]]
 
-    async def _affine(self, servable: Servable, job: Job) -> Queued | None:
+    async def _affine(self, servable: Servable, job: Job, owner: str | None = None) -> Queued | None:
         """Into the preferred worker's affinity stream (two round trips: who served the prefixes, then the
         enqueue); None when no live worker with room in its stream served any of them."""
         digests = job.prefixes or []
@@ -315,7 +322,7 @@ class Registry:
         since = time.time() - self.settings.worker_ttl_s
         touched, args = affinity.enqueue_args(self.keys, job, found, since, self.settings.affinity_max_waiting,
                                               self.settings.job_ttl_s)
-        before = self._reader_lease(job)
+        before = self._reader_lease(job, owner)
         reply = await (self._affine_enqueue(self._lane, touched, args, before) if self._replicas is None
                        else self._replicas.run(self._lane, self._affine_enqueue, touched, args, before))
         if not reply[0]:
@@ -350,7 +357,7 @@ class Registry:
     async def _estimate(self, servable: Servable, priority: str, tenant: str | None = None) -> float | None:
         now = time.time()
         windows = [window_of(now) - WINDOW_S * i for i in range(RATE_WINDOWS)]
-        fair = tenant is not None and priority != "batch"
+        fair = tenant is not None
         # On the lane, not a redis-py pipeline: the pipeline's Python costs about a millisecond per estimate.
         commands: list[Command] = []
         for device in servable.cards:

@@ -5,7 +5,9 @@ A quota is the key's `tokens_per_min` (api/http/auth.py): the bucket holds at mo
 continuously; a request is let in while the bucket is above zero and takes its estimated tokens (prompt + expected
 output) from it, so a request larger than a minute's quota still runs once the bucket is full, and leaves it in
 debt. Over quota: 429 `rate_limit_error`, code `quota_exceeded`, with `Retry-After` (when the bucket is above zero
-again). Batch API lines (priority `batch`) are neither fair-queued nor held to a quota.
+again). A Batch API line (priority `batch`) run as its batch's owner's (api/batch/lines.py) carries the owner as
+its tenant: it waits in fair order among the batch level's tenants and takes from the owner's quota, as the owner's
+own requests do; a line of an old batch carries none (first come, first served at its level, no quota).
 """
 from __future__ import annotations
 
@@ -21,6 +23,7 @@ from common.keys import Keys
 from common.redis.lane import Lane, Script
 
 USER_FIELD = "user_field"  # request.state's attribute: the body's `user`, as parse_body found it
+BATCH_LINE = "batch_line"  # request.state's attribute: True for a batch line run as its owner's (api/batch/lines.py)
 
 # KEYS: the tenant's bucket. ARGV: tokens per minute, the request's tokens.
 # Returns 0 when let in (the tokens taken), else the milliseconds until the bucket is above zero again.
@@ -57,6 +60,14 @@ def tenant_of(request: Request) -> Tenant | None:
     if isinstance(user, str) and user.strip():
         return Tenant(user.strip()[:TENANT_MAX_CHARS])
     return None
+
+
+def scheduled_tenant(request: Request, priority: str) -> Tenant | None:
+    """The tenant a job of this request is scheduled and held to quota as: `tenant_of`, except for a `batch` line
+    that does not run as its batch's owner (an old batch, or keys off): none."""
+    if priority == "batch" and not getattr(request.state, BATCH_LINE, False):
+        return None
+    return tenant_of(request)
 
 
 class Quotas:

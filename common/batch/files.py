@@ -4,6 +4,9 @@ Every API process and batch worker, on any host, reaches the same files: the met
 (`Keys.files`), the bytes are either a Redis list of chunks (`Keys.file_data`, the default, capped in total) or a
 file in `files_dir`, a volume every tier mounts. A file expires `files_ttl_s` after it was made (OpenAI's 30
 days for batch files) unless deleted first; expired entries are trimmed by every listing and upload.
+
+Each file's metadata records its owner (common/owner.py): the uploader's tenant, or a batch's owner for its output
+and error files. A caller is shown, and may read or delete, only the files it sees; another's is a missing id.
 """
 from __future__ import annotations
 
@@ -19,6 +22,7 @@ import redis.asyncio as aioredis
 from common.batch.models import FileObject
 from common.errors import OvqError
 from common.keys import Keys
+from common.owner import Caller
 from common.settings import Settings
 
 CHUNK = 1024 * 1024
@@ -31,6 +35,7 @@ class StoredFile(FileObject):
 
     backend: Literal["redis", "directory"] = "redis"
     created: float = 0.0  # created_at to the microsecond: listings keep the upload order within a second
+    owner: str | None = None  # whose it is (common/owner.py); None: stored before owners were
 
 
 def new_file_id() -> str:
@@ -146,9 +151,10 @@ class FileStore:
     def blobs(self, stored: StoredFile) -> Blobs:
         return self._blobs[stored.backend]
 
-    async def create(self, filename: str, purpose: str, chunks: AsyncIterator[bytes], file_id: str | None = None,
-                     ttl_s: int | None = None) -> StoredFile:
-        """Store a new file (or replace `file_id`'s bytes); 413 past files_max_bytes or the Redis total."""
+    async def create(self, filename: str, purpose: str, chunks: AsyncIterator[bytes], owner: str | None,
+                     file_id: str | None = None, ttl_s: int | None = None) -> StoredFile:
+        """Store a new file (or replace `file_id`'s bytes) owned by `owner`; 413 past files_max_bytes or the Redis
+        total."""
         live = await self.trim()
         file_id = file_id or new_file_id()
         ttl_s = ttl_s or self.settings.files_ttl_s
@@ -178,11 +184,12 @@ class FileStore:
             await blobs.delete(file_id)
             raise
         stored = StoredFile(id=file_id, bytes=size, created_at=int(now), expires_at=int(now) + ttl_s,
-                            filename=filename, purpose=purpose, backend=self.backend, created=now)
+                            filename=filename, purpose=purpose, backend=self.backend, created=now, owner=owner)
         await self.redis.hset(self.keys.files, file_id, stored.model_dump_json())
         return stored
 
-    async def get(self, file_id: str) -> StoredFile | None:
+    async def get(self, file_id: str, caller: Caller) -> StoredFile | None:
+        """The live file, when the caller sees it (else None, as for a missing one)."""
         raw = await self.redis.hget(self.keys.files, file_id)
         if raw is None:
             return None
@@ -190,11 +197,11 @@ class FileStore:
         if stored.expires_at is not None and stored.expires_at <= time.time():
             await self._forget(stored)
             return None
-        return stored
+        return stored if caller.sees(stored.owner) else None
 
-    async def list(self, purpose: str | None = None) -> list[StoredFile]:
-        """Every live file (of `purpose`), oldest first."""
-        files = [f for f in await self.trim() if purpose is None or f.purpose == purpose]
+    async def list(self, caller: Caller, purpose: str | None = None) -> list[StoredFile]:
+        """Every live file the caller sees (of `purpose`), oldest first."""
+        files = [f for f in await self.trim() if (purpose is None or f.purpose == purpose) and caller.sees(f.owner)]
         return sorted(files, key=lambda f: (f.created, f.id))
 
     async def read(self, stored: StoredFile) -> AsyncIterator[bytes]:
@@ -204,8 +211,8 @@ class FileStore:
     async def read_all(self, stored: StoredFile) -> bytes:
         return b"".join([chunk async for chunk in self.read(stored)])
 
-    async def delete(self, file_id: str) -> bool:
-        stored = await self.get(file_id)
+    async def delete(self, file_id: str, caller: Caller) -> bool:
+        stored = await self.get(file_id, caller)
         if stored is None:
             return False
         await self._forget(stored)

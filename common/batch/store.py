@@ -4,10 +4,14 @@ The API creates, lists and cancels batches; a batch worker (workers/batch/runner
 Every write a runner makes checks its lease in the same Lua call, so a runner that lost its batch (paused past
 its lease, taken over by another) changes nothing; every line's output is recorded with HSETNX, so a line is
 answered exactly once in the output whatever ran it twice.
+
+A batch records its owner (common/owner.py) when it is created, and a secret the runner sends with each line
+(`run_token`, never answered to a client: api/batch/lines.py), by which the API runs the line as the owner's.
 """
 from __future__ import annotations
 
 import re
+import secrets
 import time
 import uuid
 from typing import Any, Literal
@@ -20,6 +24,7 @@ from pydantic import BaseModel, Field
 from common.batch.models import BatchFields, LineError
 from common.batch.rq_keys import use_rq_prefix
 from common.keys import Keys
+from common.owner import OWNER_FIELD, Caller
 from common.settings import Settings
 
 Status = Literal["validating", "failed", "in_progress", "finalizing", "completed", "expired", "cancelling",
@@ -30,6 +35,7 @@ COUNTERS_TTL_S = 30 * 24 * 3600
 RQ_RESULT_TTL_S = 24 * 3600
 RQ_FAILURE_TTL_S = 7 * 24 * 3600
 JSON_FIELDS = ("metadata", "errors")
+RUN_AS_HEADER = "X-Ovq-Batch"  # `BATCH_ID:RUN_TOKEN`: a batch line, to run as its batch's owner's
 
 
 class BatchState(BatchFields):
@@ -48,6 +54,9 @@ class BatchState(BatchFields):
     rq_job: str | None = None
     # How long the output and error files live (the request's `output_expires_after`; default files_ttl_s).
     output_ttl_s: int | None = None
+    owner: str | None = None  # whose it is (common/owner.py); None: stored before owners were
+    # What the runner sends with each line to have it run as the owner's (api/batch/lines.py); never on the wire.
+    run_token: str | None = None
 
     @classmethod
     def from_hash(cls, raw: dict[bytes, bytes]) -> BatchState:
@@ -68,6 +77,10 @@ class BatchState(BatchFields):
 
 def new_batch_id() -> str:
     return f"batch_{uuid.uuid4().hex}"
+
+
+def new_run_token() -> str:
+    return secrets.token_hex(16)
 
 
 def result_file_id(batch_id: str, kind: Literal["output", "error"]) -> str:
@@ -216,16 +229,18 @@ class Batches:
         pipe.zremrangebyscore(self.keys.active_batches, "-inf", oldest)
         await pipe.execute()
 
-    async def get(self, batch_id: str) -> BatchState | None:
+    async def get(self, batch_id: str, caller: Caller) -> BatchState | None:
+        """The batch, when the caller sees it (else None, as for a missing one)."""
         raw = await self.redis.hgetall(self.keys.batch(batch_id))
-        return BatchState.from_hash(raw) if raw else None
+        return BatchState.from_hash(raw) if raw and caller.sees(raw.get(OWNER_FIELD.encode())) else None
 
-    async def page(self, after: str | None, limit: int) -> tuple[list[BatchState], bool]:
-        """Newest first, from after the batch `after`; whether more follow."""
+    async def page(self, after: str | None, limit: int, caller: Caller) -> tuple[list[BatchState], bool]:
+        """The caller's batches, newest first, from after the batch `after`; whether more follow."""
         start = 0
-        if after:
+        if after:  # (another's batch is no cursor: its place would say that it exists)
             rank = await self.redis.zrevrank(self.keys.batches, after)
-            start = 0 if rank is None else rank + 1
+            owner = await self.redis.hget(self.keys.batch(after), OWNER_FIELD)
+            start = 0 if rank is None or not caller.sees(owner) else rank + 1
         found: list[BatchState] = []
         while len(found) <= limit:
             ids = await self.redis.zrevrange(self.keys.batches, start, start + limit)
@@ -237,13 +252,19 @@ class Batches:
                 pipe.hgetall(self.keys.batch(batch_id.decode()))
             for batch_id, raw in zip(ids, await pipe.execute(), strict=True):
                 if raw:
-                    found.append(BatchState.from_hash(raw))
+                    if caller.sees(raw.get(OWNER_FIELD.encode())):
+                        found.append(BatchState.from_hash(raw))
                 else:  # expired: its index entry goes too
                     await self.redis.zrem(self.keys.batches, batch_id)
         return found[:limit], len(found) > limit
 
-    async def cancel(self, batch_id: str) -> str:
+    async def cancel(self, batch_id: str, caller: Caller) -> str:
+        """Cancel the batch (CANCEL); '' for no such batch, or one the caller does not see (its owner is read
+        first: it never changes)."""
         k = self.keys
+        status, owner = await self.redis.hmget(k.batch(batch_id), ["status", OWNER_FIELD])
+        if status is None or not caller.sees(owner):
+            return ""
         return (await self._cancel(keys=[k.batch(batch_id), k.batch_lease(batch_id), k.batch_done(batch_id),
                                          k.active_batches],
                                    args=[int(time.time()), self.settings.files_ttl_s])).decode()

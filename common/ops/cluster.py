@@ -20,7 +20,7 @@ from common.ops.stats import read as read_stats
 from common.redis.client import node_of
 from common.settings import Settings
 
-FAIR_LEVELS = ("high", "interactive", "low")  # the levels whose jobs are parked for fair shares (batch is not)
+FAIR_LEVELS = ("high", "interactive", "low", "batch")  # the levels whose jobs are parked for fair shares
 TOP_TENANTS = 10
 
 

@@ -12,6 +12,7 @@ from pydantic import BaseModel
 from common.jobs import ENTRY_JOB, Job, JobStatus
 from common.jobs import JobHash as H
 from common.keys import GROUP, Keys
+from common.owner import OWNER_FIELD, shown
 from common.settings import Settings
 
 # A drain request for a worker that never reads it (it died meanwhile) goes away after this long.
@@ -185,6 +186,7 @@ class BackgroundResponse(BaseModel):
     model: str
     created: float
     status: str  # the job's: queued, running, done, error, cancelled
+    owner: str = shown(None)  # whose it is (common/owner.py), as shown
 
 
 async def background_responses(redis: aioredis.Redis, keys: Keys, limit: int = 50) -> list[BackgroundResponse]:
@@ -192,17 +194,17 @@ async def background_responses(redis: aioredis.Redis, keys: Keys, limit: int = 5
     listed = await redis.zrevrange(keys.backgrounds, 0, limit - 1, withscores=True)
     pipe = redis.pipeline(transaction=False)
     for response_id, _ in listed:
-        pipe.hmget(keys.background(response_id.decode()), ["job", "model"])
+        pipe.hmget(keys.background(response_id.decode()), ["job", "model", OWNER_FIELD])
     records = await pipe.execute() if listed else []
-    found = [(rid.decode(), created, job.decode(), model.decode())
-             for (rid, created), (job, model) in zip(listed, records, strict=True) if job is not None]
+    found = [(rid.decode(), created, job.decode(), model.decode(), owner)
+             for (rid, created), (job, model, owner) in zip(listed, records, strict=True) if job is not None]
     pipe = redis.pipeline(transaction=False)
-    for _, _, job, model in found:
+    for _, _, job, model, _ in found:
         pipe.hget(keys.job(job, model), H.STATUS)
     statuses = await pipe.execute() if found else []
-    return [BackgroundResponse(id=rid, job=job, model=model, created=created,
+    return [BackgroundResponse(id=rid, job=job, model=model, created=created, owner=shown(owner),
                                status=status.decode() if status else JobStatus.QUEUED)
-            for (rid, created, job, model), status in zip(found, statuses, strict=True)]
+            for (rid, created, job, model, owner), status in zip(found, statuses, strict=True)]
 
 
 async def cancel_background(redis: aioredis.Redis, keys: Keys, settings: Settings, response_id: str) -> str:

@@ -17,7 +17,8 @@ def connect(base: str, timeout: float = 10, rcvbuf: int | None = None) -> socket
 
 
 def request_head(method: str, path: str, headers: dict[str, str]) -> bytes:
-    lines = [f"{method} {path} HTTP/1.1", "Host: ovq", *(f"{k}: {v}" for k, v in headers.items())]
+    # (Host: a name a loopback API answers to: api/http/hosts.py)
+    lines = [f"{method} {path} HTTP/1.1", "Host: localhost", *(f"{k}: {v}" for k, v in headers.items())]
     return ("\r\n".join(lines) + "\r\n\r\n").encode()
 
 

@@ -109,7 +109,7 @@ def test_the_tiers_run_with_the_documented_least_privilege_acl_users(tiers: Call
     ops = httpx.get(t.base_url.rsplit("/v3", 1)[0] + "/ops/data", timeout=30)
     assert ops.status_code == 200, (ops.text, denied(admin))
     operator = {**t.env, "REDIS_URL": f"redis://ovq-operator:change-me-operator@{base}"}
-    for command in (["status", "--json"], ["dead", "list"]):
+    for command in (["status", "--json"], ["dead", "list"], ["jobs", "batches", "--json"], ["jobs", "files", "--json"]):
         done = subprocess.run([sys.executable, "-m", "cli.main", *command], env=operator, cwd=ROOT,
                               capture_output=True, text=True, timeout=60)
         assert done.returncode == 0 and "permission" not in done.stderr.lower(), (done.stderr, denied(admin))

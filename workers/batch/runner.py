@@ -26,8 +26,9 @@ import orjson
 from common.batch.files import CHUNK, FileStore
 from common.batch.models import LineError
 from common.batch.rq_keys import use_rq_prefix
-from common.batch.store import TERMINAL, Batches, BatchQueue, BatchState, result_file_id
+from common.batch.store import RUN_AS_HEADER, TERMINAL, Batches, BatchQueue, BatchState, result_file_id
 from common.jobs import PRIORITY_HEADER
+from common.owner import OPERATOR
 from common.redis.client import UNAVAILABLE, Backoff, connect, connect_rq, keys_for
 from common.settings import Settings, get_settings
 from workers.batch.inputs import InputLine, ParsedInput, parse_input
@@ -104,7 +105,7 @@ class BatchRunner:
         self.interrupted.set()
 
     async def _run_held(self) -> str:
-        state = await self.store.get(self.batch_id)
+        state = await self.store.get(self.batch_id, OPERATOR)  # (the runner acts for the operator)
         if state is None or state.status in TERMINAL:
             return state.status if state else "no such batch"
         beat = asyncio.create_task(self._heartbeat(state))
@@ -161,7 +162,7 @@ class BatchRunner:
         return await self._finalize(state, parsed.lines)
 
     async def _read_input(self, state: BatchState) -> ParsedInput:
-        stored = await self.files.get(state.input_file_id)
+        stored = await self.files.get(state.input_file_id, OPERATOR)
         if stored is None:
             parsed = ParsedInput()
             parsed.fail("file_not_found", f"The input file {state.input_file_id} no longer exists")
@@ -207,11 +208,15 @@ class BatchRunner:
         return "handed back"
 
     # ---- lines --------------------------------------------------------------------------------------------
-    def _client(self) -> httpx.AsyncClient:
+    def _client(self, state: BatchState | None = None) -> httpx.AsyncClient:
+        """Each line says which batch it is of, with the batch's run token: the API runs it as the batch's owner's
+        (fair share, priority limit, quota: api/batch/lines.py), not as the batch worker key's tenant."""
         timeout = httpx.Timeout(self.settings.batch_line_timeout_s, connect=10.0)
         limits = httpx.Limits(max_connections=self.settings.batch_max_in_flight + 2)
-        return httpx.AsyncClient(base_url=self.settings.batch_api, timeout=timeout, limits=limits,
-                                 headers=self.headers)
+        headers = dict(self.headers)
+        if state is not None and state.run_token:  # (an old batch has none: it runs as the key's, as it did)
+            headers[RUN_AS_HEADER] = f"{state.id}:{state.run_token}"
+        return httpx.AsyncClient(base_url=self.settings.batch_api, timeout=timeout, limits=limits, headers=headers)
 
     async def _pause(self, seconds: float) -> bool:
         """Sleep, cut short by a stop; True when stopping."""
@@ -226,7 +231,7 @@ class BatchRunner:
         todo = [line for line in lines if line.custom_id not in answered]
         log.info("batch %s: %d of %d lines to run", self.batch_id, len(todo), len(lines))
         slots = asyncio.Semaphore(self.settings.batch_max_in_flight)
-        async with self._client() as client:
+        async with self._client(state) as client:
             for line in todo:
                 if not await self._take(slots):
                     break
@@ -355,11 +360,12 @@ class BatchRunner:
             file_id = result_file_id(self.batch_id, kind)
             counted = _Count()
             stored = await self.files.create(f"batch_{kind}.jsonl", "batch_output",
-                                             self._result_lines(ids, wanted, ending, counted), file_id, ttl)
+                                             self._result_lines(ids, wanted, ending, counted), state.owner, file_id,
+                                             ttl)
             if counted.lines:
                 fields[f"{kind}_file_id"] = stored.id
             else:
-                await self.files.delete(stored.id)
+                await self.files.delete(stored.id, OPERATOR)
         if not await self.store.end(self.batch_id, self.token, ending, **fields):
             return "lost"
         log.info("batch %s %s", self.batch_id, ending)

@@ -25,6 +25,7 @@ import redis.asyncio as aioredis
 from starlette.requests import Request
 from starlette.responses import Response
 
+from api.http.auth import caller_of
 from api.http.sse import PING, Last, SSEResponse
 from api.openai.choices import ChoiceState
 from api.openai.guidance import chat_plan
@@ -38,12 +39,13 @@ from api.queue.client import JobClient
 from api.queue.journal import Journal, JournalBroken, paced
 from api.queue.priority import priority_of
 from api.queue.registry import Servable
-from api.queue.tenant import tenant_of
+from api.queue.tenant import scheduled_tenant
 from common.errors import OvqError
 from common.events import ACCEPTED, CANCELLED, DELTA, DONE, ERROR, EventDict
 from common.fairness import estimate_cost
 from common.jobs import Job, JobHash, JobStatus, Share
 from common.keys import Keys
+from common.owner import OWNER_FIELD, Caller
 from common.redis.client import UNAVAILABLE
 
 log = logging.getLogger("ovq.api.responses")
@@ -64,18 +66,20 @@ class Background:
     prompt: str
     created_at: int
     logprobs: int | None
+    owner: str | None  # whose it is (common/owner.py); None: recorded before owners were
 
     def fields(self) -> dict[str, Any]:
         return {"request": self.body.model_dump_json(), "job": self.job, "chain": orjson.dumps(self.chain),
                 "prompt": self.prompt, "created_at": self.created_at,
-                "logprobs": "" if self.logprobs is None else self.logprobs, "model": self.body.model}
+                "logprobs": "" if self.logprobs is None else self.logprobs, "model": self.body.model,
+                **({OWNER_FIELD: self.owner} if self.owner is not None else {})}
 
     @classmethod
     def of(cls, response_id: str, fields: dict[bytes, bytes]) -> Background:
-        top = fields.get(b"logprobs", b"")
+        top, owner = fields.get(b"logprobs", b""), fields.get(OWNER_FIELD.encode())
         return cls(response_id, ResponsesRequest.model_validate_json(fields[b"request"]), fields[b"job"].decode(),
                    orjson.loads(fields[b"chain"]), fields[b"prompt"].decode(), int(fields[b"created_at"]),
-                   int(top) if top else None)
+                   int(top) if top else None, owner.decode() if owner is not None else None)
 
 
 class Fold:
@@ -135,7 +139,7 @@ class BackgroundResponses:
         job.journal = job.background = True
         job.reply_to = REPLY_TO  # its journal is read, not its events: no API process parses them for nothing
         job.priority = priority_of(request)
-        tenant = tenant_of(request) if job.priority != "batch" else None
+        tenant = scheduled_tenant(request, job.priority)
         if tenant is not None:  # fair shares and quota, as for any job (api/queue/tenant.py)
             if self.settings.fairness:
                 job.share = Share(tenant=tenant.name, weight=tenant.weight, cost=estimate_cost(job))
@@ -145,7 +149,8 @@ class BackgroundResponses:
                 self.jobs.metrics.refused(job.model, "quota")
                 raise
         assert isinstance(job.prompt, str)
-        record = Background(response_id, body, job.id, chain, job.prompt, int(time.time()), job.params.logprobs)
+        record = Background(response_id, body, job.id, chain, job.prompt, int(time.time()), job.params.logprobs,
+                            caller_of(request).tenant)
         ttl, now = self.settings.journal_ttl_s, time.time()
         pipe = self.redis.pipeline(transaction=False)
         pipe.hset(self.keys.background(response_id), mapping=record.fields())
@@ -188,9 +193,11 @@ class BackgroundResponses:
 
     # ---- reading one, from any API process ----
 
-    async def record(self, response_id: str) -> Background | None:
+    async def record(self, response_id: str, caller: Caller) -> Background | None:
+        """The background response's record, when there is one the caller may see."""
         fields = await self.redis.hgetall(self.keys.background(response_id))
-        return Background.of(response_id, fields) if fields else None
+        return Background.of(response_id, fields) if fields and caller.sees(fields.get(OWNER_FIELD.encode())) \
+            else None
 
     def _fold(self, record: Background, servable: Servable) -> Fold:
         plan = chat_plan(to_chat(record.body), servable.card)
@@ -221,12 +228,12 @@ class BackgroundResponses:
     async def retrieve(self, request: Request, response_id: str) -> Response:
         """`GET /responses/{id}`: stored, or folded from its journal; with `stream`, its events after
         `starting_after` (all of them without), then the rest as they come."""
-        stream = request.query_params.get("stream") in ("true", "1")
+        stream, caller = request.query_params.get("stream") in ("true", "1"), caller_of(request)
         if not stream:
-            stored = await self.redis.hget(self.keys.response(response_id), "response")
+            stored = await self.store.stored(response_id, caller)
             if stored is not None:
                 return Response(stored, media_type="application/json")
-        record = await self.record(response_id)
+        record = await self.record(response_id, caller)
         if record is None:
             if stream:
                 raise OvqError(f"Response with id '{response_id}' is not a background response whose events are "
@@ -239,12 +246,12 @@ class BackgroundResponses:
         fold = self._fold(record, await self._servable(record))
         return SSEResponse(self._frames(request, record, fold, after), _nothing, {"X-Request-Id": record.job})
 
-    async def cancel(self, response_id: str) -> Response:
+    async def cancel(self, response_id: str, caller: Caller) -> Response:
         """`POST /responses/{id}/cancel`: the job is cancelled at its worker (or before one takes it); the
         response as it ended. Cancelling one that ended already gives it as it is."""
-        record = await self.record(response_id)
+        record = await self.record(response_id, caller)
         if record is None:
-            stored = await self.redis.hget(self.keys.response(response_id), "response")
+            stored = await self.store.stored(response_id, caller)
             if stored is None:
                 raise response_not_found(response_id)
             if orjson.loads(stored).get("background"):
@@ -293,7 +300,8 @@ class BackgroundResponses:
         response = fold.response
         items = stored_items(fold.record.body, response)
         try:
-            await self.store.save(response, items, len(items) - len(response.output), fold.record.chain)
+            await self.store.save(response, items, len(items) - len(response.output), fold.record.chain,
+                                  fold.record.owner)
         except UNAVAILABLE as exc:
             log.warning("background response %s not stored yet: Redis is unavailable (%s)", response.id, exc)
 

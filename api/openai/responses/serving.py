@@ -23,6 +23,7 @@ from fastapi import APIRouter
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
+from api.http.auth import caller_of
 from api.http.sse import PING, Last
 from api.http.status import CLIENT_CLOSED
 from api.openai.choices import ChoiceState
@@ -63,6 +64,7 @@ class Turn:
     state: ResponseStream
     choice: ChoiceState
     chain: list[str]
+    owner: str  # whose it is (common/owner.py): the caller's tenant
     usage: dict[str, int] = field(default_factory=lambda: {"prompt_tokens": 0, "completion_tokens": 0,
                                                             "total_tokens": 0})
     saved: bool = False
@@ -101,8 +103,9 @@ class ResponsesServing:
     async def create(self, request: Request) -> Response:
         body = await parse_body(request, ResponsesRequest)
         self.store.check_input(body)
-        chain, history = await self.store.history(body.previous_response_id) if body.previous_response_id else \
-            ([], [])
+        caller = caller_of(request)
+        chain, history = await self.store.history(body.previous_response_id, caller) \
+            if body.previous_response_id else ([], [])
         try:
             servable, job, plan = await self.serving.chat_job(request, to_chat(body, history))
         except OvqError as exc:
@@ -111,7 +114,7 @@ class ResponsesServing:
         if body.background:
             return await self.background.start(request, body, new_id("resp"), chain, servable, job)
         turn = Turn(body, ResponseStream(initial_response(body), logprobs=top), ChoiceState(0, plan.parser(), top),
-                    chain)
+                    chain, caller.tenant)
         record: Record = request.state.record
         try:
             async with self.serving.open(request, body.model, servable, [job]) as generation:
@@ -196,7 +199,8 @@ class ResponsesServing:
         response = turn.state.response
         items = stored_items(turn.body, response)
         try:
-            stored = await self.store.save(response, items, len(items) - len(response.output), turn.chain)
+            stored = await self.store.save(response, items, len(items) - len(response.output), turn.chain,
+                                           turn.owner)
         except UNAVAILABLE as exc:
             if not quiet:
                 raise
@@ -235,12 +239,12 @@ async def retrieve(request: Request, response_id: str) -> Response:
 
 @router.post("/responses/{response_id}/cancel")
 async def cancel(request: Request, response_id: str) -> Response:
-    return await _background(request).cancel(response_id)
+    return await _background(request).cancel(response_id, caller_of(request))
 
 
 @router.delete("/responses/{response_id}")
 async def delete(request: Request, response_id: str) -> JSONResponse:
-    await _store(request).delete(response_id)
+    await _store(request).delete(response_id, caller_of(request))
     return JSONResponse({"id": response_id, "object": "response", "deleted": True})
 
 
@@ -252,7 +256,8 @@ async def input_items(request: Request, response_id: str) -> JSONResponse:
         raise OvqError(f"Invalid value: '{order}'. Supported values are: 'asc' and 'desc'.", param="order",
                        code="invalid_value")
     limit = page_limit(query.get("limit"))
-    return JSONResponse(await _store(request).input_items(response_id, limit, order, query.get("after")))
+    return JSONResponse(await _store(request).input_items(response_id, caller_of(request), limit, order,
+                                                          query.get("after")))
 
 
 def page_limit(value: Any) -> int:

@@ -5,7 +5,18 @@ from pathlib import Path
 
 import pytest
 
-from api.http.auth import KeyFileError, KeySet, exposure_refusal, is_loopback, read_key_file, read_keys
+from api.http.auth import (
+    CALLER_STATE,
+    ApiKeyMiddleware,
+    KeyAttributes,
+    KeyFileError,
+    KeySet,
+    exposure_refusal,
+    is_loopback,
+    read_key_file,
+    read_keys,
+)
+from common.owner import OPERATOR, Caller
 from common.settings import Settings
 
 NO_KEYS = (KeySet([]), KeySet([]))
@@ -62,3 +73,30 @@ def test_structured_key_files_give_each_key_its_attributes(tmp_path: Path) -> No
     with pytest.raises(KeyFileError) as caught:
         read_keys(tmp_path / "bad.yaml")
     assert "sk-secret" not in str(caught.value)
+
+
+async def _caller(keys: tuple[KeySet, KeySet], path: str, key: str | None) -> object:
+    seen: dict[str, object] = {}
+
+    async def app(scope, receive, send) -> None:  # noqa: ANN001 - an ASGI app
+        seen["caller"] = scope.get("state", {}).get(CALLER_STATE)
+
+    async def send(message) -> None:  # noqa: ANN001
+        seen["status"] = message.get("status", seen.get("status"))
+
+    headers = [(b"authorization", f"Bearer {key}".encode())] if key else []
+    await ApiKeyMiddleware(app, keys)({"type": "http", "path": path, "headers": headers}, None, send)
+    return seen.get("caller", seen.get("status"))
+
+
+async def test_each_request_gets_its_caller() -> None:
+    """An API key's tenant sees its own; the admin key, also on /v1, sees everything; keys off, one tenant."""
+    keys = (KeySet([KeyAttributes(key="sk-a", tenant="alpha"), "sk-plain"]), KeySet(["adm-1"]))
+    assert await _caller(keys, "/v1/files", "sk-a") == Caller("alpha")
+    plain = await _caller(keys, "/v1/files", "sk-plain")
+    assert isinstance(plain, Caller) and plain.tenant.startswith("key-") and not plain.admin
+    admin = await _caller(keys, "/v1/files", "adm-1")
+    assert isinstance(admin, Caller) and admin.admin
+    assert await _caller(keys, "/ops/panel", "adm-1") == OPERATOR
+    assert await _caller(keys, "/v1/files", "wrong") == 401
+    assert await _caller(NO_KEYS, "/v3/batches", None) == OPERATOR

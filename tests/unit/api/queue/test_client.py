@@ -54,7 +54,7 @@ class Jobs:
         self.hub = SimpleNamespace(register=self.inboxes.__setitem__, unregister=self.inboxes.pop)
         self.registry = SimpleNamespace(enqueue=self.enqueue)
 
-    async def enqueue(self, servable: Any, job: Any) -> str:
+    async def enqueue(self, servable: Any, job: Any, owner: str | None = None) -> str:
         self.inboxes[job.id].push({"type": ACCEPTED, "job": job.id, "seq": 0, "worker": "w", "prompt_tokens": 1,
                                    "queue_ms": 0.0})
         return "CPU"

@@ -9,7 +9,7 @@ import redis.asyncio as aioredis
 
 from api.queue.registry import Registry
 from common.errors import OvqError
-from common.jobs import Job, SamplingParams
+from common.jobs import Job, JobHash, SamplingParams
 from common.keys import Keys
 from common.modelcard import ModelCard
 from common.servable import ServableType
@@ -179,7 +179,12 @@ async def test_a_resumable_streams_job_is_queued_with_its_reader_lease_and_no_ot
     plain, resumable, background = job(), job(), job()
     resumable.journal = background.journal = background.background = True
     for each in (plain, resumable, background):
-        await reg.enqueue(servable, each)
+        await reg.enqueue(servable, each, "alpha")
     assert await redis.get(keys.reader(resumable.id, "m")) == b"api"  # the API process that streams it
     assert 0 < await redis.ttl(keys.reader(resumable.id, "m")) <= round(reg.settings.resume_grace_s)
     assert not await redis.exists(keys.reader(plain.id, "m"), keys.reader(background.id, "m"))
+    # Its owner, who alone may resume it, is in its hash with the job's TTL (a background response's is in its own
+    # record: api/openai/responses/background.py).
+    assert await redis.hget(keys.job(resumable.id, "m"), JobHash.OWNER) == b"alpha"
+    assert 0 < await redis.ttl(keys.job(resumable.id, "m")) <= reg.settings.job_ttl_s
+    assert await redis.hget(keys.job(plain.id, "m"), JobHash.OWNER) is None

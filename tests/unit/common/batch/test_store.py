@@ -14,6 +14,7 @@ import redis.asyncio as aioredis
 
 from common.batch.store import Batches, BatchState, result_file_id, window_seconds
 from common.keys import Keys
+from common.owner import OPERATOR, Caller
 from common.settings import Settings
 from tests.conftest import ROOT
 
@@ -35,10 +36,10 @@ async def test_the_record_round_trips_and_lists_newest_first(batches: Batches) -
     now = int(time.time())
     for i in range(3):
         await batches.create(state(f"batch_{i}").model_copy(update={"created_at": now + i}))
-    assert (await batches.get("batch_1")) == state("batch_1").model_copy(update={"created_at": now + 1})
-    page, more = await batches.page(None, 2)
+    assert (await batches.get("batch_1", OPERATOR)) == state("batch_1").model_copy(update={"created_at": now + 1})
+    page, more = await batches.page(None, 2, OPERATOR)
     assert [s.id for s in page] == ["batch_2", "batch_1"] and more
-    page, more = await batches.page("batch_1", 2)
+    page, more = await batches.page("batch_1", 2, OPERATOR)
     assert [s.id for s in page] == ["batch_0"] and not more
     assert 0 < await batches.redis.ttl(batches.keys.batch("batch_1"))
 
@@ -57,14 +58,14 @@ async def test_one_runner_holds_the_lease_and_only_it_writes(batches: Batches) -
     assert await batches.record(s, "b", "y", b"{}", True, 1, 1) == -1  # not the lease holder: nothing written
     assert await batches.lines("batch_1", ["x", "y"]) == [b'{"n": 1}', None]
     assert 0 < await batches.redis.ttl(batches.keys.batch_done("batch_1"))  # the batch's own TTL
-    got = await batches.get("batch_1")
+    got = await batches.get("batch_1", OPERATOR)
     assert got and (got.total, got.completed, got.failed, got.input_tokens, got.output_tokens) == (3, 1, 0, 5, 7)
     counters = await batches.redis.hgetall(batches.keys.batch_stats("m"))
     assert counters == {b"completed": b"1"}
     await batches.release("batch_1", "b")
     assert not await batches.acquire("batch_1", "c")  # only the holder releases
     assert await batches.end("batch_1", "a", "completed", completed_at=1, output_file_id="file-o")
-    got = await batches.get("batch_1")
+    got = await batches.get("batch_1", OPERATOR)
     assert got and (got.status, got.output_file_id, got.in_flight) == ("completed", "file-o", 0)
     assert not await batches.redis.exists(batches.keys.batch_done("batch_1"), batches.keys.batch_lease("batch_1"))
     assert await batches.redis.zrange(batches.keys.active_batches, 0, -1) == []
@@ -72,16 +73,16 @@ async def test_one_runner_holds_the_lease_and_only_it_writes(batches: Batches) -
 
 async def test_cancel_ends_an_idle_batch_at_once_and_asks_a_running_one(batches: Batches) -> None:
     await batches.create(state("batch_idle"))
-    assert await batches.cancel("batch_idle") == "cancelled"
-    assert await batches.cancel("batch_idle") == "cancelled"
-    assert await batches.cancel("batch_nope") == ""
+    assert await batches.cancel("batch_idle", OPERATOR) == "cancelled"
+    assert await batches.cancel("batch_idle", OPERATOR) == "cancelled"
+    assert await batches.cancel("batch_nope", OPERATOR) == ""
     await batches.create(state("batch_run"))
     await batches.acquire("batch_run", "a")
-    assert await batches.cancel("batch_run") == "cancelling"
-    got = await batches.get("batch_run")
+    assert await batches.cancel("batch_run", OPERATOR) == "cancelling"
+    got = await batches.get("batch_run", OPERATOR)
     assert got and got.cancelling_at and got.cancelled_at is None
     await batches.end("batch_run", "a", "completed")
-    assert await batches.cancel("batch_run") == "completed"
+    assert await batches.cancel("batch_run", OPERATOR) == "completed"
 
 
 def test_windows_and_result_ids() -> None:
@@ -113,3 +114,16 @@ def test_the_rq_job_of_a_batch_lives_under_the_prefix_and_not_past_its_batch(red
     assert r.hget(f"{rq}:job:{out['job']}", "description") == b"batch batch_1"
     assert out["longest"] - 60 < r.ttl(f"{rq}:job:{out['job']}") <= out["longest"]
     assert not [k for k in r.scan_iter(match="*") if out["job"].encode() in k and not k.startswith(rq.encode())]
+
+
+async def test_another_tenants_batch_is_a_missing_one(batches: Batches) -> None:
+    a, b = Caller("a"), Caller("b")
+    for i, (batch_id, owner) in enumerate((("batch_b", "b"), ("batch_a", "a"), ("batch_old", None))):  # oldest first
+        made = state(batch_id)
+        await batches.create(made.model_copy(update={"owner": owner, "created_at": made.created_at + i}))
+    assert [s.id for s in (await batches.page(None, 10, a))[0]] == ["batch_a"]
+    assert (await batches.page("batch_b", 10, a))[0] == (await batches.page("batch_never", 10, a))[0]  # no oracle
+    assert await batches.get("batch_b", a) is None and await batches.get("batch_old", a) is None
+    assert await batches.cancel("batch_b", a) == ""  # as for no such batch, and nothing changed
+    assert (await batches.get("batch_b", b)).status == "validating"
+    assert {s.id for s in (await batches.page(None, 10, OPERATOR))[0]} == {"batch_a", "batch_b", "batch_old"}

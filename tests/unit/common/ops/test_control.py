@@ -18,7 +18,8 @@ async def ops(redis_url: str):
     redis = aioredis.Redis.from_url(redis_url)
     keys = Keys(f"ctl{time.time_ns()}")
     for n, (rid, status) in enumerate((("resp_a", None), ("resp_b", "running"), ("resp_c", "done"))):
-        await redis.hset(keys.background(rid), mapping={"job": f"job-{rid}", "model": "m"})
+        owner = {"owner": "alpha"} if rid != "resp_a" else {}  # resp_a: recorded before owners were
+        await redis.hset(keys.background(rid), mapping={"job": f"job-{rid}", "model": "m", **owner})
         await redis.zadd(keys.backgrounds, {rid: 100 + n})
         if status:
             await redis.hset(keys.job(f"job-{rid}"), "status", status)
@@ -30,7 +31,8 @@ async def ops(redis_url: str):
 async def test_background_responses_are_listed_newest_first_with_their_status(ops) -> None:
     redis, keys = ops
     listed = await control.background_responses(redis, keys)
-    assert [(b.id, b.status) for b in listed] == [("resp_c", "done"), ("resp_b", "running"), ("resp_a", "queued")]
+    assert [(b.id, b.status, b.owner) for b in listed] == [
+        ("resp_c", "done", "alpha"), ("resp_b", "running", "alpha"), ("resp_a", "queued", "(before owners)")]
 
 
 async def test_an_operator_cancels_a_running_background_response_not_an_ended_one(ops, redis_url: str) -> None:

@@ -120,8 +120,9 @@ async def fair(redis_url: str):
     servable = Servable("m", {"CPU": CARD})
     intake = Intake(redis, "w1", *streams, fair=fair_keys)
 
-    async def enqueue(name: str, tenant: str | None = None, weight: float = 1.0, cost: int = 10):
-        job = Job(id=name, model="m", device="", kind="completion", prompt="x", reply_to="api",
+    async def enqueue(name: str, tenant: str | None = None, weight: float = 1.0, cost: int = 10,
+                      priority: str = "interactive"):
+        job = Job(id=name, model="m", device="", kind="completion", prompt="x", reply_to="api", priority=priority,
                   share=Share(tenant=tenant, weight=weight, cost=cost) if tenant else None)
         return await registry.enqueue(servable, job)
 
@@ -152,6 +153,18 @@ async def test_a_tenant_arriving_during_a_flood_is_served_next_not_behind_it(fai
     assert await read(100) == [f"a{n}" for n in range(5, 20)]
     assert await read() == []
     assert not await redis.zcard(keys.fair_order("m", "CPU", "interactive"))
+
+
+async def test_batches_of_two_owners_share_the_batch_level_fairly(fair) -> None:
+    """Batch API lines run as their batch's owner's (api/batch/lines.py) carry the owner: a big batch queued first
+    does not hold a later tenant's batch behind all of its lines."""
+    redis, keys, _, _, enqueue, read = fair
+    for n in range(8):
+        await enqueue(f"a{n}", "A", priority="batch")
+    assert await read() == ["a0"]
+    await enqueue("b0", "B", priority="batch")
+    assert await read(2) == ["b0", "a1"]
+    assert await redis.hget(keys.fair_clock("m", "CPU", "batch"), "n:A") == b"6"
 
 
 async def test_weights_share_the_worker_in_proportion(fair) -> None:

@@ -26,7 +26,7 @@ TOOL = {"type": "function", "name": "get_weather", "parameters": {"type": "objec
 
 def turn(parser: Any = None, **fields: Any) -> Turn:
     body = ResponsesRequest.model_validate({"model": "m", "input": "hi", "stream": True, **fields})
-    return Turn(body, ResponseStream(initial_response(body)), ChoiceState(0, parser), [])
+    return Turn(body, ResponseStream(initial_response(body)), ChoiceState(0, parser), [], "alpha")
 
 
 def done(reason: str = "stop") -> dict[str, Any]:

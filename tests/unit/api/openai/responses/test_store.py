@@ -13,9 +13,11 @@ from api.openai.responses.protocol import Response, ResponsesRequest
 from api.openai.responses.store import ResponseStore
 from common.errors import OvqError
 from common.keys import Keys
+from common.owner import Caller
 from common.settings import Settings
 
 TTL = 3600
+A, B, ADMIN = Caller("a"), Caller("b"), Caller("ops", admin=True)
 
 
 @pytest.fixture()
@@ -31,9 +33,10 @@ def turn(text: str, answer: str, previous: str | None = None, **fields) -> tuple
     return body, ResponseStream(initial_response(body)).whole(Parsed(answer, None, []), "stop")
 
 
-async def save(store: ResponseStore, body: ResponsesRequest, response: Response, chain: list[str]) -> bool:
+async def save(store: ResponseStore, body: ResponsesRequest, response: Response, chain: list[str],
+               owner: str | None = "a") -> bool:
     items = stored_items(body, response)
-    return await store.save(response, items, len(items) - len(response.output), chain)
+    return await store.save(response, items, len(items) - len(response.output), chain, owner)
 
 
 async def test_a_chain_reads_back_as_the_conversation_in_order(setup) -> None:
@@ -43,10 +46,10 @@ async def test_a_chain_reads_back_as_the_conversation_in_order(setup) -> None:
     for i in range(3):
         body, response = turn(f"question {i}", f"answer {i}", previous)
         if previous:
-            chain, _ = await store.history(previous)
+            chain, _ = await store.history(previous, A)
         assert await save(store, body, response, chain)
         previous = response.id
-    ids, history = await store.history(previous)
+    ids, history = await store.history(previous, A)
     assert len(ids) == 3 and ids[-1] == previous
     messages = to_chat(ResponsesRequest(model="m", input="next"), history).messages
     assert [(m.role, m.content) for m in messages] == [
@@ -62,7 +65,7 @@ async def test_chaining_renews_the_whole_chains_ttl(setup) -> None:
     await save(store, body, first, [])
     await redis.expire(keys.response(first.id), 5)
     body, second = turn("c", "d", first.id)
-    chain, _ = await store.history(first.id)
+    chain, _ = await store.history(first.id, A)
     await save(store, body, second, chain)
     assert await redis.ttl(keys.response(first.id)) > 5
 
@@ -70,15 +73,15 @@ async def test_chaining_renews_the_whole_chains_ttl(setup) -> None:
 async def test_an_unknown_previous_response_or_a_lost_member_is_404(setup) -> None:
     _, _, store = setup
     with pytest.raises(OvqError, match="Previous response with id 'resp_x' not found") as caught:
-        await store.history("resp_x")
+        await store.history("resp_x", A)
     assert (caught.value.status, caught.value.body.param) == (404, "previous_response_id")
     body, first = turn("a", "b")
     await save(store, body, first, [])
     body, second = turn("c", "d", first.id)
-    await save(store, body, second, (await store.history(first.id))[0])
-    await store.delete(first.id)
+    await save(store, body, second, (await store.history(first.id, A))[0])
+    await store.delete(first.id, A)
     with pytest.raises(OvqError, match=first.id) as caught:
-        await store.history(second.id)
+        await store.history(second.id, A)
     assert caught.value.status == 404
 
 
@@ -86,11 +89,11 @@ async def test_get_and_delete(setup) -> None:
     _, _, store = setup
     body, response = turn("a", "b", metadata={"k": "v"})
     await save(store, body, response, [])
-    assert Response.model_validate_json(await store.get(response.id)) == response
-    await store.delete(response.id)
+    assert Response.model_validate_json(await store.get(response.id, A)) == response
+    await store.delete(response.id, A)
     for call in (store.get, store.delete):
         with pytest.raises(OvqError, match=f"Response with id '{response.id}' not found") as caught:
-            await call(response.id)
+            await call(response.id, A)
         assert caught.value.status == 404
 
 
@@ -101,18 +104,18 @@ async def test_input_items_are_pages_of_the_input_only(setup) -> None:
         {"role": "user", "content": [{"type": "input_text", "text": "three"}]}]})
     response = ResponseStream(initial_response(body)).whole(Parsed("answer", None, []), "stop")
     await save(store, body, response, [])
-    listed = await store.input_items(response.id)
+    listed = await store.input_items(response.id, A)
     assert [item["content"][0]["text"] for item in listed["data"]] == ["three", "two", "one"]
     assert listed["data"][1]["content"][0] == {"type": "output_text", "text": "two", "annotations": []}
     assert all(item["status"] == "completed" for item in listed["data"])
     assert (listed["object"], listed["has_more"], listed["first_id"], listed["last_id"]) == \
         ("list", False, listed["data"][0]["id"], listed["data"][2]["id"])
-    page = await store.input_items(response.id, limit=2, order="asc")
+    page = await store.input_items(response.id, A, limit=2, order="asc")
     assert ([i["content"][0]["text"] for i in page["data"]], page["has_more"]) == (["one", "two"], True)
-    rest = await store.input_items(response.id, limit=2, order="asc", after=page["last_id"])
+    rest = await store.input_items(response.id, A, limit=2, order="asc", after=page["last_id"])
     assert ([i["content"][0]["text"] for i in rest["data"]], rest["has_more"]) == (["three"], False)
     with pytest.raises(OvqError, match="No input item"):
-        await store.input_items(response.id, after="msg_nope")
+        await store.input_items(response.id, A, after="msg_nope")
 
 
 async def test_the_size_cap(setup) -> None:
@@ -125,3 +128,29 @@ async def test_the_size_cap(setup) -> None:
     body, response = turn("short", "y" * 5000)  # the output takes it over: not stored
     assert not await save(store, body, response, [])
     assert not await redis.exists(keys.response(response.id))
+
+
+async def test_another_tenants_response_is_a_missing_one(setup) -> None:
+    """Retrieve, input items, previous_response_id and delete answer B exactly as for an id that never existed."""
+    _, _, store = setup
+    body, response = turn("a's question", "a's answer")
+    await save(store, body, response, [], owner="a")
+    old_body, old = turn("legacy", "legacy")
+    await save(store, old_body, old, [], owner=None)  # stored before owners were: the admin's only
+
+    async def refusals(response_id: str, caller: Caller) -> list[tuple[int, dict]]:
+        out = []
+        for call in (store.get, store.delete, store.input_items, store.history):
+            with pytest.raises(OvqError) as caught:
+                await call(response_id, caller)
+            out.append((caught.value.status, caught.value.body.model_dump()))
+        return out
+
+    missing = await refusals("resp_never", B)
+    assert await refusals(response.id, B) == [(s, {**e, "message": e["message"].replace("resp_never", response.id)})
+                                              for s, e in missing]
+    assert await refusals(old.id, A) == [(s, {**e, "message": e["message"].replace("resp_never", old.id)})
+                                         for s, e in missing]
+    assert Response.model_validate_json(await store.get(response.id, A)) == response  # untouched by B's delete
+    assert Response.model_validate_json(await store.get(old.id, ADMIN)) == old
+    assert (await store.history(response.id, ADMIN))[0] == [response.id]
