@@ -29,6 +29,7 @@ from api.ops.metrics import Metrics, Record
 from api.queue.affinity import SESSION_HEADER, prefix_digests
 from api.queue.client import REQUEST_ID, ClientGone, Generation, JobClient, deadline, error_of, request_id
 from api.queue.hub import Express
+from api.queue.priority import service_tier
 from api.queue.registry import Registry, Servable
 from common.errors import OvqError
 from common.events import CANCELLED, DELTA, DONE, ERROR, DoneEvent, EventDict
@@ -52,6 +53,7 @@ async def parse_body(request: Request, model: type[M]) -> M:
         raise OvqError("The request body must be a JSON object")
     # Scheduling reads these of any endpoint's body (api/queue/priority.py, the tenant when keys are off).
     request.state.priority_field, request.state.user_field = data.get("priority"), data.get("user")
+    request.state.tier_field = data.get("service_tier")
     try:
         return model.model_validate(data)
     except ValidationError as exc:
@@ -112,7 +114,7 @@ class Serving:
         if point is not None:
             job.id = point[0]
         fmt = ChatFormat(f"chatcmpl-{job.id}", body.model, body.include_usage,
-                         servable.card.reasoning_parser is not None, body.continuous_usage)
+                         servable.card.reasoning_parser is not None, body.continuous_usage, service_tier(request))
         choices = {(job.id, i): ChoiceState(i, plan.parser(), job.params.logprobs) for i in range(body.n)}
         return await self._respond(request, body, servable, [job], fmt, choices)
 

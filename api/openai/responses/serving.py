@@ -23,6 +23,7 @@ from fastapi import APIRouter
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
+from api.http.sse import DONE as END
 from api.http.sse import PING, Last
 from api.http.status import CLIENT_CLOSED
 from api.openai.choices import ChoiceState
@@ -34,6 +35,7 @@ from api.openai.responses.store import MAX_LIST, ResponseStore
 from api.openai.serving import PING_S, REDIS_AWAY, Serving, add_usage, finish_choices, parse_body, stream_response
 from api.ops.metrics import Record
 from api.queue.client import ClientGone, Generation, error_of
+from api.queue.priority import service_tier
 from common.errors import OvqError
 from common.events import CANCELLED, DELTA, DONE, ERROR, EventDict
 from common.redis.client import UNAVAILABLE
@@ -110,8 +112,8 @@ class ResponsesServing:
         top = job.params.logprobs
         if body.background:
             return await self.background.start(request, body, new_id("resp"), chain, servable, job)
-        turn = Turn(body, ResponseStream(initial_response(body), logprobs=top), ChoiceState(0, plan.parser(), top),
-                    chain)
+        response = initial_response(body, sampling=servable.card.sampling, tier=service_tier(request))
+        turn = Turn(body, ResponseStream(response, logprobs=top), ChoiceState(0, plan.parser(), top), chain)
         record: Record = request.state.record
         try:
             async with self.serving.open(request, body.model, servable, [job]) as generation:
@@ -150,9 +152,9 @@ class ResponsesServing:
                         headers=headers)
 
     async def _stream(self, generation: Generation, turn: Turn, record: Record) -> AsyncIterator[bytes]:
-        """Stream events as SSE, one write per wake-up (everything that arrived meanwhile); no `[DONE]`, as OpenAI
-        ends a Responses stream. The response is stored before its last event goes out, so a client that reads
-        `response.completed` finds it stored."""
+        """Stream events as SSE, one write per wake-up (everything that arrived meanwhile), then `data: [DONE]`: the
+        Open Responses spec ends a stream with it (OpenAI does not; its SDKs stop there). The response is stored
+        before its last event goes out, so a client that reads `response.completed` finds it stored."""
         yield render(turn.state.start())
         last = time.monotonic()
         pending: list[StreamEvent] = []
@@ -186,7 +188,7 @@ class ResponsesServing:
             return  # stored as cancelled when the stream closes
         if not await self._save(turn, quiet=True):
             pending += turn.state.error(REDIS_AWAY.body)
-        yield Last(render(pending))
+        yield Last(render(pending) + END)
 
     async def _save(self, turn: Turn, quiet: bool = False) -> bool:
         """Store the response as it ended (with `store`). `quiet`: Redis being away is logged, not raised."""
