@@ -120,12 +120,13 @@ def test_log_probabilities_come_with_the_text_whole_and_streamed(client: OpenAI)
     assert [lp.token for e in deltas for lp in e.logprobs] == [lp.token for lp in logprobs]
 
 
-def test_a_raw_stream_names_each_event_and_sends_no_done(stack: Stack) -> None:
+def test_a_raw_stream_names_each_event_and_ends_with_done(stack: Stack) -> None:
+    """`data: [DONE]` last, as the Open Responses spec ends a stream (the SDK stops reading there)."""
     body = {"model": MODEL, "input": QUESTION, "max_output_tokens": 16, "stream": True}
     with httpx.stream("POST", stack.url("/v1/responses"), json=body, timeout=120) as reply:
         assert reply.status_code == 200 and reply.headers["content-type"].startswith("text/event-stream")
         frames = [f for f in reply.read().decode().split("\n\n") if f and not f.startswith(":")]
-    assert "[DONE]" not in "".join(frames)
+    assert frames.pop() == "data: [DONE]" and "[DONE]" not in "".join(frames)
     for frame in frames:
         event, data = frame.split("\n")
         assert event == "event: " + json.loads(data.removeprefix("data: "))["type"]
