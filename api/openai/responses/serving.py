@@ -12,6 +12,7 @@ and continue it.
 """
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import AsyncIterator
@@ -30,15 +31,17 @@ from api.openai.choices import ChoiceState
 from api.openai.responses.background import BackgroundResponses
 from api.openai.responses.convert import stored_items, to_chat
 from api.openai.responses.events import TERMINAL, ResponseStream, initial_response, new_id, render
-from api.openai.responses.protocol import ResponsesRequest, StreamEvent
+from api.openai.responses.protocol import ResponsesRequest, StreamEvent, not_supported
 from api.openai.responses.store import MAX_LIST, ResponseStore
 from api.openai.serving import PING_S, REDIS_AWAY, Serving, add_usage, finish_choices, parse_body, stream_response
+from api.openai.tokenize import TOKENIZERS
 from api.ops.metrics import Record
 from api.queue.client import ClientGone, Generation, error_of
 from api.queue.priority import service_tier
 from common.errors import OvqError
 from common.events import CANCELLED, DELTA, DONE, ERROR, EventDict
 from common.redis.client import UNAVAILABLE
+from common.settings import get_settings
 
 log = logging.getLogger("ovq.api.responses")
 
@@ -128,6 +131,23 @@ class ResponsesServing:
             raise
         except OvqError as exc:  # the worker refused it (a prompt over the context, ...), or it failed
             raise renamed(exc) from None
+
+    async def input_tokens(self, request: Request) -> JSONResponse:
+        """`POST /responses/input_tokens`: the input tokens `create` would count for the same body (its
+        `previous_response_id` chain included), without generating: the prompt rendered as for generation, then
+        the model's own tokenizer on this API host (as `/tokenize`). Images' tokens only a worker knows: refused."""
+        body = await parse_body(request, ResponsesRequest)
+        _, history = await self.store.history(body.previous_response_id) if body.previous_response_id else ([], [])
+        chat = to_chat(body, history)
+        try:
+            servable, _, prompt = await self.serving.chat_prompt(chat)
+        except OvqError as exc:
+            raise renamed(exc) from None
+        if any(message.image_urls() for message in chat.messages):
+            raise not_supported("input", "Counting the tokens of an input_image")
+        settings = getattr(request.app.state, "settings", None) or get_settings()
+        count = await asyncio.to_thread(TOKENIZERS.count, settings, servable.model, prompt)
+        return JSONResponse({"object": "response.input_tokens", "input_tokens": count})
 
     async def _whole(self, generation: Generation, turn: Turn, record: Record, headers: dict[str, str]) -> Response:
         choice = turn.choice
@@ -227,6 +247,11 @@ def _store(request: Request) -> ResponseStore:
 
 def _background(request: Request) -> BackgroundResponses:
     return request.app.state.responses.background
+
+
+@router.post("/responses/input_tokens")
+async def input_tokens(request: Request) -> JSONResponse:
+    return await request.app.state.responses.input_tokens(request)
 
 
 @router.get("/responses/{response_id}")
