@@ -96,7 +96,7 @@ class TextWorker(BaseWorker):
         self._pending: set[asyncio.Task[None]] = set()
         self.engine = EngineClient(engine_spec(model, device, self.info), engine_target(self.card.servable_type),
                                    self._on_message, self._on_engine_exit, lambda: bool(self.running),
-                                   settings.engine_watchdog_s, settings.engine_start_timeout_s)
+                                   settings.engine_watchdog_s, settings.engine_start_timeout_s, self._on_engine_idle)
         self._restarting = False
         # After a failed step with several suspects: re-added one per step, so a failure names its culprit.
         self._probation: deque[RunningJob] = deque()
@@ -241,6 +241,12 @@ class TextWorker(BaseWorker):
             outbox.observe("queue", queue_ms)
 
     # ---- engine output ---------------------------------------------------------------------------------
+    def _on_engine_idle(self, stats: list[Any]) -> None:
+        """The engine idles and has freed what its jobs held: its stats replace the last busy step's (which the
+        last job's final update came with), unless a job was sent to it since."""
+        if self.admission is not None and not self.running:
+            self.admission.stats = stats
+
     def _on_message(self, outputs: Updates, stats: list[Any] | None) -> None:
         """One engine message: its updates (most through the fast half), then held text due, then its stats."""
         outbox = Outbox()
