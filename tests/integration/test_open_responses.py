@@ -134,7 +134,7 @@ def test_image_input_on_a_text_only_model_is_the_specs_error(stack: Stack) -> No
     assert reply.status_code == 400, reply.text
     error = reply.json()["error"]
     assert set(error) == {"message", "type", "param", "code"} and error["type"] == "invalid_request_error"
-    assert error["param"].startswith("input") and "image" in error["message"]
+    assert error["param"].startswith("input") and "'input_image'" in error["message"], error
 
 
 # ---- everything else a client reads -------------------------------------------------------------------------

@@ -50,13 +50,19 @@ log = logging.getLogger("ovq.api.responses")
 PARAMS = {"messages": "input", "max_tokens": "max_output_tokens", "response_format": "text.format"}
 
 
+# Chat's content part types, as a Responses request names them (in an error's message).
+PART_TYPES = {"'image_url'": "'input_image'"}
+
+
 def renamed(exc: OvqError) -> OvqError:
     """A chat-path error with its `param` as the Responses request names it (`messages[3].content` is `input`:
-    the instructions and the chain's history shift the indexes)."""
+    the instructions and the chain's history shift the indexes), and the content part types it names."""
     param = exc.body.param
     head = param.split(".")[0].split("[")[0] if param else None
     if head in PARAMS:
         exc.body.param = PARAMS[head] + (param[len(head):] if head != "messages" else "")
+        for chat, ours in PART_TYPES.items():
+            exc.body.message = exc.body.message.replace(chat, ours)
     return exc
 
 
