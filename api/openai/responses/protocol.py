@@ -20,6 +20,7 @@ from pydantic import (
     model_validator,
 )
 
+from api.queue.priority import SERVICE_TIERS
 from common.errors import OvqError
 
 MAX_METADATA = 16
@@ -30,7 +31,6 @@ NAME = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")
 BUILTIN_TOOLS = ("web_search", "web_search_preview", "web_search_preview_2025_03_11", "web_search_2025_08_26",
                  "file_search", "computer_use", "computer_use_preview", "code_interpreter", "mcp",
                  "image_generation", "local_shell", "shell", "apply_patch", "custom", "tool_search")
-SERVICE_TIERS = ("auto", "default", "flex", "priority")
 INCLUDABLE = ("file_search_call.results", "web_search_call.results", "web_search_call.action.sources",
               "message.input_image.image_url", "computer_call_output.output.image_url",
               "code_interpreter_call.outputs", "reasoning.encrypted_content", "message.output_text.logprobs")
@@ -582,7 +582,8 @@ class ResponseError(BaseModel):
     type: str | None = None
 
 
-NUMBERS = ("temperature", "top_p", "presence_penalty", "frequency_penalty", "top_logprobs", "service_tier")
+# Fields the spec takes no null for, which a response stored before they were filled holds as null.
+NOT_NULL = ("temperature", "top_p", "presence_penalty", "frequency_penalty", "top_logprobs", "service_tier")
 
 
 class Response(BaseModel):
@@ -622,10 +623,10 @@ class Response(BaseModel):
     safety_identifier: str | None = None
     prompt_cache_key: str | None = None
 
-    @field_validator(*NUMBERS, mode="before")
+    @field_validator(*NOT_NULL, mode="before")
     @classmethod
-    def _numbers(cls, value: Any, info: ValidationInfo) -> Any:
-        """A response stored before these were numbers has nulls: read as the defaults."""
+    def _not_null(cls, value: Any, info: ValidationInfo) -> Any:
+        """A response stored before these were filled has nulls: read as the defaults."""
         return cls.model_fields[str(info.field_name)].default if value is None else value
 
     @property
