@@ -66,3 +66,6 @@ class ModelCard(BaseModel):
     # Its engine keeps the KV blocks of recent prompts' prefixes (`enable_prefix_caching`): with OVQ_AFFINITY=auto the
     # API steers a conversation's next turn to the worker that served the last (prefix affinity).
     prefix_caching: bool = False
+    # The sampling a request that sets none of these gets (temperature, top_p, presence_penalty, frequency_penalty:
+    # the model's generation_config.json over OpenAI's defaults): a Responses object echoes what was used.
+    sampling: dict[str, float] = {}

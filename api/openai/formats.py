@@ -58,10 +58,14 @@ class _Stream:
 
     object = ""
 
-    def __init__(self, id: str, model: str, include_usage: bool = False, continuous_usage: bool = False) -> None:
+    def __init__(self, id: str, model: str, include_usage: bool = False, continuous_usage: bool = False,
+                 tier: str | None = None) -> None:
+        """`tier`: the service tier the answer is served at, echoed on every chunk (chat's; None: not shown)."""
         self.id, self.model, self.created, self.include_usage = id, model, int(time.time()), include_usage
+        self.tier = tier
+        shown = b',"service_tier":' + orjson.dumps(tier) if tier is not None else b""
         self._head = (b'data: {"id":' + orjson.dumps(id) + b',"object":"' + self.object.encode() + b'","created":'
-                      + str(self.created).encode() + b',"model":' + orjson.dumps(model) + b',"choices":[')
+                      + str(self.created).encode() + b',"model":' + orjson.dumps(model) + shown + b',"choices":[')
         self._tail = b'],"usage":null}\n\n' if include_usage else b"]}\n\n"
         # The usage so far, when every chunk carries it (`started` sets the prompt's, `count` adds each delta's).
         self.running: dict[str, int] | None = None
@@ -90,8 +94,8 @@ class ChatFormat(_Stream):
     object = "chat.completion.chunk"
 
     def __init__(self, id: str, model: str, include_usage: bool = False, reasoning: bool = False,
-                 continuous_usage: bool = False) -> None:
-        super().__init__(id, model, include_usage, continuous_usage)
+                 continuous_usage: bool = False, tier: str = "default") -> None:
+        super().__init__(id, model, include_usage, continuous_usage, tier)
         self.reasoning = reasoning
 
     def first(self, choices: list[ChoiceState]) -> bytes:
@@ -156,7 +160,8 @@ class ChatFormat(_Stream):
             out.append({"index": choice.index, "message": message, "logprobs": logprobs,
                         "finish_reason": choice.finish_reason(bool(parsed.tool_calls))})
         return orjson.dumps({"id": self.id, "object": ChatCompletion.model_fields["object"].default,
-                             "created": self.created, "model": self.model, "choices": out, "usage": usage})
+                             "created": self.created, "model": self.model, "service_tier": self.tier,
+                             "choices": out, "usage": usage})
 
 
 class CompletionFormat(_Stream):

@@ -413,6 +413,7 @@ class ChatCompletion(BaseModel):
     object: Literal["chat.completion"] = "chat.completion"
     created: int
     model: str
+    service_tier: Literal["default", "flex", "priority"] | None = None  # the tier it was served at
     choices: list[ChatChoice]
     usage: UsageInfo
 
@@ -448,6 +449,7 @@ class ChatCompletionChunk(BaseModel):
     object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
     created: int
     model: str
+    service_tier: Literal["default", "flex", "priority"] | None = None  # the tier it was served at
     choices: list[ChatChunkChoice]
     usage: UsageInfo | None = None
 

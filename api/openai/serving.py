@@ -29,6 +29,7 @@ from api.ops.metrics import Metrics, Record
 from api.queue.affinity import SESSION_HEADER, prefix_digests
 from api.queue.client import REQUEST_ID, ClientGone, Generation, JobClient, deadline, error_of, request_id
 from api.queue.hub import Express
+from api.queue.priority import service_tier
 from api.queue.registry import Registry, Servable
 from common.errors import OvqError
 from common.events import CANCELLED, DELTA, DONE, ERROR, DoneEvent, EventDict
@@ -52,6 +53,7 @@ async def parse_body(request: Request, model: type[M]) -> M:
         raise OvqError("The request body must be a JSON object")
     # Scheduling reads these of any endpoint's body (api/queue/priority.py, the tenant when keys are off).
     request.state.priority_field, request.state.user_field = data.get("priority"), data.get("user")
+    request.state.tier_field = data.get("service_tier")
     try:
         return model.model_validate(data)
     except ValidationError as exc:
@@ -112,24 +114,19 @@ class Serving:
         if point is not None:
             job.id = point[0]
         fmt = ChatFormat(f"chatcmpl-{job.id}", body.model, body.include_usage,
-                         servable.card.reasoning_parser is not None, body.continuous_usage)
+                         servable.card.reasoning_parser is not None, body.continuous_usage, service_tier(request))
         choices = {(job.id, i): ChoiceState(i, plan.parser(), job.params.logprobs) for i in range(body.n)}
         return await self._respond(request, body, servable, [job], fmt, choices)
 
     async def chat_job(self, request: Request, body: ChatCompletionRequest) -> tuple[Servable, Job, ChatPlan]:
         """A chat request checked against its model and made into its job (images stored, prompt rendered), with
         the plan its answer is parsed by: `/chat/completions` and `/responses` both start here."""
-        servable = await self._servable(body)
+        servable, plan, prompt = await self.chat_prompt(body)
         card = servable.card
         vision = card.servable_type in VISION_SERVABLES
         urls = [url for m in body.messages for url in m.image_urls()] if vision else []
         if vision and card.device.startswith("NPU") and len(urls) != 1:
             raise OvqError("this NPU vision servable takes exactly one image per request", param="messages")
-        plan = chat_plan(body, card)
-        messages = [template_message(m, vision) for m in body.messages]
-        kwargs = {**plan.template_kwargs, **({"tools": plan.tools} if plan.tools else {})}
-        prompt = render(card.chat_template, messages, card.bos_token, card.eos_token, kwargs)
-        plan.opened(prompt)
         # Tool-call markers are often special tokens (<|python_tag|>, [TOOL_CALLS]): the parser must see them.
         skip = False if plan.tool_parser or plan.keeps_special_tokens() else None
         params = sampling_params(body, plan.structure, skip)
@@ -137,6 +134,19 @@ class Serving:
         job.images = await self._store_images(job.id, urls, job.model)
         self._prefixes(request, body, servable, job)
         return servable, job, plan
+
+    async def chat_prompt(self, body: ChatCompletionRequest) -> tuple[Servable, ChatPlan, str]:
+        """A chat request checked against its model, and the prompt its template renders (what the worker
+        tokenizes), with the plan its answer is parsed by."""
+        servable = await self._servable(body)
+        card = servable.card
+        vision = card.servable_type in VISION_SERVABLES
+        plan = chat_plan(body, card)
+        messages = [template_message(m, vision) for m in body.messages]
+        kwargs = {**plan.template_kwargs, **({"tools": plan.tools} if plan.tools else {})}
+        prompt = render(card.chat_template, messages, card.bos_token, card.eos_token, kwargs)
+        plan.opened(prompt)
+        return servable, plan, prompt
 
     async def _store_images(self, job_id: str, urls: list[str], model: str = "") -> list[str]:
         """Fetch and check every image now (a bad one is the request's 400); the worker reads them by key."""

@@ -54,6 +54,13 @@ class Tokenizers:
                        for text in texts]
         return [shaped(ids, body, tokenizer.get_pad_token_id()) for ids in encoded]
 
+    def count(self, settings: Settings, model: str, text: str, add_special_tokens: bool = False) -> int:
+        """How many tokens `text` is to `model` (a chat prompt already holds its special tokens, as the worker
+        tokenizes it: none added)."""
+        tokenizer, lock = self._tokenizer(settings, model)
+        with lock:
+            return int(tokenizer.encode(text, add_special_tokens=add_special_tokens).input_ids.data.shape[1])
+
     def _tokenizer(self, settings: Settings, model: str) -> tuple[Any, threading.Lock]:
         with self._guard:
             if model not in self._loaded:

@@ -81,6 +81,12 @@ def test_higher_priority_runs_first_and_raising_it_takes_a_key_that_may(single: 
     with pytest.raises(openai.PermissionDeniedError) as caught:
         sdk.completions.create(model=MODEL, prompt="Hi", max_tokens=2, extra_body={"priority": -1})
     assert caught.value.status_code == 403 and "priority" in caught.value.message
+    chat = {"model": MODEL, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2,
+            "extra_body": {"service_tier": "priority"}}  # OpenAI's name for the high level
+    with pytest.raises(openai.PermissionDeniedError):
+        sdk.chat.completions.create(**chat)
+    boss = openai.OpenAI(base_url=single.base_url, api_key=BOSS, max_retries=0)
+    assert boss.chat.completions.create(**chat).service_tier == "priority"
     with ThreadPoolExecutor(8) as pool:
         blocker = pool.submit(_post, single, "p-block", max_tokens=32)
         _running(single, r, "p-block")

@@ -120,12 +120,13 @@ def test_log_probabilities_come_with_the_text_whole_and_streamed(client: OpenAI)
     assert [lp.token for e in deltas for lp in e.logprobs] == [lp.token for lp in logprobs]
 
 
-def test_a_raw_stream_names_each_event_and_sends_no_done(stack: Stack) -> None:
+def test_a_raw_stream_names_each_event_and_ends_with_done(stack: Stack) -> None:
+    """`data: [DONE]` last, as the Open Responses spec ends a stream (the SDK stops reading there)."""
     body = {"model": MODEL, "input": QUESTION, "max_output_tokens": 16, "stream": True}
     with httpx.stream("POST", stack.url("/v1/responses"), json=body, timeout=120) as reply:
         assert reply.status_code == 200 and reply.headers["content-type"].startswith("text/event-stream")
         frames = [f for f in reply.read().decode().split("\n\n") if f and not f.startswith(":")]
-    assert "[DONE]" not in "".join(frames)
+    assert frames.pop() == "data: [DONE]" and "[DONE]" not in "".join(frames)
     for frame in frames:
         event, data = frame.split("\n")
         assert event == "event: " + json.loads(data.removeprefix("data: "))["type"]
@@ -342,3 +343,21 @@ def test_api_keys_guard_every_responses_route(guarded: Guarded) -> None:
     keyed = OpenAI(base_url=guarded.url("/v1"), api_key=guarded.api_key, max_retries=0, timeout=120)
     response = keyed.responses.create(**body)
     assert keyed.responses.retrieve(response.id).output_text == response.output_text
+
+
+def test_input_tokens_counts_what_create_would_without_generating(client: OpenAI) -> None:
+    """`POST /responses/input_tokens` (`client.responses.input_tokens.count`): the prompt's tokens as a response
+    of the same body counts them, its chain, instructions and tools included."""
+    first = client.responses.create(input=QUESTION, **GREEDY)
+    count = client.responses.input_tokens.count(model=MODEL, input=QUESTION)
+    assert count.object == "response.input_tokens" and count.input_tokens == first.usage.input_tokens
+    turn = {"input": [{"role": "user", "content": "And of Italy?"}], "previous_response_id": first.id,
+            "instructions": "Answer in a few words.", "tools": [TOOL]}
+    second = client.responses.create(**turn, **GREEDY)
+    assert client.responses.input_tokens.count(model=MODEL, **turn).input_tokens == second.usage.input_tokens
+    with pytest.raises(openai.BadRequestError) as caught:  # images' tokens only a worker knows
+        client.responses.input_tokens.count(model=VLM, input=[{"role": "user", "content": [
+            {"type": "input_image", "image_url": data_url((255, 0, 0))}, {"type": "input_text", "text": "What?"}]}])
+    assert caught.value.body["param"] == "input"
+    with pytest.raises(openai.NotFoundError):
+        client.responses.input_tokens.count(model="no-such-model", input=QUESTION)

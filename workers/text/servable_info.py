@@ -19,7 +19,9 @@ from common.servable import (
     special_tokens,
     vocab_size,
 )
+from workers.engine.generation import BUILTIN_DEFAULTS
 
+ANNOUNCED = ("temperature", "top_p", "presence_penalty", "frequency_penalty")
 # Servables whose engine is the ContinuousBatchingPipeline: the ones a draft model can assist.
 CONTINUOUS = (ServableType.LM_CB, ServableType.VLM_CB)
 
@@ -35,6 +37,12 @@ def model_defaults(model: ModelConfig, path: Path) -> dict[str, Any]:
     if limit is not None:
         defaults["max_tokens"] = min(defaults.get("max_tokens") or limit, limit)
     return defaults
+
+
+def announced_sampling(defaults: dict[str, Any]) -> dict[str, float]:
+    """What the model card tells of the sampling a request that sets none gets (the engine's own merge)."""
+    merged = {**BUILTIN_DEFAULTS, "presence_penalty": 0.0, "frequency_penalty": 0.0, **defaults}
+    return {name: float(merged[name]) for name in ANNOUNCED if isinstance(merged.get(name), (int, float))}
 
 
 @dataclass
@@ -76,7 +84,9 @@ class ServableInfo:
             adapters=sorted(model.lora_adapters) if servable in CONTINUOUS else [],
             prefix_caching=model.enable_prefix_caching and servable in CONTINUOUS,
         )
-        return cls(tokenizer, card, model_defaults(model, path), vocab, path)
+        defaults = model_defaults(model, path)
+        card.sampling = announced_sampling(defaults)
+        return cls(tokenizer, card, defaults, vocab, path)
 
     def decode(self, sequences: list[list[int]], skip_special_tokens: bool = True) -> list[str]:
         return self.tokenizer.decode(sequences, skip_special_tokens=skip_special_tokens)

@@ -26,6 +26,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from api.http.auth import caller_of
+from api.http.sse import DONE as END
 from api.http.sse import PING, Last, SSEResponse
 from api.openai.choices import ChoiceState
 from api.openai.guidance import chat_plan
@@ -37,7 +38,7 @@ from api.openai.responses.store import ResponseStore, response_not_found
 from api.openai.serving import add_usage, finish_choices
 from api.queue.client import JobClient
 from api.queue.journal import Journal, JournalBroken, paced
-from api.queue.priority import priority_of
+from api.queue.priority import LEVEL_TIERS, priority_of
 from api.queue.registry import Servable
 from api.queue.tenant import scheduled_tenant
 from common.errors import OvqError
@@ -67,27 +68,30 @@ class Background:
     created_at: int
     logprobs: int | None
     owner: str | None  # whose it is (common/owner.py); None: recorded before owners were
+    tier: str = "default"  # the service tier it is served at
 
     def fields(self) -> dict[str, Any]:
         return {"request": self.body.model_dump_json(), "job": self.job, "chain": orjson.dumps(self.chain),
                 "prompt": self.prompt, "created_at": self.created_at,
                 "logprobs": "" if self.logprobs is None else self.logprobs, "model": self.body.model,
-                **({OWNER_FIELD: self.owner} if self.owner is not None else {})}
+                **({OWNER_FIELD: self.owner} if self.owner is not None else {}), "tier": self.tier}
 
     @classmethod
     def of(cls, response_id: str, fields: dict[bytes, bytes]) -> Background:
         top, owner = fields.get(b"logprobs", b""), fields.get(OWNER_FIELD.encode())
         return cls(response_id, ResponsesRequest.model_validate_json(fields[b"request"]), fields[b"job"].decode(),
                    orjson.loads(fields[b"chain"]), fields[b"prompt"].decode(), int(fields[b"created_at"]),
-                   int(top) if top else None, owner.decode() if owner is not None else None)
+                   int(top) if top else None, owner.decode() if owner is not None else None,
+                   fields.get(b"tier", b"default").decode())
 
 
 class Fold:
     """A background response's state, rebuilt from its job's events (in order, from the first)."""
 
-    def __init__(self, record: Background, choice: ChoiceState) -> None:
+    def __init__(self, record: Background, choice: ChoiceState, sampling: dict[str, float] | None = None) -> None:
+        """`sampling`: the model's defaults (its card's), echoed where the request set none."""
         self.record = record
-        response = initial_response(record.body, record.id, record.created_at)
+        response = initial_response(record.body, record.id, record.created_at, sampling, record.tier)
         self.state = ResponseStream(response, logprobs=record.logprobs, ids=counted_ids(record.id.split("_")[-1]))
         self.choice = choice
         self.usage = {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0}
@@ -150,7 +154,7 @@ class BackgroundResponses:
                 raise
         assert isinstance(job.prompt, str)
         record = Background(response_id, body, job.id, chain, job.prompt, int(time.time()), job.params.logprobs,
-                            caller_of(request).tenant)
+                            caller_of(request).tenant, LEVEL_TIERS[job.priority])
         ttl, now = self.settings.journal_ttl_s, time.time()
         pipe = self.redis.pipeline(transaction=False)
         pipe.hset(self.keys.background(response_id), mapping=record.fields())
@@ -202,7 +206,7 @@ class BackgroundResponses:
     def _fold(self, record: Background, servable: Servable) -> Fold:
         plan = chat_plan(to_chat(record.body), servable.card)
         plan.opened(record.prompt)
-        return Fold(record, ChoiceState(0, plan.parser(), record.logprobs))
+        return Fold(record, ChoiceState(0, plan.parser(), record.logprobs), servable.card.sampling)
 
     async def _servable(self, record: Background) -> Servable:
         return await self.jobs.registry.servable(record.body.model)
@@ -272,7 +276,8 @@ class BackgroundResponses:
         return Response(orjson.dumps(fold.response.model_dump(by_alias=True)), media_type="application/json")
 
     async def _frames(self, request: Request, record: Background, fold: Fold, after: int) -> AsyncIterator[bytes]:
-        """The response's events after `after`, each with its `id:`; pings while it waits; ends with the last."""
+        """The response's events after `after`, each with its `id:`; pings while it waits; ends with the last, and
+        `data: [DONE]` (as the Open Responses spec ends a stream)."""
         yield render(fold.started, after, ids=True) or PING
         try:
             async for out in paced(self.journal, record.job, self.settings.background_stall_s,
@@ -280,10 +285,11 @@ class BackgroundResponses:
                                    request.is_disconnected, model=record.body.model):
                 if type(out) is Last:
                     await self._save(fold)
+                    out = Last(out + END)
                 yield out
         except JournalBroken as exc:
             out = await self._broken(fold, exc)
-            yield Last(render(out, after, ids=True))
+            yield Last(render(out, after, ids=True) + END)
 
     async def _broken(self, fold: Fold, exc: JournalBroken) -> list[StreamEvent]:
         """The journal cannot finish the response: it fails with why, and its job is cancelled."""

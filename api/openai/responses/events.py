@@ -63,17 +63,34 @@ def counted_ids(seed: str) -> Callable[[str], str]:
     return lambda prefix: f"{prefix}_{seed}{next(numbers):04x}"
 
 
-def initial_response(body: ResponsesRequest, response_id: str | None = None,
-                     created_at: int | None = None) -> Response:
-    """The response object before any output: the request's settings echoed, `queued` for background ones."""
+def initial_response(body: ResponsesRequest, response_id: str | None = None, created_at: int | None = None,
+                     sampling: Mapping[str, float] | None = None, tier: str = "default") -> Response:
+    """The response object before any output: the request's settings echoed, `queued` for background ones.
+
+    `sampling`: the model's defaults (its card's), for what the request left unset; `tier`: the service tier it is
+    served at (api/queue/priority.py)."""
     return Response(
         id=response_id or new_id("resp"), created_at=int(time.time()) if created_at is None else created_at,
         status="queued" if body.background else "in_progress", background=body.background,
         instructions=body.instructions, max_output_tokens=body.max_output_tokens, max_tool_calls=body.max_tool_calls,
         model=body.model, parallel_tool_calls=body.parallel_tool_calls, previous_response_id=body.previous_response_id,
-        reasoning=body.reasoning or ReasoningConfig(), store=body.store, temperature=body.temperature,
-        text=body.text, tool_choice=body.tool_choice, tools=body.tools, top_logprobs=body.top_logprobs,
-        top_p=body.top_p, truncation=body.truncation, user=body.user, metadata=body.metadata or {})
+        reasoning=body.reasoning or ReasoningConfig(), store=body.store, text=body.text, tool_choice=body.tool_choice,
+        tools=body.tools, top_logprobs=body.top_logprobs or 0, truncation=body.truncation, user=body.user,
+        metadata=body.metadata or {}, service_tier=tier, safety_identifier=body.safety_identifier,
+        prompt_cache_key=body.prompt_cache_key, **used_sampling(body, sampling or {}))
+
+
+def used_sampling(body: ResponsesRequest, sampling: Mapping[str, float]) -> dict[str, float]:
+    """Each sampling number the response reports: the request's (penalties are ovq's extensions, in its extra
+    fields), else the model's default, else the response object's own (OpenAI's)."""
+    asked = {"temperature": body.temperature, "top_p": body.top_p, **(body.model_extra or {})}
+    used = {}
+    for name in ("temperature", "top_p", "presence_penalty", "frequency_penalty"):
+        value = asked.get(name)
+        value = value if isinstance(value, (int, float)) and not isinstance(value, bool) else sampling.get(name)
+        if value is not None:
+            used[name] = float(value)
+    return used
 
 
 def usage_of(usage: Mapping[str, int] | None) -> Usage:
@@ -238,9 +255,10 @@ class ResponseStream:
 
     def error(self, error: ErrorBody) -> list[StreamEvent]:
         """An `error` event: for trouble that is not this response's failure (the stream could not go on)."""
-        event: ErrorEvent = {"type": "error", "sequence_number": self._next(),
-                             "code": None if error.code is None else str(error.code), "message": error.message,
-                             "param": error.param}
+        code = None if error.code is None else str(error.code)
+        event: ErrorEvent = {"type": "error", "sequence_number": self._next(), "code": code, "message": error.message,
+                             "param": error.param, "error": {"type": error.type, "code": code,
+                                                             "message": error.message, "param": error.param}}
         return [event]
 
     def whole(self, parsed: Parsed, reason: str | None, usage: Mapping[str, int] | None = None,
@@ -346,8 +364,9 @@ def _fill(item: Any, current: _Item, status: str, logprobs: list[Logprob] | None
 
 
 def _delta_logprob(entry: dict[str, Any], top: int) -> dict[str, Any]:
-    alternatives = [{"token": entry["token"], "logprob": entry["logprob"]}] if top >= 1 else []
-    return {"token": entry["token"], "logprob": entry["logprob"], "top_logprobs": alternatives}
+    token = {"token": entry["token"], "logprob": entry["logprob"],
+             "bytes": entry.get("bytes") or list(entry["token"].encode())}
+    return {**token, "top_logprobs": [token] if top >= 1 else []}
 
 
 def _output_logprob(entry: dict[str, Any], top: int) -> Logprob:

@@ -9,8 +9,18 @@ from __future__ import annotations
 import re
 from typing import Annotated, Any, Literal, TypedDict
 
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    TypeAdapter,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
+from api.queue.priority import SERVICE_TIERS
 from common.errors import OvqError
 
 MAX_METADATA = 16
@@ -92,7 +102,12 @@ class OutputText(BaseModel):
     type: Literal["output_text"] = "output_text"
     text: str
     annotations: list[dict[str, Any]] = []
-    logprobs: list[Logprob] | None = None
+    logprobs: list[Logprob] = []  # empty unless asked for (`include`): the spec takes an array, never null
+
+    @field_validator("logprobs", mode="before")
+    @classmethod
+    def _no_null(cls, value: Any) -> Any:
+        return [] if value is None else value  # as a client may send history back, and ovq once stored it
 
 
 class Refusal(BaseModel):
@@ -166,7 +181,7 @@ class Reasoning(BaseModel):
     id: str | None = None
     summary: list[SummaryText] = []
     content: list[ReasoningText] | None = None
-    encrypted_content: str | None = None
+    encrypted_content: str | None = Field(None, exclude_if=lambda v: v is None)  # the spec takes no null
     status: ItemStatus | None = None
 
 
@@ -270,7 +285,12 @@ class TextFormatJSONSchema(BaseModel):
     name: str
     json_schema: dict[str, Any] = Field(alias="schema")
     description: str | None = None
-    strict: bool | None = None
+    strict: bool = False  # OpenAI's default; the spec takes no null
+
+    @field_validator("strict", mode="before")
+    @classmethod
+    def _strict(cls, value: Any) -> Any:
+        return False if value is None else value
 
 
 TextFormat = Annotated[TextFormatText | TextFormatJSONObject | TextFormatJSONSchema, Field(discriminator="type")]
@@ -278,7 +298,12 @@ TextFormat = Annotated[TextFormatText | TextFormatJSONObject | TextFormatJSONSch
 
 class TextConfig(BaseModel):
     format: TextFormat = TextFormatText()
-    verbosity: Literal["low", "medium", "high"] | None = None
+    verbosity: Literal["low", "medium", "high"] = "medium"  # OpenAI's default; the spec takes no null
+
+    @field_validator("verbosity", mode="before")
+    @classmethod
+    def _default(cls, value: Any) -> Any:
+        return "medium" if value is None else value
 
 
 class ReasoningConfig(BaseModel):
@@ -330,9 +355,16 @@ class ResponsesRequest(BaseModel):
     user: str | None = None
     truncation: Literal["disabled", "auto"] = "disabled"
     include: list[str] = []
-    service_tier: str | None = None
+    service_tier: Literal["auto", "default", "flex", "priority"] | None = None  # api/queue/priority.py reads it
     safety_identifier: str | None = None
     prompt_cache_key: str | None = None
+
+    @field_validator("service_tier", mode="before")
+    @classmethod
+    def _tier(cls, value: Any) -> Any:
+        if value is not None and value not in SERVICE_TIERS:
+            raise invalid_value("service_tier", value, SERVICE_TIERS)
+        return value
 
     @field_validator("input", mode="before")
     @classmethod
@@ -550,6 +582,10 @@ class ResponseError(BaseModel):
     type: str | None = None
 
 
+# Fields the spec takes no null for, which a response stored before they were filled holds as null.
+NOT_NULL = ("temperature", "top_p", "presence_penalty", "frequency_penalty", "top_logprobs", "service_tier")
+
+
 class Response(BaseModel):
     """The `response` object. `output_text` is a convenience (as in the SDKs), not a field on the wire."""
 
@@ -570,16 +606,28 @@ class Response(BaseModel):
     previous_response_id: str | None = None
     reasoning: ReasoningConfig = ReasoningConfig()
     store: bool = True
-    temperature: float | None = None
+    # The sampling used: the request's, else the model's defaults (its card's `sampling`), else OpenAI's.
+    temperature: float = 1.0
+    top_p: float = 1.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
     text: TextConfig = TextConfig()
     tool_choice: ToolChoice = "auto"
     tools: list[FunctionTool] = []
-    top_logprobs: int | None = None
-    top_p: float | None = None
+    top_logprobs: int = 0
     truncation: Literal["disabled", "auto"] = "disabled"
     usage: Usage | None = None
     user: str | None = None
     metadata: dict[str, str] = {}
+    service_tier: str = "default"  # the tier it was served at (api/queue/priority.py)
+    safety_identifier: str | None = None
+    prompt_cache_key: str | None = None
+
+    @field_validator(*NOT_NULL, mode="before")
+    @classmethod
+    def _not_null(cls, value: Any, info: ValidationInfo) -> Any:
+        """A response stored before these were filled has nulls: read as the defaults."""
+        return cls.model_fields[str(info.field_name)].default if value is None else value
 
     @property
     def output_text(self) -> str:
@@ -659,11 +707,13 @@ class ArgumentsDoneEvent(_Event):
 
 
 class ErrorEvent(_Event):
-    """`error`: a stream's trouble that is not the response's failure."""
+    """`error`: a stream's trouble that is not the response's failure. OpenAI's SDK reads `code`, `message` and
+    `param` beside `type`; the Open Responses spec reads them (with the error's `type`) in `error`: both are sent."""
 
     code: str | None
     message: str
     param: str | None
+    error: dict[str, Any]
 
 
 StreamEvent = (ResponseEvent | OutputItemEvent | ContentPartEvent | TextDeltaEvent | TextDoneEvent

@@ -12,6 +12,7 @@ and continue it.
 """
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import AsyncIterator
@@ -24,20 +25,24 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from api.http.auth import caller_of
+from api.http.sse import DONE as END
 from api.http.sse import PING, Last
 from api.http.status import CLIENT_CLOSED
 from api.openai.choices import ChoiceState
 from api.openai.responses.background import BackgroundResponses
 from api.openai.responses.convert import stored_items, to_chat
 from api.openai.responses.events import TERMINAL, ResponseStream, initial_response, new_id, render
-from api.openai.responses.protocol import ResponsesRequest, StreamEvent
+from api.openai.responses.protocol import ResponsesRequest, StreamEvent, not_supported
 from api.openai.responses.store import MAX_LIST, ResponseStore
 from api.openai.serving import PING_S, REDIS_AWAY, Serving, add_usage, finish_choices, parse_body, stream_response
+from api.openai.tokenize import TOKENIZERS
 from api.ops.metrics import Record
 from api.queue.client import ClientGone, Generation, error_of
+from api.queue.priority import service_tier
 from common.errors import OvqError
 from common.events import CANCELLED, DELTA, DONE, ERROR, EventDict
 from common.redis.client import UNAVAILABLE
+from common.settings import get_settings
 
 log = logging.getLogger("ovq.api.responses")
 
@@ -46,13 +51,19 @@ log = logging.getLogger("ovq.api.responses")
 PARAMS = {"messages": "input", "max_tokens": "max_output_tokens", "response_format": "text.format"}
 
 
+# Chat's content part types, as a Responses request names them (in an error's message).
+PART_TYPES = {"'image_url'": "'input_image'"}
+
+
 def renamed(exc: OvqError) -> OvqError:
     """A chat-path error with its `param` as the Responses request names it (`messages[3].content` is `input`:
-    the instructions and the chain's history shift the indexes)."""
+    the instructions and the chain's history shift the indexes), and the content part types it names."""
     param = exc.body.param
     head = param.split(".")[0].split("[")[0] if param else None
     if head in PARAMS:
         exc.body.param = PARAMS[head] + (param[len(head):] if head != "messages" else "")
+        for chat, ours in PART_TYPES.items():
+            exc.body.message = exc.body.message.replace(chat, ours)
     return exc
 
 
@@ -113,8 +124,9 @@ class ResponsesServing:
         top = job.params.logprobs
         if body.background:
             return await self.background.start(request, body, new_id("resp"), chain, servable, job)
-        turn = Turn(body, ResponseStream(initial_response(body), logprobs=top), ChoiceState(0, plan.parser(), top),
-                    chain, caller.tenant)
+        response = initial_response(body, sampling=servable.card.sampling, tier=service_tier(request))
+        turn = Turn(body, ResponseStream(response, logprobs=top), ChoiceState(0, plan.parser(), top), chain,
+                    caller.tenant)
         record: Record = request.state.record
         try:
             async with self.serving.open(request, body.model, servable, [job]) as generation:
@@ -129,6 +141,23 @@ class ResponsesServing:
             raise
         except OvqError as exc:  # the worker refused it (a prompt over the context, ...), or it failed
             raise renamed(exc) from None
+
+    async def input_tokens(self, request: Request) -> JSONResponse:
+        """`POST /responses/input_tokens`: the input tokens `create` would count for the same body (its
+        `previous_response_id` chain included), without generating: the prompt rendered as for generation, then
+        the model's own tokenizer on this API host (as `/tokenize`). Images' tokens only a worker knows: refused."""
+        body = await parse_body(request, ResponsesRequest)
+        _, history = await self.store.history(body.previous_response_id) if body.previous_response_id else ([], [])
+        chat = to_chat(body, history)
+        try:
+            servable, _, prompt = await self.serving.chat_prompt(chat)
+        except OvqError as exc:
+            raise renamed(exc) from None
+        if any(message.image_urls() for message in chat.messages):
+            raise not_supported("input", "Counting the tokens of an input_image")
+        settings = getattr(request.app.state, "settings", None) or get_settings()
+        count = await asyncio.to_thread(TOKENIZERS.count, settings, servable.model, prompt)
+        return JSONResponse({"object": "response.input_tokens", "input_tokens": count})
 
     async def _whole(self, generation: Generation, turn: Turn, record: Record, headers: dict[str, str]) -> Response:
         choice = turn.choice
@@ -153,9 +182,9 @@ class ResponsesServing:
                         headers=headers)
 
     async def _stream(self, generation: Generation, turn: Turn, record: Record) -> AsyncIterator[bytes]:
-        """Stream events as SSE, one write per wake-up (everything that arrived meanwhile); no `[DONE]`, as OpenAI
-        ends a Responses stream. The response is stored before its last event goes out, so a client that reads
-        `response.completed` finds it stored."""
+        """Stream events as SSE, one write per wake-up (everything that arrived meanwhile), then `data: [DONE]`: the
+        Open Responses spec ends a stream with it (OpenAI does not; its SDKs stop there). The response is stored
+        before its last event goes out, so a client that reads `response.completed` finds it stored."""
         yield render(turn.state.start())
         last = time.monotonic()
         pending: list[StreamEvent] = []
@@ -189,7 +218,7 @@ class ResponsesServing:
             return  # stored as cancelled when the stream closes
         if not await self._save(turn, quiet=True):
             pending += turn.state.error(REDIS_AWAY.body)
-        yield Last(render(pending))
+        yield Last(render(pending) + END)
 
     async def _save(self, turn: Turn, quiet: bool = False) -> bool:
         """Store the response as it ended (with `store`). `quiet`: Redis being away is logged, not raised."""
@@ -229,6 +258,11 @@ def _store(request: Request) -> ResponseStore:
 
 def _background(request: Request) -> BackgroundResponses:
     return request.app.state.responses.background
+
+
+@router.post("/responses/input_tokens")
+async def input_tokens(request: Request) -> JSONResponse:
+    return await request.app.state.responses.input_tokens(request)
 
 
 @router.get("/responses/{response_id}")

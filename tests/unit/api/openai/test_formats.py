@@ -100,3 +100,15 @@ def test_completion_logprobs_zero_lists_the_sampled_token_as_its_alternative() -
         whole.add(delta("j", 2, 0, "Hi!", 2, entries, "stop"))
         body = orjson.loads(fmt.whole([whole], {"prompt_tokens": 1, "completion_tokens": 2, "total_tokens": 3}))
         assert body["choices"][0]["logprobs"]["top_logprobs"] == [{"Hi": -0.5}, {"!": -1.0}]
+
+
+def test_a_chat_answer_names_the_service_tier_it_was_served_at() -> None:
+    choice = ChoiceState(0)
+    for tier in ("default", "flex", "priority"):
+        fmt = ChatFormat("c", "m", tier=tier)
+        for chunk in frames(fmt.first([choice]) + fmt.chunk(choice, delta("j", 2, 0, "a", 1, finish_reason="stop"))):
+            assert ChatCompletionChunk.model_validate(chunk).service_tier == tier
+        whole = fmt.whole([choice], {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2})
+        assert ChatCompletion.model_validate_json(whole).service_tier == tier
+    (frame,) = frames(CompletionFormat("cmpl-1", "m").plain(ChoiceState(0), "a", None))
+    assert "service_tier" not in frame  # a text completion has none (OpenAI's has none)

@@ -8,7 +8,7 @@ from pydantic import SecretStr
 from starlette.requests import Request
 
 from api.http.auth import KeyAttributes
-from api.queue.priority import priority_of
+from api.queue.priority import priority_of, service_tier
 from common.errors import OvqError
 
 
@@ -43,3 +43,36 @@ def test_a_priority_that_is_not_one_is_a_400(header: str | None, field: Any) -> 
     with pytest.raises(OvqError) as caught:
         priority_of(request(header, field))
     assert caught.value.status == 400
+
+
+def tiered(tier: Any, header: str | None = None, max_priority: str | None = None) -> Request:
+    req = request(header, None, max_priority)
+    req.state.tier_field = tier
+    return req
+
+
+@pytest.mark.parametrize(("tier", "header", "level", "echo"), [
+    ("auto", None, "interactive", "default"), ("default", None, "interactive", "default"),
+    ("flex", None, "low", "flex"), ("flex", "batch", "batch", "flex"), ("default", "low", "low", "flex"),
+])
+def test_service_tier_flex_is_the_low_level_and_auto_or_default_change_nothing(tier: str, header: str | None,
+                                                                                 level: str, echo: str) -> None:
+    req = tiered(tier, header)
+    assert priority_of(req) == level and service_tier(req) == echo
+
+
+def test_service_tier_priority_is_the_high_level_for_keys_that_may_raise_it() -> None:
+    assert service_tier(tiered("priority", max_priority="high")) == "priority"
+    for refused in (tiered("priority"), tiered("priority", max_priority="interactive")):
+        with pytest.raises(OvqError) as caught:
+            priority_of(refused)
+        assert caught.value.status == 403 and caught.value.body.code == "priority_not_allowed"
+        assert caught.value.body.param == "service_tier"
+    assert priority_of(tiered("priority", header="low")) == "low"  # the lowest asked for holds: nothing raised
+
+
+@pytest.mark.parametrize("tier", ["scale", "PRIORITY", 1, True])
+def test_a_service_tier_that_is_not_one_is_a_400(tier: Any) -> None:
+    with pytest.raises(OvqError) as caught:
+        priority_of(tiered(tier))
+    assert caught.value.status == 400 and caught.value.body.param == "service_tier"

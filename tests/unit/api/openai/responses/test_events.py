@@ -13,8 +13,16 @@ from pydantic import TypeAdapter
 from api.openai.choices import ChoiceState
 from api.openai.parsers import Parsed, ParsedDelta, ToolCall, ToolCallDelta, output_parser
 from api.openai.responses.events import ResponseStream, initial_response, render, sse
-from api.openai.responses.protocol import FunctionCall, OutputMessage, Reasoning, ResponsesRequest, StreamEvent
+from api.openai.responses.protocol import (
+    FunctionCall,
+    OutputMessage,
+    Reasoning,
+    Response,
+    ResponsesRequest,
+    StreamEvent,
+)
 from common.errors import ErrorBody
+from tests import openresponses
 
 SDK_EVENT = TypeAdapter(ResponseStreamEvent)
 TOOL = {"type": "function", "name": "get_weather", "parameters": {"type": "object", "properties": {}}}
@@ -27,7 +35,8 @@ def stream(logprobs: int | None = None, **fields: Any) -> ResponseStream:
 
 
 def wire(events: list[StreamEvent]) -> list[dict[str, Any]]:
-    """Each event as a client reads it: SSE parsed back, checked against the SDK's event union."""
+    """Each event as a client reads it: SSE parsed back, checked against the SDK's event union and the Open
+    Responses spec's schema of its type."""
     out = []
     for frame in render(events).split(b"\n\n")[:-1]:
         head, data = frame.split(b"\n")
@@ -35,6 +44,7 @@ def wire(events: list[StreamEvent]) -> list[dict[str, Any]]:
         assert head == b"event: " + body["type"].encode()
         sdk = SDK_EVENT.validate_python(body)
         assert sdk.type == body["type"]
+        openresponses.event(body)
         out.append(body)
     return out
 
@@ -48,6 +58,7 @@ def sdk_final(s: ResponseStream, events: list[StreamEvent]) -> SDKResponse:
     state = ResponseStreamState(input_tools=[TOOL], text_format=omit)
     for body in wire(events):
         state.handle_event(SDK_EVENT.validate_python(body))
+    openresponses.response(s.response.model_dump(by_alias=True))
     final = SDKResponse.model_validate(s.response.model_dump(by_alias=True))
     assert final.id == "resp_1" and final.object == "response"
     snapshot = state._ResponseStreamState__current_snapshot  # what the deltas built, item by item
@@ -231,15 +242,15 @@ def test_logprobs_go_with_the_text() -> None:
     s = stream(logprobs=1)
     events = s.start() + s.feed(ParsedDelta(content="Hi!"), entries) + s.finish("stop")
     delta = wire(events)[4]
-    assert delta["logprobs"][0] == {"token": "Hi", "logprob": -0.5,
-                                    "top_logprobs": [{"token": "Hi", "logprob": -0.5}]}
+    hi = {"token": "Hi", "logprob": -0.5, "bytes": [72, 105]}
+    assert delta["logprobs"][0] == {**hi, "top_logprobs": [hi]}
     final = sdk_final(s, events)
     text = final.output[0].content[0]
     assert text.logprobs is not None and [lp.token for lp in text.logprobs] == ["Hi", "!"]
     assert text.logprobs[1].bytes == [33] and text.logprobs[1].top_logprobs[0].logprob == -1.0
     plain = stream(logprobs=None)
     plain.whole(Parsed("Hi!", None, []), "stop", logprobs=entries)
-    assert plain.response.output[0].content[0].logprobs is None
+    assert plain.response.output[0].content[0].logprobs == []  # the spec takes an array, never null
 
 
 def test_a_snapshot_while_it_runs() -> None:
@@ -269,8 +280,9 @@ def test_an_error_event() -> None:
     s = stream()
     (event,) = s.error(ErrorBody(message="queue away", code="service_unavailable"))
     body = wire([event])[0]
-    assert body == {"type": "error", "sequence_number": 0, "code": "service_unavailable", "message": "queue away",
-                    "param": None}
+    error = {"code": "service_unavailable", "message": "queue away", "param": None}
+    assert body == {"type": "error", "sequence_number": 0, **error, "error": {"type": "invalid_request_error",
+                                                                              **error}}
 
 
 def test_the_request_settings_echo_in_the_sdks_shape() -> None:
@@ -312,3 +324,20 @@ def test_what_the_chat_parsers_make_of_a_real_answer() -> None:
     response = stream().whole(parsed, whole.finish_reason(bool(parsed.tool_calls)), USAGE)
     assert [item.type for item in response.output] == ["reasoning", "message", "function_call"]
     assert response.output_text.strip() == "Checking." and response.output[2].arguments == final.output[2].arguments
+
+
+def test_the_response_reports_the_sampling_and_tier_used_as_numbers() -> None:
+    """What the request set, else the model's defaults (its card's), else OpenAI's; never null (the spec)."""
+    defaults = {"temperature": 0.2, "top_p": 0.9, "presence_penalty": 0.0, "frequency_penalty": 0.0}
+    body = ResponsesRequest.model_validate({"model": "m", "input": "hi", "top_p": 0.5, "frequency_penalty": 1.5,
+                                            "safety_identifier": "u1", "prompt_cache_key": "k"})
+    response = initial_response(body, sampling=defaults, tier="flex").model_dump(by_alias=True)
+    openresponses.response(response)
+    assert {k: response[k] for k in (*defaults, "top_logprobs", "service_tier", "safety_identifier",
+                                     "prompt_cache_key")} == {
+        "temperature": 0.2, "top_p": 0.5, "presence_penalty": 0.0, "frequency_penalty": 1.5, "top_logprobs": 0,
+        "service_tier": "flex", "safety_identifier": "u1", "prompt_cache_key": "k"}
+    bare = initial_response(ResponsesRequest(model="m", input="hi")).model_dump(by_alias=True)
+    assert (bare["temperature"], bare["top_p"], bare["service_tier"]) == (1.0, 1.0, "default")
+    stored = Response.model_validate({**bare, "temperature": None, "top_p": None, "top_logprobs": None})
+    assert (stored.temperature, stored.top_p, stored.top_logprobs) == (1.0, 1.0, 0)  # stored before: nulls

@@ -95,3 +95,9 @@ def test_the_listpage_limit() -> None:
     for bad in ("0", "101", "x"):
         with pytest.raises(OvqError, match="limit"):
             page_limit(bad)
+
+
+def test_a_chat_part_type_in_an_error_is_named_as_the_responses_request_names_it() -> None:
+    error = renamed(OvqError("content part type 'image_url' is not supported by this model", param="messages"))
+    assert (error.body.param, error.body.message) == ("input", "content part type 'input_image' is not supported by "
+                                                              "this model")
