@@ -94,8 +94,23 @@ def containers() -> Iterator[list[str]]:
         podman("rm", "-f", "-t", "0", name, check=False)
 
 
-def _model_mount(model_dir: Path) -> list[str]:
-    return ["-v", f"{model_dir}:{MODELS}/{MODEL}:ro"]
+@pytest.fixture(scope="module")
+def model_copy(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The prepared model, readable by the containers' user (the host's cache may be private to its owner)."""
+    copy = tmp_path_factory.mktemp("image-model") / MODEL
+    shutil.copytree(model_dir, copy)
+    for path in [copy, *copy.iterdir()]:
+        path.chmod(0o755 if path.is_dir() else 0o644)
+    return copy
+
+
+def _model_mount(model: Path) -> list[str]:
+    return ["-v", f"{model}:{MODELS}/{MODEL}:ro"]
+
+
+def _logs(name: str) -> str:
+    logs = podman("logs", name, check=False)
+    return (logs.stdout + logs.stderr)[-4000:]
 
 
 def _wait_answer(base: str, name: str, timeout: float = 300) -> float:
@@ -114,7 +129,7 @@ def _wait_answer(base: str, name: str, timeout: float = 300) -> float:
             pass
         state = podman("inspect", "--format", "{{.State.Status}}", name).stdout.strip()
         if state != "running" or time.monotonic() > deadline:
-            raise AssertionError(f"{name} is {state}, no answer:\n{podman('logs', name, check=False).stdout[-4000:]}")
+            raise AssertionError(f"{name} is {state}, no answer:\n{_logs(name)}")
         time.sleep(1)
 
 
@@ -139,11 +154,11 @@ def _stream_through_sigterm(base: str, name: str) -> list[dict]:
 
 
 def test_serve_in_the_image_answers_drains_on_sigterm_and_runs_as_non_root(
-        image: str, network: str, containers: list[str], model_dir: Path) -> None:
+        image: str, network: str, containers: list[str], model_copy: Path) -> None:
     name, port = f"ovq-serve-{uuid.uuid4().hex[:8]}", free_port()
     containers.append(name)
     podman("run", "-d", "--name", name, "--network", network, "-p", f"127.0.0.1:{port}:8000",
-           "-e", f"OVQ_API_KEYS={KEY}", *_model_mount(model_dir), image, "ovq", "serve")
+           "-e", f"OVQ_API_KEYS={KEY}", *_model_mount(model_copy), image, "ovq", "serve")
     base = f"http://127.0.0.1:{port}"
     cold_start = _wait_answer(base, name)
     print(f"cold start to the first answer: {cold_start:.1f} s")
@@ -157,10 +172,10 @@ def test_serve_in_the_image_answers_drains_on_sigterm_and_runs_as_non_root(
     assert chunks[-1] == {"done": True}, "the stream was cut by SIGTERM instead of finishing"
     finish = [c["choices"][0]["finish_reason"] for c in chunks[:-1] if c.get("choices")]
     assert finish[-1] == "length" and len(finish) > 2, finish[-3:]
-    assert podman("wait", name, timeout=90).stdout.strip() == "0", podman("logs", name, check=False).stderr[-3000:]
+    assert podman("wait", name, timeout=90).stdout.strip() == "0", _logs(name)
 
 
-def test_worker_healthcheck_probes_its_own_port(image: str, containers: list[str], model_dir: Path,
+def test_worker_healthcheck_probes_its_own_port(image: str, containers: list[str], model_copy: Path,
                                                 tmp_path: Path) -> None:
     """The worker tier's HEALTHCHECK (OVQ_WORKER_PORT set) passes once it is live; its container has no network
     at all: it reaches `ovq redis` (another container of this image) through a socket in a shared directory."""
@@ -171,13 +186,13 @@ def test_worker_healthcheck_probes_its_own_port(image: str, containers: list[str
     containers.extend([worker_name, redis_name])
     mount = ["-v", f"{shared}:/cache/redis"]
     podman("run", "-d", "--name", redis_name, "--network", "none", *mount, image, "ovq", "redis", "--no-appendonly")
-    podman("run", "-d", "--name", worker_name, "--network", "none", *mount, *_model_mount(model_dir),
+    podman("run", "-d", "--name", worker_name, "--network", "none", *mount, *_model_mount(model_copy),
            "-e", "OVQ_WORKER_PORT=8081", image, "ovq", "worker", "--model", MODEL, "--device", "CPU")
     deadline = time.monotonic() + 300
     while podman("healthcheck", "run", worker_name, check=False).returncode != 0:
         state = podman("inspect", "--format", "{{.State.Status}}", worker_name).stdout.strip()
         if state != "running" or time.monotonic() > deadline:
-            raise AssertionError(f"worker {state}, never healthy:\n{podman('logs', worker_name, check=False).stderr}")
+            raise AssertionError(f"worker {state}, never healthy:\n{_logs(worker_name)}")
         time.sleep(2)
     podman("stop", "-t", "45", worker_name, timeout=90)
     assert podman("inspect", "--format", "{{.State.ExitCode}}", worker_name).stdout.strip() == "0"
