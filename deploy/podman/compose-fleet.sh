@@ -4,7 +4,7 @@
 # each API answers and a batch completes, then takes it down (volumes included) unless --keep.
 # The models volume is filled from this machine's prepared model first, so `prepare` is a no-op and no container
 # needs to reach anything outside the project's network. Needs podman-compose (pip install podman-compose).
-# Usage: deploy/podman/compose-fleet.sh [--sentinel] [--keep]
+# Usage: deploy/podman/compose-fleet.sh [--sentinel] [--keep]   (python3: one with ovq installed, or PYTHON=...)
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 repo=$(cd "$here/../.." && pwd)
@@ -19,7 +19,7 @@ podman image exists "ovq:$version" || "$here/build-image.sh" "ovq:$version"
 "$here/redis-image.sh"
 
 work=$(mktemp -d "${TMPDIR:-/var/tmp}/ovq-fleet.XXXXXX")
-python3 "$here/compose_fleet.py" write "$work" $sentinel
+"${PYTHON:-python3}" "$here/compose_fleet.py" write "$work" $sentinel
 compose() { podman-compose -f "$work/compose.yaml" "$@"; }
 down() {
   compose down -v -t 45 >/dev/null 2>&1 || true
@@ -29,7 +29,7 @@ down() {
 [ -n "$keep" ] || trap down EXIT
 
 model=$(sed -n '0,/^  \([a-z0-9.-]*\):$/s//\1/p' "$repo/deploy/models.yaml" | head -n 1)
-prepared=$(cd "$repo" && python3 -c "
+prepared=$(cd "$repo" && "${PYTHON:-python3}" -c "
 from common.models.prepare import prepare
 from common.models.sources import default_model
 from common.settings import Settings
@@ -40,11 +40,16 @@ podman run --rm --network none --user 0 -v ovq-fleet_models:/cache/models -v "$p
 
 start=$(date +%s)
 compose up -d 2>&1 | grep -v -e 'level=error' -e '^[0-9a-f]\{64\}$' || true
-python3 "$here/compose_fleet.py" check "$work"
+"${PYTHON:-python3}" "$here/compose_fleet.py" check "$work"
 echo "compose-fleet: up and answering in $(( $(date +%s) - start )) s"
-podman ps --filter label=io.podman.compose.project=ovq-fleet --format '{{.Names}}' | while read -r name; do
+unhealthy=0
+for name in $(podman ps --filter label=io.podman.compose.project=ovq-fleet --format '{{.Names}}' | sort); do
   if podman inspect --format '{{.Config.Healthcheck}}' "$name" | grep -q '\[CMD'; then
-    podman healthcheck run "$name" >/dev/null 2>&1 && echo "compose-fleet: $name healthy" || echo "compose-fleet: $name UNHEALTHY"
+    if podman healthcheck run "$name" >/dev/null 2>&1; then echo "compose-fleet: $name healthy"
+    else echo "compose-fleet: $name UNHEALTHY"; unhealthy=1; fi
   fi
 done
+prepared_rc=$(podman inspect --format '{{.State.ExitCode}}' ovq-fleet_prepare_1)
+echo "compose-fleet: prepare exited $prepared_rc"
 [ -z "$keep" ] || echo "compose-fleet: left running: podman-compose -f $work/compose.yaml down -v"
+[ "$unhealthy$prepared_rc" = 00 ]
