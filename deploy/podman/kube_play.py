@@ -1,0 +1,94 @@
+"""deploy/kubernetes/ as far as `podman kube play` (podman 4.3) runs it: writes DIR/<name>.yaml per manifest that
+kube play can run, adapted only where it must be, and DIR/plan.txt (one line per file: the network alias its pods
+answer to, as the Service names them in Kubernetes), and says on stderr what is left out and why.
+
+Adaptations, each forced by kube play:
+  - a StatefulSet becomes a Deployment of the same pod template, its volumeClaimTemplates PVCs (no StatefulSet);
+  - every containerPort gets hostIP 127.0.0.1 (kube play publishes each containerPort on the host, on every
+    interface without one: Redis would be open to the host's network);
+  - one replica each (the second replica's published port is taken by the first);
+  - Services become network aliases on the run's own network (kube play has no Services).
+
+    python deploy/podman/kube_play.py DIR
+"""
+from __future__ import annotations
+
+import copy
+import sys
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+KUBERNETES = Path(__file__).resolve().parent.parent / "kubernetes"
+RUNS = ("Deployment", "StatefulSet", "PersistentVolumeClaim")
+# Left out, and why (Secrets are made by the script as podman secrets; ConfigMaps go with --configmap).
+LEFT_OUT = {
+    "Namespace": "kube play has no namespaces",
+    "Service": "kube play has no Services: the pods get the Service's name as a network alias instead",
+    "PodDisruptionBudget": "no evictions to budget",
+    "ScaledObject": "a KEDA custom resource: no autoscaler",
+}
+
+
+def _statefulset_as_deployment(workload: dict[str, Any]) -> list[dict[str, Any]]:
+    spec = workload["spec"]
+    claims = [{"apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": {"name": t["metadata"]["name"]},
+               "spec": t["spec"]} for t in spec.pop("volumeClaimTemplates", [])]
+    volumes = spec["template"]["spec"].setdefault("volumes", [])
+    volumes += [{"name": c["metadata"]["name"], "persistentVolumeClaim": {"claimName": c["metadata"]["name"]}}
+                for c in claims]
+    spec.pop("serviceName", None)
+    return [*claims, {**workload, "kind": "Deployment"}]
+
+
+def _adapt(doc: dict[str, Any]) -> list[dict[str, Any]]:
+    doc = copy.deepcopy(doc)
+    docs = _statefulset_as_deployment(doc) if doc["kind"] == "StatefulSet" else [doc]
+    for workload in docs:
+        if workload["kind"] != "Deployment":
+            continue
+        workload["spec"]["replicas"] = 1
+        pod = workload["spec"]["template"]["spec"]
+        for container in pod.get("initContainers", []) + pod["containers"]:
+            for port in container.get("ports", []):
+                port["hostIP"] = "127.0.0.1"
+    return docs
+
+
+def _alias(workload: dict[str, Any], services: list[dict[str, Any]]) -> str:
+    """The Service that selects this workload's pods, by name ("-" if none)."""
+    labels = workload["spec"]["template"]["metadata"]["labels"]
+    for service in services:
+        selector = service["spec"].get("selector") or {}
+        if selector and all(labels.get(k) == v for k, v in selector.items()):
+            return service["metadata"]["name"]
+    return "-"
+
+
+def main(directory: Path) -> int:
+    kustomization = yaml.safe_load((KUBERNETES / "kustomization.yaml").read_text())
+    docs = {name: [d for d in yaml.safe_load_all((KUBERNETES / name).read_text()) if d]
+            for name in kustomization["resources"]}
+    services = [d for file in docs.values() for d in file if d["kind"] == "Service"]
+    directory.mkdir(parents=True, exist_ok=True)
+    plan = []
+    for name, file in docs.items():
+        for doc in file:
+            if doc["kind"] in LEFT_OUT:
+                print(f"kube_play: {name}: {doc['kind']} {doc['metadata']['name']} left out: {LEFT_OUT[doc['kind']]}",
+                      file=sys.stderr)
+        runnable = [d for doc in file if doc["kind"] in RUNS for d in _adapt(doc)]
+        if not any(d["kind"] == "Deployment" for d in runnable):
+            continue
+        for doc in runnable:
+            doc["metadata"].pop("namespace", None)
+        workload = next(d for d in runnable if d["kind"] == "Deployment")
+        (directory / name).write_text(yaml.safe_dump_all(runnable, sort_keys=False))
+        plan.append(f"{name} {_alias(workload, services)}")
+    (directory / "plan.txt").write_text("\n".join(plan) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(Path(sys.argv[1])))
