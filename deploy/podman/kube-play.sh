@@ -16,7 +16,7 @@ podman image exists "ovq:$version" || "$here/build-image.sh" "ovq:$version"
 "$here/redis-image.sh"
 
 work=$(mktemp -d "${TMPDIR:-/var/tmp}/ovq-kube.XXXXXX")
-"$python" "$here/kube_play.py" "$work"
+"$python" "$here/kube_play.py" "$work" ovq-models
 down() {
   while read -r file _; do podman kube down "$work/$file" >/dev/null 2>&1 || true; done <"$work/plan.txt"
   podman volume rm -f ovq-models data >/dev/null 2>&1 || true
@@ -47,7 +47,9 @@ start=$(date +%s)
 while read -r file alias; do
   net=$network
   [ "$alias" = - ] || net="$network:alias=$alias"
-  podman kube play --network "$net" --configmap "$repo/deploy/kubernetes/config.yaml" "$work/$file" >/dev/null
+  # init containers kept (type "always"): podman 4.3 fails to remove a "once" one it has just run ("cannot remove
+  # container ... as it is running").
+  podman kube play --annotation io.podman.annotations.init.container.type=always --network "$net" --configmap "$repo/deploy/kubernetes/config.yaml" "$work/$file" >/dev/null
   echo "kube-play: $file played$([ "$alias" = - ] || echo " (as $alias)")"
 done <"$work/plan.txt"
 

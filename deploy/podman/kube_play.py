@@ -9,7 +9,7 @@ Adaptations, each forced by kube play:
   - one replica each (the second replica's published port is taken by the first);
   - Services become network aliases on the run's own network (kube play has no Services).
 
-    python deploy/podman/kube_play.py DIR
+    python deploy/podman/kube_play.py DIR [CLAIM...]   # CLAIMs: volumes made beforehand (their PVCs are dropped)
 """
 from __future__ import annotations
 
@@ -66,7 +66,7 @@ def _alias(workload: dict[str, Any], services: list[dict[str, Any]]) -> str:
     return "-"
 
 
-def main(directory: Path) -> int:
+def main(directory: Path, existing: set[str]) -> int:
     kustomization = yaml.safe_load((KUBERNETES / "kustomization.yaml").read_text())
     docs = {name: [d for d in yaml.safe_load_all((KUBERNETES / name).read_text()) if d]
             for name in kustomization["resources"]}
@@ -78,7 +78,8 @@ def main(directory: Path) -> int:
             if doc["kind"] in LEFT_OUT:
                 print(f"kube_play: {name}: {doc['kind']} {doc['metadata']['name']} left out: {LEFT_OUT[doc['kind']]}",
                       file=sys.stderr)
-        runnable = [d for doc in file if doc["kind"] in RUNS for d in _adapt(doc)]
+        runnable = [d for doc in file if doc["kind"] in RUNS for d in _adapt(doc)
+                    if not (d["kind"] == "PersistentVolumeClaim" and d["metadata"]["name"] in existing)]
         if not any(d["kind"] == "Deployment" for d in runnable):
             continue
         for doc in runnable:
@@ -91,4 +92,4 @@ def main(directory: Path) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(Path(sys.argv[1])))
+    sys.exit(main(Path(sys.argv[1]), set(sys.argv[2:])))
