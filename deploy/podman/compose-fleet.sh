@@ -45,7 +45,10 @@ echo "compose-fleet: up and answering in $(( $(date +%s) - start )) s"
 unhealthy=0
 for name in $(podman ps --filter label=io.podman.compose.project=ovq-fleet --format '{{.Names}}' | sort); do
   if podman inspect --format '{{.Config.Healthcheck}}' "$name" | grep -q '\[CMD'; then
-    if podman healthcheck run "$name" >/dev/null 2>&1; then echo "compose-fleet: $name healthy"
+    # A worker is ready once its model is loaded: a few tries, 5 s apart (a chat was answered by one already).
+    tries=0
+    until podman healthcheck run "$name" >/dev/null 2>&1 || [ $((tries += 1)) -ge 24 ]; do sleep 5; done
+    if [ "$tries" -lt 24 ]; then echo "compose-fleet: $name healthy"
     else echo "compose-fleet: $name UNHEALTHY"; unhealthy=1; fi
   fi
 done
