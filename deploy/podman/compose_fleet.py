@@ -13,6 +13,7 @@ import argparse
 import copy
 import io
 import json
+import os
 import secrets
 import sys
 import time
@@ -26,6 +27,7 @@ DEPLOY = Path(__file__).resolve().parent.parent
 FLEET = ("redis", "prepare", "api", "worker", "batch")
 SENTINEL = ("redis-replica", "sentinel-1", "sentinel-2", "sentinel-3")
 SENTINEL_URL = "redis+sentinel://sentinel-1:26379,sentinel-2:26379,sentinel-3:26379/ovq/0"
+WAIT_S = float(os.environ.get("OVQ_FLEET_WAIT_S", "600"))  # for the fleet to answer, and again for the batch
 
 
 def _absolute(volume: str) -> str:
@@ -103,7 +105,7 @@ def check(directory: Path) -> None:
             response = httpx.post(f"{base}/v3/chat/completions", json=chat, headers=headers, timeout=60)
             response.raise_for_status()
             return response.json()["choices"][0]["message"]["content"] or " "
-        print(f"compose_fleet: {base} answered {_until(f'{base} answering', 600, answer)!r} "
+        print(f"compose_fleet: {base} answered {_until(f'{base} answering', WAIT_S, answer)!r} "
               f"at {time.monotonic() - started:.1f} s")
     lines = "".join(json.dumps({"custom_id": f"line-{n}", "method": "POST", "url": "/v1/chat/completions",
                                 "body": chat}) + "\n" for n in range(2))
@@ -118,7 +120,7 @@ def check(directory: Path) -> None:
     def finished() -> dict[str, Any] | None:
         state = httpx.get(f"{bases[1]}/v1/batches/{batch.json()['id']}", headers=headers, timeout=30).json()
         return state if state["status"] in ("completed", "failed", "expired", "cancelled") else None
-    state = _until("the batch finishing", 300, finished)
+    state = _until("the batch finishing", WAIT_S, finished)
     if state["status"] != "completed" or state["request_counts"]["completed"] != 2:
         raise SystemExit(f"compose_fleet: the batch ended {state['status']}: {state['request_counts']}")
     print(f"compose_fleet: a batch of 2 lines completed at {time.monotonic() - started:.1f} s")

@@ -53,7 +53,7 @@ while read -r file alias; do
   echo "kube-play: $file played$([ "$alias" = - ] || echo " (as $alias)")"
 done <"$work/plan.txt"
 
-deadline=$(( $(date +%s) + 600 ))
+deadline=$(( $(date +%s) + ${OVQ_FLEET_WAIT_S:-600} ))
 until answer=$(curl -sf -m 60 http://127.0.0.1:8000/v3/chat/completions -H "Authorization: Bearer $key" \
     -H 'Content-Type: application/json' \
     -d '{"model": "smollm2-135m-instruct", "max_tokens": 8, "messages": [{"role": "user", "content": "Hi"}]}'); do

@@ -10,6 +10,8 @@ import json
 import os
 import shutil
 import subprocess
+import sys
+import sysconfig
 import time
 import uuid
 from collections.abc import Iterator
@@ -19,6 +21,7 @@ import httpx
 import pytest
 
 from tests.conftest import MODEL, ROOT, free_port
+from tests.deploy.test_manifests import OVQ_IMAGE
 
 pytestmark = [pytest.mark.image, pytest.mark.timeout(1200)]
 
@@ -205,3 +208,29 @@ def test_api_without_a_key_refuses_to_start_in_one_line(image: str) -> None:
     lines = [line for line in lines if "level=error" not in line]  # podman's own complaints (no systemd timers)
     assert result.returncode == 2, result.stdout + result.stderr
     assert len(lines) == 1 and "key" in lines[0].lower(), lines
+
+
+def _script(name: str, *args: str) -> subprocess.CompletedProcess[str]:
+    """A deploy/podman script, with this Python (ovq installed) and the test extra's podman-compose on PATH."""
+    path = f"{sysconfig.get_path('scripts')}{os.pathsep}{ENV['PATH']}"
+    return subprocess.run([str(PODMAN_DIR / name), *args], capture_output=True, text=True, timeout=1200, cwd=ROOT,
+                          env={**ENV, "PATH": path, "PYTHON": sys.executable})
+
+
+def test_compose_fleet_answers_on_both_apis_and_completes_a_batch(image: str, model_dir: Path) -> None:
+    """compose.yaml's fleet under podman-compose (compose-fleet.sh): two APIs, two workers, the batch worker and
+    Redis, every healthcheck passing; the script takes it down again."""
+    if shutil.which("podman-compose", path=f"{sysconfig.get_path('scripts')}{os.pathsep}{ENV['PATH']}") is None:
+        pytest.skip("podman-compose is not installed (pip install podman-compose, part of the test extra)")
+    podman("tag", image, OVQ_IMAGE)  # the image compose.yaml names: this tree's
+    result = _script("compose-fleet.sh")
+    assert result.returncode == 0, (result.stdout + result.stderr)[-4000:]
+    assert result.stdout.count("healthy\n") == 6 and "prepare exited 0" in result.stdout, result.stdout
+
+
+def test_kubernetes_manifests_answer_under_kube_play(image: str, model_dir: Path) -> None:
+    """deploy/kubernetes as far as `podman kube play` runs it (kube-play.sh): the API answers through it."""
+    podman("tag", image, OVQ_IMAGE)
+    result = _script("kube-play.sh")
+    assert result.returncode == 0, (result.stdout + result.stderr)[-4000:]
+    assert "kube-play: the API answered" in result.stdout, result.stdout
