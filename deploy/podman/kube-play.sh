@@ -47,9 +47,7 @@ start=$(date +%s)
 while read -r file alias; do
   net=$network
   [ "$alias" = - ] || net="$network:alias=$alias"
-  # init containers kept (type "always"): podman 4.3 fails to remove a "once" one it has just run ("cannot remove
-  # container ... as it is running").
-  podman kube play --annotation io.podman.annotations.init.container.type=always --network "$net" --configmap "$repo/deploy/kubernetes/config.yaml" "$work/$file" >/dev/null
+  podman kube play --network "$net" --configmap "$repo/deploy/kubernetes/config.yaml" "$work/$file" >/dev/null
   echo "kube-play: $file played$([ "$alias" = - ] || echo " (as $alias)")"
 done <"$work/plan.txt"
 

@@ -7,7 +7,8 @@ Adaptations, each forced by kube play:
   - every containerPort gets hostIP 127.0.0.1 (kube play publishes each containerPort on the host, on every
     interface without one: Redis would be open to the host's network);
   - one replica each (the second replica's published port is taken by the first);
-  - Services become network aliases on the run's own network (kube play has no Services).
+  - Services become network aliases on the run's own network (kube play has no Services);
+  - init containers are annotated to run at every start of their pod (podman 4.3 fails to remove run-once ones).
 
     python deploy/podman/kube_play.py DIR [CLAIM...]   # CLAIMs: volumes made beforehand (their PVCs are dropped)
 """
@@ -22,6 +23,9 @@ import yaml
 
 KUBERNETES = Path(__file__).resolve().parent.parent / "kubernetes"
 RUNS = ("Deployment", "StatefulSet", "PersistentVolumeClaim")
+# Podman runs a "once" init container, then removes it, and 4.3 often fails there ("cannot remove container ... as
+# it is running"); "always" ones it keeps.
+INIT_CONTAINER_TYPE = "io.podman.annotations.init.container.type"
 # Left out, and why (Secrets are made by the script as podman secrets; ConfigMaps go with --configmap).
 LEFT_OUT = {
     "Namespace": "kube play has no namespaces",
@@ -50,6 +54,9 @@ def _adapt(doc: dict[str, Any]) -> list[dict[str, Any]]:
             continue
         workload["spec"]["replicas"] = 1
         pod = workload["spec"]["template"]["spec"]
+        if pod.get("initContainers"):
+            for metadata in (workload["metadata"], workload["spec"]["template"]["metadata"]):
+                metadata.setdefault("annotations", {})[INIT_CONTAINER_TYPE] = "always"
         for container in pod.get("initContainers", []) + pod["containers"]:
             for port in container.get("ports", []):
                 port["hostIP"] = "127.0.0.1"
