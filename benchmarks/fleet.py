@@ -271,12 +271,18 @@ async def greedy_vs_knee(args: argparse.Namespace) -> list[Figure]:
                 figures.append(Figure(f"{streams} streams: ITL p50", statistics.median(i for _, i in knee) * 1000,
                                       statistics.median(i for _, i in greedy) * 1000, "ms",
                                       "knee / greedy, <= 1"))
-            limit = fleet.redis.hget(fleet.keys.worker(fleet.members("smol-knee")[0]), "admission_limit")
-            figures.append(Figure("the knee worker's admission limit", float(limit or 0), 256, "seqs",
-                                  "over max_num_seqs"))
+            figures.append(admission_figure(fleet.redis, fleet.keys.worker(fleet.members("smol-knee")[0])))
         finally:
             fleet.stop()
     return figures
+
+
+def admission_figure(client: redis.Redis, worker_key: str) -> Figure:
+    """A worker's admission limit against its max_num_seqs, both from its heartbeat's hash (`capacity` is its
+    max_num_seqs)."""
+    limit, capacity = client.hmget(worker_key, ["admission_limit", "capacity"])
+    return Figure("the knee worker's admission limit", float(limit or 0), float(capacity or 0), "seqs",
+                  "over its max_num_seqs")
 
 
 # ---- a burst's TTFT against raw GenAI -----------------------------------------------------------------------------

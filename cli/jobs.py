@@ -105,11 +105,11 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     actions = p.add_subparsers(dest="jobs_command", required=True)
     s = actions.add_parser("show", help="a job's model, device, worker, API process, status, timings and error")
     s.add_argument("id", help="the job id (the API's X-Request-Id)")
-    s.add_argument("--json", action="store_true")
+    s.add_argument("--json", action="store_true", help="print JSON instead of a table")
     s.set_defaults(func=show)
     b = actions.add_parser("background", help="the background responses (/v1/responses with background: true) "
                            "and their status: queued, running, done, error, cancelled")
-    b.add_argument("--json", action="store_true")
+    b.add_argument("--json", action="store_true", help="print JSON instead of a table")
     b.set_defaults(func=backgrounds)
     c = actions.add_parser("cancel", help="cancel a background response (by its resp_... id)")
     c.add_argument("id", help="the response id")

@@ -4,6 +4,7 @@ from __future__ import annotations
 import argparse
 import signal
 import sys
+from importlib.metadata import PackageNotFoundError, version
 
 
 def _stopped(signum: int, _frame: object) -> None:
@@ -18,8 +19,17 @@ signal.signal(signal.SIGTERM, _stopped)
 from cli import batch, dead, drain, jobs, models, redis, serve, status, tiers  # noqa: E402
 
 
+def _version() -> str:
+    """The installed distribution's version: pyproject.toml's `version`, the one place it is written."""
+    try:
+        return version("ovq")
+    except PackageNotFoundError:  # run from a checkout that was never installed
+        return "unknown (not installed)"
+
+
 def parser() -> argparse.ArgumentParser:
     root = argparse.ArgumentParser(prog="ovq", description="Queue-based OpenAI API serving for OpenVINO GenAI")
+    root.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
     sub = root.add_subparsers(dest="command", required=True)
     serve.add_parsers(sub)
     drain.add_parsers(tiers.add_parsers(sub))

@@ -45,7 +45,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     p = models.add_parser("prepare", help="download and convert models to OpenVINO IR")
     p.add_argument("--config", help="models file (YAML or JSON)")
     ovms.add_arguments(p, tier=False)
-    p.add_argument("--model")
+    p.add_argument("--model", help="prepare only this model (default: every model configured)")
     p.set_defaults(func=prepare_models)
     p = models.add_parser("import-ovms", help="write the ovq models file (YAML) equivalent to an OVMS config")
     p.add_argument("path", metavar="PATH/config.json", help="an OVMS config.json, or the directory holding it")

@@ -1,8 +1,8 @@
 """`--ovms-config` and OVMS's own spellings of ovq's options, shared by the commands that read the models.
 
 An OVMS command line (`--config_path`, `--rest_port`, `--rest_bind_address`, `--log_level`,
-`--allowed_local_media_path`) works unchanged; the README's table "OVMS option → ovq" lists what maps and what
-has no meaning for a queue-based server.
+`--allowed_local_media_path`) works unchanged; docs/how-to/ovms-repository.md ("OVMS's command line") lists what
+maps and what has no meaning for a queue-based server.
 """
 from __future__ import annotations
 

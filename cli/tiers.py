@@ -55,8 +55,8 @@ def api_env(args: argparse.Namespace) -> dict[str, str]:
 def add_api_arguments(p: argparse.ArgumentParser, processes: str = "--processes") -> None:
     """The API's options, the same for `ovq api` and `ovq serve` (which names `processes` `--api-processes`)."""
     p.add_argument("--config", help="models file (YAML or JSON)")
-    p.add_argument("--host")
-    p.add_argument("--port", type=int)
+    p.add_argument("--host", help="the address the API binds (OVQ_HOST; other than loopback needs an API key)")
+    p.add_argument("--port", type=int, help="the API's HTTP port (OVQ_PORT)")
     p.add_argument(processes, dest="processes", type=int,
                    help="API processes sharing the port (default: OVQ_API_PROCESSES)")
     ovms.add_arguments(p, server=True)
@@ -91,7 +91,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     p.set_defaults(func=api)
     p = sub.add_parser("worker", help="one worker: a model on a device (or: ovq worker drain ID)")
     p.add_argument("--model", help="the model to serve (required to run a worker)")
-    p.add_argument("--device", default="CPU")
+    p.add_argument("--device", default="CPU", help="the device the worker runs its model on")
     p.add_argument("--config", help="models file (YAML or JSON)")
     ovms.add_arguments(p)
     p.set_defaults(func=worker)

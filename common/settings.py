@@ -23,6 +23,8 @@ def _default_cache_dir() -> Path:
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="OVQ_", extra="ignore")
 
+    # Where every tier finds Redis: redis://, rediss://, unix://, redis+sentinel://, redis+cluster://; unset: the
+    # embedded one.
     redis_url: str | None = Field(
         default=None, validation_alias=AliasChoices("REDIS_URL", "OVQ_REDIS_URL")
     )
@@ -30,19 +32,28 @@ class Settings(BaseSettings):
     redis_wait_s: float = 60.0
     # Connections per process; a request that finds all busy waits up to redis_pool_timeout_s (then 503).
     redis_max_connections: int = 256
+    # How long a request waits for a free connection of the pool before its 503.
     redis_pool_timeout_s: float = 5.0
+    # A Redis command's socket timeout; also what the API's readiness allows Redis to answer in.
     redis_timeout_s: float = 5.0
     # An enqueue is acknowledged once this many replicas have it (WAIT, up to redis_wait_timeout_ms; only as many as
     # the primary has connected). Unset: 1 with a redis+sentinel:// REDIS_URL, else 0 (no WAIT).
     redis_wait_replicas: int | None = None
+    # How long an enqueue's WAIT for replicas may take; a slower replica delays nobody further.
     redis_wait_timeout_ms: int = 500
+    # Every Redis key and channel starts with this (deployments sharing one Redis use different ones).
     key_prefix: str = "ovq"
+    # The models file (YAML or JSON); unset: the default model, or ovms_config.
     config: Path | None = None
     # An OVMS repository's config.json (or its directory), served as is; excludes `config`.
     ovms_config: Path | None = None
+    # Where the embedded Redis keeps its data and `ovq models prepare` its models (`models/`).
     cache_dir: Path = Field(default_factory=_default_cache_dir)
+    # The API's bind address; not loopback needs an API key (protected mode) or allow_unauthenticated.
     host: str = "127.0.0.1"
+    # The API's HTTP port.
     port: int = 8000
+    # debug, info, warning, error (OVMS's TRACE is debug).
     log_level: str = "info"
     # OpenTelemetry traces (common/tracing.py; the `tracing` extra): also on when OTEL_EXPORTER_OTLP_ENDPOINT is set.
     tracing: bool = False
@@ -53,35 +64,45 @@ class Settings(BaseSettings):
 
     # A worker's probe and metrics port (`/live`, `/ready`, `/metrics`); unset: none.
     worker_port: int | None = None
+    # The address the worker's probe port binds to.
     worker_host: str = "0.0.0.0"
+    # How often workers and API processes announce themselves in Redis.
     heartbeat_s: float = 1.0
     # A worker whose heartbeat is older than this is dead: its pending jobs may be reclaimed.
     worker_ttl_s: float = 5.0
     # A model's card outlives its last worker this long: its requests wait for a worker (queue_timeout_s), then
     # it is unknown (404) unless the models file or `models` names it (then requests wait for its next card).
     model_card_ttl_s: int = 600
+    # A job's hash (status, timings, result) and its records live this long in Redis.
     job_ttl_s: int = 3600
+    # A job's cancel flag lives this long.
     cancel_ttl_s: int = 3600
     # Uploaded images and generated PNGs live this long in Redis at most (the API deletes them once read).
     blob_ttl_s: int = 600
     # Largest upload /images/edits accepts (bytes), and the most pixels an uploaded image may decode to.
     max_upload_bytes: int = 20 * 1024 * 1024
+    # The most pixels an uploaded or fetched image may decode to (read from its header first).
     max_upload_pixels: int = 4096 * 4096
     # /audio/transcriptions and /audio/translations: the largest upload (413 above it; OpenAI's limit) and the
     # longest audio (400): WhisperPipeline's binding copies the samples holding the GIL (1.8 s for 590 s of audio
     # on this project's CPU), which stalls the worker's heartbeat; keep it well inside OVQ_WORKER_TTL_S.
     # /audio/speech: the longest input text (OpenAI's limit).
     max_audio_bytes: int = 25 * 1024 * 1024
+    # The longest audio upload (from its header, before decoding): 400 above it.
     max_audio_seconds: float = 600.0
+    # /audio/speech: the longest input text (OpenAI's limit).
     max_speech_chars: int = 4096
     # Chat images (`image_url` parts): http(s) only from these exact hosts, files only under this directory.
     allowed_media_domains: list[str] = Field(default_factory=list)
+    # Chat images given as local paths must resolve inside this directory; unset: none allowed.
     allowed_local_media_path: Path | None = None
+    # The whole fetch of one http(s) image, connection to last byte.
     media_timeout_s: float = 10.0
     # Backlog (waiting + in flight) of one stream above which the API answers 429.
     max_queue_depth: int = 4096
     # A job delivered more often than this is poison and goes to the dead-letter stream.
     max_deliveries: int = 3
+    # How often a worker looks for jobs that dead workers left pending.
     reclaim_interval_s: float = 5.0
     # The dead-letter stream keeps about this many entries (older ones are trimmed).
     max_dead_letters: int = 1000
@@ -107,6 +128,7 @@ class Settings(BaseSettings):
     stream_interval_ms: float = 10.0
     # One JSON line per request on the `ovq.access` logger (status, model, tokens, TTFT, total time).
     access_log: bool = False
+    # SIGTERM: how long running work may take to finish before a tier exits (workers hand the rest over).
     shutdown_grace_s: float = 30.0
     # An engine that has work and reports nothing (no step finished) for this long is killed and restarted.
     engine_watchdog_s: float = 120.0
@@ -116,12 +138,15 @@ class Settings(BaseSettings):
     admission: Literal["knee", "greedy"] = "knee"
     # How long an engine may take to load its model and open its device.
     engine_start_timeout_s: float = 900.0
-    # Security (README "Security"). API keys (`Authorization: Bearer KEY`) for every route but the health probes,
+    # Security (docs/how-to/tenants.md). API keys (`Authorization: Bearer KEY`) for every route but the health probes,
     # given inline or one per line in a file (OVMS's --api_key_file); admin keys for /metrics, /docs,
     # /openapi.json and /ops. With no admin key those routes are open only while no API key is configured either.
     api_keys: Keys = Field(default_factory=list)
+    # A file of API keys: one per line (OVMS's format), or YAML/JSON (`*.yaml`, `*.yml`, `*.json`) with attributes.
     api_key_file: Path | None = None
+    # Admin keys for /metrics, /docs, /openapi.json and /ops (Bearer or HTTP Basic password).
     admin_keys: Keys = Field(default_factory=list)
+    # A file of admin keys, one per line.
     admin_key_file: Path | None = None
     # Protected mode: an API bound to an address other than loopback refuses to start without an API key, unless
     # this says an open API is meant (`--allow-unauthenticated`).
@@ -137,7 +162,9 @@ class Settings(BaseSettings):
     # connection opening), its body within body_timeout_s; a client that reads nothing of an answer for
     # write_timeout_s is disconnected (its job cancelled).
     header_timeout_s: float = 10.0
+    # A request's body must arrive within this of its headers.
     body_timeout_s: float = 60.0
+    # A client that reads nothing of its answer this long is disconnected, its job cancelled.
     write_timeout_s: float = 60.0
     # Kernel send buffer per connection (SO_SNDBUF); 0: the system's own (Linux grows it up to 4 MB).
     send_buffer_bytes: int = 0
@@ -153,20 +180,26 @@ class Settings(BaseSettings):
     # Where file bytes live: `redis` (default; every tier reaches it) or `directory` (files_dir, a volume every
     # API process and batch worker mounts). Metadata is in Redis either way.
     files_backend: Literal["redis", "directory"] = "redis"
+    # files_backend `directory`: the directory (a volume every API process and batch worker mounts).
     files_dir: Path | None = None
     # Files expire this long after upload unless deleted (OpenAI: 30 days for purpose `batch`).
     files_ttl_s: int = 30 * 24 * 3600
     # Largest single upload (OpenAI: 512 MB), and the most bytes all files may take in Redis storage together.
     files_max_bytes: int = 512 * 1000 * 1000
+    # The most bytes all files may take in Redis storage together.
     files_redis_max_total_bytes: int = 2 * 1000 * 1000 * 1000
     # OpenAI's batch limits: requests and bytes per input file, metadata pairs, accepted completion windows.
     batch_max_requests: int = 50_000
+    # The largest batch input file.
     batch_max_input_bytes: int = 200 * 1000 * 1000
+    # The most metadata pairs a batch may carry.
     batch_max_metadata: int = 16
+    # The completion windows a batch may ask for.
     batch_completion_windows: list[str] = Field(default_factory=lambda: ["24h"])
     # The API a batch worker sends each line to (any API process: it queues the line at batch priority; unset:
     # http://127.0.0.1:{port}), and the key it sends when API keys are on.
     batch_api_url: str | None = None
+    # The bearer key a batch worker sends when API keys are on.
     batch_api_key: str | None = None
     # Lines of one batch in flight at once (the batch's share of its model's workers).
     batch_max_in_flight: int = 8
@@ -175,6 +208,7 @@ class Settings(BaseSettings):
     # A batch worker holds its batch with a lease it renews; a batch whose lease lapsed (its worker died) is
     # taken over by another batch worker, which checks for such batches every batch_sweep_s.
     batch_lease_s: float = 30.0
+    # How often a batch worker looks for batches whose lease lapsed.
     batch_sweep_s: float = 10.0
 
     # ---- Embeddings and rerank workers ----------------------------------------------------------------------------
@@ -206,6 +240,7 @@ class Settings(BaseSettings):
     # it. It lives journal_ttl_s after its last renewal (renewed every few hundred steps and at the end) and holds at
     # most journal_max_entries steps (trimmed beyond: a resume from before then fails, and says why).
     journal_ttl_s: int = 3600
+    # A journal holds at most this many steps (trimmed beyond: a resume from before then fails, saying why).
     journal_max_entries: int = 100_000
     # A resumable stream whose client is gone is cancelled this long after its last reader left: the client may
     # reconnect (with Last-Event-ID) to any API process until then.
@@ -222,7 +257,7 @@ class Settings(BaseSettings):
     affinity: Literal["auto", "true", "false"] = "auto"
     # A job in a worker's affinity stream that has waited this long is taken by any worker with room and nothing
     # else to read (and a dead or draining worker's are taken so).
-    affinity_steal_ms: int = 500  # measured: benchmarks/prefix.py --steal-ms 100,250,500,1000 (README)
+    affinity_steal_ms: int = 500  # measured: benchmarks/prefix.py --steal-ms 100,250,500,1000 (docs/benchmarks.md)
     # How long a worker's record of a served prefix lasts (renewed by each job with it).
     affinity_ttl_s: int = 600
     # A preferred worker with this many jobs already waiting in its affinity stream is passed over: the job goes to

@@ -21,6 +21,7 @@ from common.redis.client import sync_client
 from common.redis.cluster import is_cluster
 from common.redis.server import EmbeddedRedis
 from common.settings import Settings
+from tests.precision import at_run_precision, cpu_default, forced, models_at_run_precision
 
 ROOT = Path(__file__).resolve().parent.parent
 MODEL = "smollm2-135m-instruct"
@@ -77,10 +78,10 @@ test_keys.__test__ = False  # type: ignore[attr-defined] - a helper, not a test
 @pytest.fixture(scope="session")
 def redis_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     if ON_CLUSTER:
-        from tests.integration.redis_ha import ClusterSet, missing_for_sentinel
+        from tests.integration.redis_ha import ClusterSet, missing_for_cluster
 
-        if missing_for_sentinel():
-            pytest.exit(f"OVQ_TEST_REDIS=cluster: {missing_for_sentinel()}", returncode=2)
+        if missing_for_cluster():
+            pytest.exit(f"OVQ_TEST_REDIS=cluster: {missing_for_cluster()}", returncode=2)
         cluster = ClusterSet(tmp_path_factory.mktemp("cluster"))
         yield cluster.url
         cluster.stop()
@@ -154,7 +155,7 @@ def stack(model_dir: Path, redis_url: str, tmp_path_factory: pytest.TempPathFact
     single = {**common, "max_num_seqs": 1, "plugin_config": {"prompt_lookup": True}}
     models = {MODEL: common, SINGLE: single, IMAGE: image, VLM: vlm, STATEFUL: stateful,
               STATEFUL_VLM: {**vlm, "pipeline_type": "VLM"}, TOOLS: tools}
-    config.write_text(json.dumps({"models": models}))
+    config.write_text(json.dumps({"models": models_at_run_precision(models)}))
     port = free_port()
     media = work / "media"
     media.mkdir()
@@ -204,7 +205,7 @@ def raw_greedy(model_dir: Path, prompt: str, max_tokens: int, stateful: bool = F
     tokenizer = g.Tokenizer(str(model_dir))
     ids = tokenizer.encode(prompt, add_special_tokens=True).input_ids.data[0].tolist()
     inputs = ov.Tensor(np.asarray([ids], dtype=np.int64))
-    properties = dict(plugin_config or {})
+    properties = at_run_precision(plugin_config)
     if stateful:
         pipe = g.LLMPipeline(str(model_dir), "CPU", ATTENTION_BACKEND="SDPA", **properties)
         return tokenizer.decode(list(pipe.generate(inputs, config).tokens[0]))
@@ -229,7 +230,7 @@ class Tiers:
         self.work, self.redis_url = work, redis_url
         self.prefix = f"ovqt{time.monotonic_ns() % 10**9}"
         config = work / "models.json"
-        config.write_text(json.dumps({"models": models}))
+        config.write_text(json.dumps({"models": models_at_run_precision(models)}))
         self.env = {**os.environ, "REDIS_URL": redis_url, "OVQ_CONFIG": str(config), "OVQ_KEY_PREFIX": self.prefix,
                     "OVQ_LOG_LEVEL": "info", "OVQ_WORKER_TTL_S": "3", "OVQ_RECLAIM_INTERVAL_S": "1",
                     "OVQ_FIRST_EVENT_CHECK_S": "1", "OVQ_API_PROCESSES": "1", "PYTHONUNBUFFERED": "1", **env}
@@ -312,3 +313,12 @@ def tiers(redis_url: str, tmp_path: Path) -> Iterator[Callable[..., Tiers]]:
     yield make
     for t in made:
         t.stop()
+
+
+def pytest_report_header() -> str:
+    """Which precision the numerics tests run at (tests/precision.py): a bf16 host and an f32 one differ."""
+    default = cpu_default()
+    line = f"inference precision: the CPU's default is {default}; this run: {forced() or 'the default'}"
+    if default != "bf16" and not forced():
+        line += " (this CPU has no bf16: the default half runs at f32, as the forced half does)"
+    return line

@@ -11,12 +11,21 @@ import time
 
 from fastapi import APIRouter, Query, Request
 from prometheus_client import CollectorRegistry, generate_latest
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from api.batch.files import file_store
 from api.batch.protocol import Batch, BatchCreateRequest, BatchList
 from common.batch.rq_keys import RQPrefixError
-from common.batch.store import TERMINAL, Batches, BatchQueue, BatchState, new_batch_id, per_model, window_seconds
+from common.batch.store import (
+    TERMINAL,
+    Batches,
+    BatchQueue,
+    BatchState,
+    ModelBatches,
+    new_batch_id,
+    per_model,
+    window_seconds,
+)
 from common.errors import OvqError
 from common.redis.client import connect_rq
 
@@ -126,23 +135,28 @@ async def cancel_batch(request: Request, batch_id: str) -> Batch:
     return Batch.of(state)
 
 
-async def batch_metrics(request: Request) -> bytes:
-    """Prometheus text for batches: lines done and failed per model (counters kept in Redis, so every API process
-    reports the same), lines in flight and batches running per model."""
-    registry = request.app.state.registry
+def batch_families(entries: list[ModelBatches]) -> list[Metric]:
+    """The batch metric families for these per-model summaries (also what docs/gen_reference.py lists)."""
     lines = CounterMetricFamily("ovq_batch_lines", "Batch lines answered, by outcome (completed: 2xx)",
                                 labels=["model", "outcome"])
     in_flight = GaugeMetricFamily("ovq_batch_lines_in_flight", "Batch lines sent and not yet answered",
                                   labels=["model"])
     running = GaugeMetricFamily("ovq_batches", "Batches not yet ended, by status", labels=["model", "status"])
-    for entry in await per_model(registry.redis, registry.keys):
+    for entry in entries:
         lines.add_metric([entry.model, "completed"], entry.completed)
         lines.add_metric([entry.model, "failed"], entry.failed)
         if entry.batches:
             in_flight.add_metric([entry.model], entry.in_flight)
         for status, count in entry.batches.items():
             running.add_metric([entry.model, status], count)
-    families = [lines, in_flight, running]
+    return [lines, in_flight, running]
+
+
+async def batch_metrics(request: Request) -> bytes:
+    """Prometheus text for batches: lines done and failed per model (counters kept in Redis, so every API process
+    reports the same), lines in flight and batches running per model."""
+    registry = request.app.state.registry
+    families = batch_families(await per_model(registry.redis, registry.keys))
 
     class Snapshot:
         def collect(self):  # noqa: ANN202 - prometheus_client's collector protocol

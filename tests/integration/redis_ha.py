@@ -21,10 +21,20 @@ FAILOVER_TIMEOUT_MS = 3000
 
 
 def missing_for_sentinel() -> str | None:
-    """Why the Sentinel tests cannot run here, or None."""
+    """Why the Sentinel tests (`SentinelSet`: redis-server and redis-sentinel) cannot run here, or None."""
     for binary in (DEBIAN_REDIS, DEBIAN_SENTINEL):
         if not binary.exists():
             return f"{binary} is missing (Debian's redis-server and redis-sentinel packages, Redis >= 7)"
+    return None
+
+
+def missing_for_cluster() -> str | None:
+    """Why the Cluster tests (`ClusterSet`: redis-server, and redis-cli to create the cluster) cannot run here, or
+    None. They need no redis-sentinel."""
+    if not DEBIAN_REDIS.exists():
+        return f"{DEBIAN_REDIS} is missing (Debian's redis-server package, Redis >= 7)"
+    if shutil.which("redis-cli") is None:
+        return "redis-cli is not on PATH (Debian's redis-tools package)"
     return None
 
 

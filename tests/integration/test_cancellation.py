@@ -9,6 +9,7 @@ import pytest
 import redis
 from openai import OpenAI
 
+from common.jobs import JobHash, JobStatus
 from common.keys import GROUP
 from tests.conftest import MODEL, ON_CLUSTER, SINGLE, Stack, test_keys
 
@@ -35,17 +36,24 @@ def job_statuses(r: redis.Redis) -> dict[bytes, dict[bytes, bytes]]:
 
 
 def test_disconnect_cancels_generation(client: OpenAI, redis_client: redis.Redis) -> None:
-    stream = client.chat.completions.create(model=MODEL, stream=True, **LONG)
+    """The job this stream's client named (X-Request-Id names the job) ends cancelled, not another test's."""
+    job_id = f"disconnect-{time.time_ns()}"
+    response = client.chat.completions.with_raw_response.create(model=MODEL, stream=True,
+                                                                extra_headers={"X-Request-Id": job_id}, **LONG)
+    assert response.headers["x-request-id"] == job_id
+    stream = response.parse()
     received = 0
     for _chunk in stream:
         received += 1
         if received == 5:
             break
+    job = KEYS.job(job_id, MODEL)
+    assert redis_client.hget(job, JobHash.STATUS) == JobStatus.RUNNING.encode()
     assert in_flight(redis_client, MODEL) == 1
     stream.close()
-    assert wait_until(lambda: in_flight(redis_client, MODEL) == 0, timeout=1.0)
-    cancelled = [h for h in job_statuses(redis_client).values() if h.get(b"status") == b"cancelled"]
-    assert cancelled, "the worker recorded no cancelled job"
+    assert wait_until(lambda: redis_client.hget(job, JobHash.STATUS) != JobStatus.RUNNING.encode(), timeout=60)
+    assert redis_client.hget(job, JobHash.STATUS) == JobStatus.CANCELLED.encode(), redis_client.hgetall(job)
+    assert wait_until(lambda: in_flight(redis_client, MODEL) == 0, timeout=60)
     reply = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "hi"}], max_tokens=4)
     assert reply.usage.completion_tokens <= 4
 

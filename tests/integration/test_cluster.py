@@ -24,13 +24,13 @@ from redis.crc import key_slot
 from common.jobs import ENTRY_JOB
 from common.keys import GROUP
 from tests.conftest import ROOT, Tiers
-from tests.integration.redis_ha import ClusterSet, Node, missing_for_sentinel
+from tests.integration.redis_ha import ClusterSet, Node, missing_for_cluster
 from tests.integration.test_batch import BATCH_ENV, answered_once, batch_worker, client_for, line, results, start, wait
 from tests.integration.test_failover import QUEUED, STREAMS, probe, under_load
 from tests.integration.test_faults import TINY, Counts, in_threads, join, stream, tiny, unary
 from tests.integration.test_redis_security import denied
 
-pytestmark = pytest.mark.skipif(missing_for_sentinel() is not None, reason=str(missing_for_sentinel()))
+pytestmark = pytest.mark.skipif(missing_for_cluster() is not None, reason=str(missing_for_cluster()))
 HI = [{"role": "user", "content": "hi"}]
 ONCE = {"ignore_eos": True}  # the tiny model samples at temperature 1: without it its first token is sometimes EOS
 PREFIX = "ovqacl"  # the ACL file's key and channel patterns (`ovq:*`) rewritten to it

@@ -22,13 +22,13 @@ from common.keys import GROUP, Keys
 from common.ops import control
 from common.redis.cluster import ClusterLane, slot_of
 from common.settings import Settings
-from tests.integration.redis_ha import ClusterSet, missing_for_sentinel
+from tests.integration.redis_ha import ClusterSet, missing_for_cluster
 from workers.queue.intake import READ
 from workers.queue.reclaim import FORGET, Reclaimer
 from workers.queue.share import CORRECT
 from workers.vitals import Member
 
-pytestmark = pytest.mark.skipif(missing_for_sentinel() is not None, reason=str(missing_for_sentinel()))
+pytestmark = pytest.mark.skipif(missing_for_cluster() is not None, reason=str(missing_for_cluster()))
 KEYS = Keys("ovq", cluster=True)
 MODELS = [f"model-{i}" for i in range(8)]
 DEVICES = ("CPU", "GPU")

@@ -15,6 +15,7 @@ import pytest
 from openai import OpenAI
 
 from tests.conftest import MODELS, Tiers
+from tests.precision import run_precision
 
 EMBED, RERANK, SMALL = "tiny-embed", "tiny-rerank", "tiny-embed-short"
 TEXTS = ["The capital of France is Paris.", "hello world", "a cat, a dog and a little red bird"]
@@ -48,7 +49,8 @@ def genai_embeddings(texts: list[str], **config: object) -> np.ndarray:
 
     pooling = g.TextEmbeddingPipeline.PoolingType.MEAN
     pipe = g.TextEmbeddingPipeline(str(MODELS / "tiny-embed"), "CPU",
-                                   g.TextEmbeddingPipeline.Config(pooling_type=pooling, normalize=True, **config))
+                                   g.TextEmbeddingPipeline.Config(pooling_type=pooling, normalize=True, **config),
+                                   **run_precision())
     return np.asarray(pipe.embed_documents(texts), dtype=np.float32)
 
 
@@ -56,6 +58,7 @@ def post(tiers: Tiers, path: str, body: dict, key: str = "sk-embed") -> httpx.Re
     return httpx.post(tiers.base_url + path, json=body, headers={"Authorization": f"Bearer {key}"}, timeout=60)
 
 
+@pytest.mark.numerics
 def test_vectors_are_the_pipelines_own(client: OpenAI) -> None:
     result = client.embeddings.create(model=EMBED, input=TEXTS, encoding_format="float")
     vectors = np.asarray([d.embedding for d in result.data], dtype=np.float32)
@@ -131,6 +134,7 @@ def test_wrong_model_kind_and_key(tiers: Tiers, client: OpenAI) -> None:
     assert {EMBED, RERANK, SMALL} <= listed
 
 
+@pytest.mark.numerics
 def test_many_concurrent_requests_each_get_their_own_vector(tiers: Tiers) -> None:
     """Requests batched into shared pipeline calls still get their own input's vector."""
     import asyncio
@@ -150,6 +154,7 @@ def test_many_concurrent_requests_each_get_their_own_vector(tiers: Tiers) -> Non
     np.testing.assert_allclose(np.asarray(asyncio.run(all_of_them())), expected, atol=1e-6)
 
 
+@pytest.mark.numerics
 def test_batch_api_takes_embeddings_lines(client: OpenAI) -> None:
     lines = [{"custom_id": f"e{i}", "method": "POST", "url": "/v1/embeddings",
               "body": {"model": EMBED, "input": text, "encoding_format": "float"}} for i, text in enumerate(TEXTS)]
@@ -171,13 +176,15 @@ def test_batch_api_takes_embeddings_lines(client: OpenAI) -> None:
 def genai_scores(query: str, documents: list[str]) -> list[float]:
     import openvino_genai as g
 
-    pipe = g.TextRerankPipeline(str(MODELS / "tiny-rerank"), "CPU", g.TextRerankPipeline.Config(top_n=100))
+    pipe = g.TextRerankPipeline(str(MODELS / "tiny-rerank"), "CPU", g.TextRerankPipeline.Config(top_n=100),
+                                **run_precision())
     scores = [0.0] * len(documents)
     for index, score in pipe.rerank(query, documents):
         scores[index] = score
     return scores
 
 
+@pytest.mark.numerics
 def test_rerank_orders_by_the_pipelines_scores(tiers: Tiers) -> None:
     documents = ["Paris is the capital of France", "a cat", "the sky is blue", "dog"]
     reply = post(tiers, "/rerank", {"model": RERANK, "query": "capital of France", "documents": documents,

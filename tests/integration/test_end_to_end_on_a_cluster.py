@@ -15,7 +15,7 @@ import pytest
 from common.models.sources import default_model
 from common.settings import Settings
 from tests.conftest import MODEL, ON_CLUSTER, Stack, _spawn, _wait_ready, free_port
-from tests.integration.redis_ha import ClusterSet, missing_for_sentinel
+from tests.integration.redis_ha import ClusterSet, missing_for_cluster
 from tests.integration.test_openai_api import (  # noqa: F401 - collected again, on the cluster
     test_completions_unary_and_streamed,
     test_sixteen_concurrent_streams_all_complete,
@@ -32,7 +32,7 @@ from tests.integration.test_text_api import (  # noqa: F401
     test_n_choices_come_back_with_their_index_unary_and_streamed,
 )
 
-pytestmark = [pytest.mark.skipif(missing_for_sentinel() is not None, reason=str(missing_for_sentinel())),
+pytestmark = [pytest.mark.skipif(missing_for_cluster() is not None, reason=str(missing_for_cluster())),
               pytest.mark.skipif(ON_CLUSTER, reason="OVQ_TEST_REDIS=cluster: the imported modules run on one already")]
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import base64
 import io
+import json
 import os
 import signal
 import subprocess
@@ -23,6 +24,7 @@ from PIL import Image
 from common.audio import decode
 from tests.conftest import ROOT, _wait_ready, free_port
 from tests.ovms_repository import image_graph, link_model, s2t_graph, t2s_graph, write_repository
+from tests.precision import F32
 
 MODELS = ROOT / "tests" / "models"
 S2T, T2S, IMAGE = "openai/tiny-whisper", "microsoft/tiny-speecht5", "tiny-sd"
@@ -39,7 +41,8 @@ def repository(root: Path) -> Path:
     (root / "tts" / "voices" / "a.bin").write_bytes((MODELS / "tiny-speecht5" / "voice-a.bin").read_bytes())
     return write_repository(root, {
         "whisper": s2t_graph('models_path: "./"', 'target_device: "CPU"'),
-        "tts": t2s_graph('models_path: "./"', 'target_device: "CPU"',
+        # OVMS's plugin_config passes through: f32, pinned as in test_speech (precision.md)
+        "tts": t2s_graph('models_path: "./"', 'target_device: "CPU"', f"plugin_config: '{json.dumps(F32)}'",
                          "voices { name: 'speaker-a' path: 'voices/a.bin' }"),
         "sd": image_graph('models_path: "./"', 'max_resolution: "64x64"', "default_num_inference_steps: 2",
                           "lora_adapters { alias: 'style' path: 'loras/style.safetensors' alpha: 0.8 }"),
@@ -90,7 +93,7 @@ def test_a_text_to_speech_graph_speaks_with_its_voices(client: OpenAI) -> None:
     import openvino_genai as g
 
     embedding = np.fromfile(MODELS / "tiny-speecht5" / "voice-a.bin", dtype="<f4").reshape(1, -1)
-    own = g.Text2SpeechPipeline(str(MODELS / "tiny-speecht5"), "CPU").generate("Hi.", ov.Tensor(embedding))
+    own = g.Text2SpeechPipeline(str(MODELS / "tiny-speecht5"), "CPU", **F32).generate("Hi.", ov.Tensor(embedding))
     expected = np.clip(np.array(own.speeches[0].data, copy=True).ravel(), -1, 1)
     wav = client.audio.speech.create(model=T2S, voice="speaker-a", input="Hi.", response_format="wav").read()
     received = soundfile.read(io.BytesIO(wav), dtype="float32")[0]

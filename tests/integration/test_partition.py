@@ -18,6 +18,7 @@ import redis
 from tests.conftest import MODELS, ON_CLUSTER, Tiers
 from tests.integration import sse
 from tests.integration.tcp_proxy import TcpProxy
+from tests.precision import F32
 
 pytestmark = pytest.mark.skipif(ON_CLUSTER, reason="one proxy stands for one Redis, not for a Cluster's nodes")
 
@@ -67,7 +68,7 @@ def test_a_partitioned_worker_taken_over_sends_nothing_twice(tiers: Callable[...
     once, with one terminal event."""
     url = urlsplit(redis_url)
     t = tiers({TINY: {"path": str(MODELS / TINY), "cache_size": 0, "max_num_seqs": 4,
-                      "plugin_config": {"INFERENCE_NUM_THREADS": 1}}})
+                      "plugin_config": {"INFERENCE_NUM_THREADS": 1, **F32}}})  # exact takeover: precision.md
     proxies = [TcpProxy(url.hostname or "127.0.0.1", url.port or 6379) for _ in range(2)]
     try:
         t.api()

@@ -10,6 +10,7 @@ import pytest
 from openai import OpenAI
 
 from tests.conftest import MODELS, Tiers
+from tests.precision import F32, at_run_precision, run_precision
 
 DRAFTED, ADAPTED = "tiny-drafted", "tiny-adapted"
 LORA = MODELS / "tiny-llama-lora" / "adapter_model.safetensors"
@@ -19,8 +20,11 @@ PROMPT = "The quick brown fox"
 @pytest.fixture(scope="module")
 def client(redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[OpenAI]:
     llama = str(MODELS / "tiny-llama")
-    models = {DRAFTED: {"path": llama, "cache_size": 0, "draft_models_path": str(MODELS / "tiny-llama-draft")},
-              ADAPTED: {"path": llama, "cache_size": 0, "lora_adapters": {"loud": {"path": str(LORA), "alpha": 0.7}}}}
+    # A draft leaves greedy text as it is at f32 only (pinned: tests/precision.py); adapters compare like with like.
+    models = {DRAFTED: {"path": llama, "cache_size": 0, "draft_models_path": str(MODELS / "tiny-llama-draft"),
+                        "plugin_config": F32},
+              ADAPTED: {"path": llama, "cache_size": 0, "lora_adapters": {"loud": {"path": str(LORA), "alpha": 0.7}},
+                        "plugin_config": at_run_precision()}}
     tiers = Tiers(redis_url, tmp_path_factory.mktemp("speclora"), models)
     try:
         tiers.worker(DRAFTED, name="drafted")
@@ -32,13 +36,16 @@ def client(redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator
         tiers.stop()
 
 
-def own_greedy(adapter: Path | None = None, alpha: float = 1.0) -> str:
-    """GenAI's own greedy completion of PROMPT (no draft), with the adapter if one is given."""
+def own_greedy(adapter: Path | None = None, alpha: float = 1.0, precision: dict | None = None) -> str:
+    """GenAI's own greedy completion of PROMPT (no draft), with the adapter if one is given, at the run's precision
+    unless another is named."""
     import numpy as np
     import openvino as ov
     import openvino_genai as g
 
-    properties = {"adapters": g.AdapterConfig(g.Adapter(str(adapter)))} if adapter else {}
+    properties = {**(run_precision() if precision is None else precision)}
+    if adapter:
+        properties["adapters"] = g.AdapterConfig(g.Adapter(str(adapter)))
     pipe = g.ContinuousBatchingPipeline(str(MODELS / "tiny-llama"), g.SchedulerConfig(), "CPU", properties)
     tokenizer = pipe.get_tokenizer()
     ids = ov.Tensor(np.asarray([tokenizer.encode(PROMPT).input_ids.data[0].tolist()], dtype=np.int64))
@@ -49,7 +56,7 @@ def own_greedy(adapter: Path | None = None, alpha: float = 1.0) -> str:
 
 
 def test_greedy_text_with_a_draft_model_is_the_models_own(client: OpenAI) -> None:
-    expected = own_greedy()
+    expected = own_greedy(precision=F32)
     for extra in ({}, {"num_assistant_tokens": 3}, {"assistant_confidence_threshold": 0.3}):
         answer = client.completions.create(model=DRAFTED, prompt=PROMPT, temperature=0, max_tokens=24,
                                            extra_body=extra)
@@ -59,6 +66,7 @@ def test_greedy_text_with_a_draft_model_is_the_models_own(client: OpenAI) -> Non
                                   extra_body={"assistant_confidence_threshold": 0.3})
 
 
+@pytest.mark.numerics
 def test_an_adapter_is_listed_and_selected_by_either_name(client: OpenAI) -> None:
     assert {m.id for m in client.models.list()} >= {DRAFTED, ADAPTED, f"{ADAPTED}:loud"}
     adapted, base = own_greedy(LORA, 0.7), own_greedy()

@@ -20,6 +20,7 @@ QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
 PROMPT = "<|im_start|>user\n{}<|im_end|>\n<|im_start|>assistant\n"
 
 
+@pytest.mark.numerics
 def test_stateful_answer_is_the_stateful_pipelines_own(client: OpenAI, model_dir: Path) -> None:
     prompt = PROMPT.format("What is the capital of France?")
     stateful = client.completions.create(model=STATEFUL, prompt=prompt, temperature=0, max_tokens=30)

@@ -190,6 +190,7 @@ def test_reasoning_is_split_when_thinking_is_on(client: OpenAI) -> None:
     assert plain.choices[0].message.content and getattr(plain.choices[0].message, "reasoning_content", None) is None
 
 
+@pytest.mark.numerics
 def test_prompt_lookup_gives_the_greedy_answer(client: OpenAI, model_dir: Path) -> None:
     question = "Repeat exactly: the quick brown fox jumps over the lazy dog."
     prompt = f"<|im_start|>user\n{question}<|im_end|>\n<|im_start|>assistant\n"

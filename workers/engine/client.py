@@ -32,8 +32,10 @@ class EngineError(RuntimeError):
 class EngineClient:
     def __init__(self, spec: EngineSpec, target: Target, on_message: Callable[[Updates, list[Any] | None], None],
                  on_exit: Callable[[str, dict[str, Any] | None], None], busy: Callable[[], bool],
-                 watchdog_s: float, start_timeout_s: float) -> None:
+                 watchdog_s: float, start_timeout_s: float,
+                 on_idle: Callable[[list[Any]], None] | None = None) -> None:
         self.spec, self.target = spec, target
+        self._on_idle = on_idle
         self._on_message, self._on_exit, self._busy = on_message, on_exit, busy
         self.watchdog_s, self.start_timeout_s = watchdog_s, start_timeout_s
         self._ctx = mp.get_context("spawn")
@@ -108,6 +110,9 @@ class EngineClient:
             self._handshake.set_result(message)
         elif protocol.BROKEN in message:
             self._report = message
+        elif protocol.IDLE in message:
+            if self._on_idle is not None:
+                self._on_idle(message[protocol.IDLE])
         else:
             self._on_message(message[protocol.UPDATES], message[protocol.STATS])
 

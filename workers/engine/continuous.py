@@ -81,8 +81,11 @@ def _properties(spec: EngineSpec) -> dict[str, Any]:
     scheduler = g.SchedulerConfig()
     for name, value in draft["scheduler"].items():
         setattr(scheduler, name, value)
+    # The draft runs at the model's inference precision: a bf16 draft under an f32 model proposes tokens from other
+    # logits than the ones the f32 model verifies, and is accepted less often.
+    precision = {k: v for k, v in spec.plugin_config.items() if k == "INFERENCE_PRECISION_HINT"}
     return {**spec.plugin_config, "draft_model": g.draft_model(draft["path"], draft["device"],
-                                                              scheduler_config=scheduler)}
+                                                              scheduler_config=scheduler, **precision)}
 
 
 class Adapters:
@@ -364,13 +367,15 @@ class Engine:
                     self._add(*args[:6], out, args[6])
 
     def release(self) -> None:
-        """Let the scheduler free what cancelled requests hold (it does so at a step), so the pipeline is destroyed
-        clean; otherwise GenAI logs leaked KV blocks on exit."""
+        """Let the scheduler free what ended and cancelled requests hold: it does so at a step, and a cancelled
+        request no longer counts as unfinished, so one empty step follows the last. Otherwise the blocks stay
+        allocated while the engine idles, and GenAI logs them as leaked when the pipeline is destroyed."""
         try:
             while self.pipe.has_non_finished_requests():
                 self.pipe.step()
-        except Exception as exc:  # exiting anyway
-            log.warning("could not release the cancelled requests: %s", error_message(exc))
+            self.pipe.step()
+        except Exception as exc:  # the next real step reports a broken pipeline
+            log.warning("could not release the ended requests: %s", error_message(exc))
 
     def _prefilled(self) -> None:
         """What the step prefilled, as GenAI's split-fuse scheduler spends a step's budget: a token for each running
@@ -525,7 +530,8 @@ def _take(commands: Connection, outputs: Connection, engine: Engine, out: Update
     while commands.poll(timeout):
         try:
             message = orjson.loads(commands.recv_bytes())
-        except EOFError:  # the I/O half is gone: nobody to generate for
+        except EOFError:  # the I/O half is gone: nobody to generate for; free the KV cache, so GenAI has no leak
+            engine.stop([])  # to log as the pipeline is destroyed
             return False
         if not protocol.apply(engine, message, out):
             send(outputs, out)
@@ -543,7 +549,12 @@ def run(commands: Connection, outputs: Connection, spec: EngineSpec) -> None:
     if engine is None:
         return
     window, ended = ArrivalWindow(spec.arrival_window_ms / 1000), 0
+    busy = True  # so the first report says what the loaded engine holds before any job
     while True:
+        if busy and not engine.requests:  # gone idle (its jobs ended or were cancelled): free, then say so
+            engine.release()
+            outputs.send_bytes(orjson.dumps(protocol.idle(engine.stats())))
+            busy = False
         out: Updates = []
         if not _take(commands, outputs, engine, out, window, ended):
             return
@@ -552,6 +563,7 @@ def run(commands: Connection, outputs: Connection, spec: EngineSpec) -> None:
             out = []
         if not engine.requests:
             continue
+        busy = True
         running, started = len(engine.requests), time.monotonic()
         try:
             engine.step(out)

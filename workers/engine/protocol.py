@@ -25,6 +25,9 @@ Two one-way pipes, one frame of JSON per message (`workers.engine.pipe` frames i
           (`running`): the I/O half takes it on its fast path (`is_running`), reading it in place.
           stats, after each step: [requests, scheduled requests, KV cache usage %, prompt tokens not yet
           prefilled]: what the I/O half admits new jobs by.
+      {"idle": stats} (`idle`): the engine ran its last job (finished or cancelled) and has freed what the jobs
+          held (one empty step): its stats as it idles, so a KV-cache usage above 0 there is a leak, not a
+          figure left over from the last busy step. Not a step: admission learns nothing from it.
       {"broken": message, "suspects": [job, ...]} (`broken`): a step failed; the pipeline refuses every later
           call, so the process exits after this. Suspects are the jobs added since the last step that succeeded.
       the first frame: {"ready": true} | {"ready": false, "error": message} (`ready`)
@@ -199,11 +202,15 @@ def error(job: str, extra: dict[str, Any], ids: list[int] | None = None) -> list
 
 
 # ---- messages (engine -> I/O half) -------------------------------------------------------------------------
-UPDATES, STATS, BROKEN, SUSPECTS, READY, WHY = "u", "s", "broken", "suspects", "ready", "error"
+UPDATES, STATS, IDLE, BROKEN, SUSPECTS, READY, WHY = "u", "s", "idle", "broken", "suspects", "ready", "error"
 
 
 def report(updates: Updates, stats: list[Any] | None = None) -> dict[str, Any]:
     return {UPDATES: updates, STATS: stats}
+
+
+def idle(stats: list[Any]) -> dict[str, Any]:
+    return {IDLE: stats}
 
 
 def broken(message: str, suspects: list[str]) -> dict[str, Any]:

@@ -96,11 +96,15 @@ class TextWorker(BaseWorker):
         self._pending: set[asyncio.Task[None]] = set()
         self.engine = EngineClient(engine_spec(model, device, self.info), engine_target(self.card.servable_type),
                                    self._on_message, self._on_engine_exit, lambda: bool(self.running),
-                                   settings.engine_watchdog_s, settings.engine_start_timeout_s)
+                                   settings.engine_watchdog_s, settings.engine_start_timeout_s, self._on_engine_idle)
         self._restarting = False
         # After a failed step with several suspects: re-added one per step, so a failure names its culprit.
         self._probation: deque[RunningJob] = deque()
         self._probing: str | None = None
+        # After a crash nothing names the culprit: a job that has made tokens on the engine since it was added there
+        # went through a step, so it is no suspect. Tokens at its add; crashes it was in (two: dead-lettered).
+        self._tokens_at_add: dict[str, int] = {}
+        self._crashes: dict[str, int] = {}
 
     @staticmethod
     def _knee(settings: Settings, model: ModelConfig) -> Knee | None:
@@ -206,6 +210,7 @@ class TextWorker(BaseWorker):
 
     def _add(self, state: RunningJob, resume: dict[str, Any] | None = None) -> None:
         job = state.job
+        self._tokens_at_add[job.id] = sum(c.tokens for c in state.choices)
         if job.images:
             task = asyncio.create_task(self._add_with_images(job, resume))
             self._pending.add(task)
@@ -241,6 +246,12 @@ class TextWorker(BaseWorker):
             outbox.observe("queue", queue_ms)
 
     # ---- engine output ---------------------------------------------------------------------------------
+    def _on_engine_idle(self, stats: list[Any]) -> None:
+        """The engine idles and has freed what its jobs held: its stats replace the last busy step's (which the
+        last job's final update came with), unless a job was sent to it since."""
+        if self.admission is not None and not self.running:
+            self.admission.stats = stats
+
     def _on_message(self, outputs: Updates, stats: list[Any] | None) -> None:
         """One engine message: its updates (most through the fast half), then held text due, then its stats."""
         outbox = Outbox()
@@ -438,6 +449,8 @@ class TextWorker(BaseWorker):
 
     def _job_done(self, state: RunningJob, outbox: Outbox) -> None:
         super()._job_done(state, outbox)
+        self._tokens_at_add.pop(state.job.id, None)
+        self._crashes.pop(state.job.id, None)
         if state.recorded_once or state.unrecorded or state.streamed:
             outbox.forget(state.job.id)
         if self.admission is not None:
@@ -451,7 +464,8 @@ class TextWorker(BaseWorker):
     # ---- engine failures -------------------------------------------------------------------------------
     def _on_engine_exit(self, kind: str, report: dict[str, Any] | None) -> None:
         """A failed step fails only its culprit: the others go on, from what they had generated, on a new
-        engine. A crash or a hang fails every running job (nothing says which one caused it)."""
+        engine. After a crash or a hang, which names no culprit, so do the jobs that went through a step on it
+        (`_after_crash`)."""
         if self._stopping.is_set():
             return
         self._restarting = True
@@ -465,15 +479,43 @@ class TextWorker(BaseWorker):
             log.error("engine step failed (%s); restarting it: %d jobs go on, %d suspects re-run one at a time",
                       report[protocol.BROKEN], len(innocents), len(suspects))
         else:
-            why = ("stopped responding and was restarted" if kind == "unresponsive"
-                   else "crashed while running this job")
-            log.error("engine process %s; failing %d running jobs and restarting it", why, len(running))
-            self._fail_all(500, f"the inference engine {why}")
-            innocents, suspects = [], []
+            innocents, suspects = self._after_crash(running, "stopped responding" if kind == "unresponsive"
+                                                    else "crashed")
         self.engine_restarts += 1
         task = asyncio.get_running_loop().create_task(self._restart_engine(innocents, suspects))
         self._pending.add(task)
         task.add_done_callback(self._pending.discard)
+
+    def _after_crash(self, running: list[RunningJob], what: str) -> tuple[list[RunningJob], list[RunningJob]]:
+        """The engine process died or hung, saying nothing: the jobs that made tokens on it since they were added
+        go on from them on a new engine, as a takeover does; the others, added since, are the suspects, re-run one
+        at a time. A job in a second crash is failed and goes to the dead letters: it is the likely cause. A job
+        that cannot go on from its tokens (structured output, images, best_of) fails as before."""
+        innocents, suspects, failed = [], [], 0
+        for state in running:
+            crashes = self._crashes[state.job.id] = self._crashes.get(state.job.id, 0) + 1
+            if crashes >= 2 or (self._resume(state) is not None and not self.resumable(state.job)):
+                failed += 1
+                self._crashed(state, f"the inference engine {what} while running this job", crashes >= 2)
+            elif sum(c.tokens for c in state.choices) > self._tokens_at_add.get(state.job.id, 0):
+                innocents.append(state)
+            else:
+                suspects.append(state)
+        log.error("engine process %s; restarting it: %d jobs go on, %d suspects re-run one at a time, %d failed",
+                  what, len(innocents), len(suspects), failed)
+        return innocents, suspects
+
+    def _crashed(self, state: RunningJob, why: str, dead_letter: bool) -> None:
+        """Fail the job (one error event); a job in its second crash also goes to the dead letters (`ovq dead`)."""
+        outbox = Outbox()
+        fields = {k.encode(): v for k, v in state.job.to_fields().items()}
+        self._end(state, JobStatus.ERROR, outbox, {"status": 500, "message": why, "type": "server_error",
+                                                   "code": "engine_crashed"})
+        self.publisher.put(outbox)
+        if dead_letter:
+            task = asyncio.get_running_loop().create_task(self.dead_letter(fields, f"{why}, twice"))
+            self._pending.add(task)
+            task.add_done_callback(self._pending.discard)
 
     def _fail(self, state: RunningJob, message: str) -> None:
         structured = state.job.params.structured is not None

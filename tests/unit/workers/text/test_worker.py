@@ -10,6 +10,7 @@ import pytest
 from common.jobs import Job, SamplingParams
 from common.models.config import ModelConfig
 from common.settings import Settings
+from tests.precision import F32
 from workers.engine import protocol
 from workers.engine.continuous import Engine
 from workers.engine.protocol import EngineSpec
@@ -43,7 +44,9 @@ class Collected:
 
 @pytest.fixture(scope="module")
 def engine(model_dir: Path) -> Engine:
-    return Engine(EngineSpec(str(model_dir), "CPU", {"cache_size": 0}, {}, 8192))
+    # f32, pinned: a continued job's greedy text is the uninterrupted run's only where the new engine's prefill of
+    # the recorded ids rounds as the old one's step-by-step decoding did (bf16 flips a near-tie: precision.md).
+    return Engine(EngineSpec(str(model_dir), "CPU", {"cache_size": 0}, F32, 8192))
 
 
 @pytest.fixture
@@ -208,3 +211,25 @@ def test_a_record_reads_back_its_choices_ends_and_order() -> None:
     assert with_logprobs.choices[0].logprobs == [-0.5, -1.25]
     with pytest.raises(ValueError):
         Progress.read(data[:-2], logprobs=False)
+
+
+def test_an_idle_engines_report_replaces_the_last_busy_steps_stats(engine: Engine, model_dir: Path,
+                                                                     info: ServableInfo,
+                                                                     byte_table: ByteTable | None) -> None:
+    """The last job's final update comes with its step's stats (KV cache still in use); the engine's idle report
+    after it is what an idle worker shows (metrics, heartbeat), unless a job was sent to the engine meanwhile."""
+    commands: list[list[Any]] = []
+    worker = fresh_worker(model_dir, commands, info, byte_table)
+    job = Job(model="smol", device="CPU", kind="chat", prompt=PROMPT, reply_to="api-1",
+              params=SamplingParams(max_tokens=3, temperature=0))
+    worker._start(b"1-1", job, Outbox())
+    run(engine, worker, commands)
+    worker._on_message([], [1, 1, 12.5, 0])  # the figure a busy step left behind
+    assert not worker.running and worker.engine_stats() == [1, 1, 12.5, 0]
+    worker._on_engine_idle([0, 0, 0.0, 0])
+    assert worker.engine_stats() == [0, 0, 0.0, 0]
+    worker._start(b"1-2", job.model_copy(update={"id": "another"}), Outbox())
+    worker._on_message([], [1, 1, 6.0, 0])
+    worker._on_engine_idle([0, 0, 0.0, 0])  # sent before the engine saw the new job: stale
+    assert worker.running and worker.engine_stats() == [1, 1, 6.0, 0]
+    engine.cancel("another", [])
