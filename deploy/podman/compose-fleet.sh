@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Runs deploy/compose.yaml's fleet under podman-compose (compose_fleet.py derives it: two APIs on 127.0.0.1:8000
-# and :8001, two workers, the batch worker, Redis; --sentinel adds the replica and three sentinels), checks that
-# each API answers and a batch completes, then takes it down (volumes included) unless --keep.
+# and :8001 (OVQ_FLEET_API_PORTS="A B" for others), two workers, the batch worker, Redis; --sentinel adds the
+# replica and three sentinels), checks that each API answers and a batch completes, then takes it down (volumes
+# included) unless --keep.
 # The models volume is filled from this machine's prepared model first, so `prepare` is a no-op and no container
 # needs to reach anything outside the project's network. Needs podman-compose (pip install podman-compose).
 # Usage: deploy/podman/compose-fleet.sh [--sentinel] [--keep]   (python3: one with ovq installed, or PYTHON=...)
@@ -19,7 +20,8 @@ podman image exists "ovq:$version" || "$here/build-image.sh" "ovq:$version"
 "$here/redis-image.sh"
 
 work=$(mktemp -d "${TMPDIR:-/var/tmp}/ovq-fleet.XXXXXX")
-"${PYTHON:-python3}" "$here/compose_fleet.py" write "$work" $sentinel
+# shellcheck disable=SC2086 # two port numbers
+"${PYTHON:-python3}" "$here/compose_fleet.py" write "$work" $sentinel --api-ports ${OVQ_FLEET_API_PORTS:-8000 8001}
 compose() { podman-compose -f "$work/compose.yaml" "$@"; }
 down() {
   compose down -v -t 45 >/dev/null 2>&1 || true

@@ -2,8 +2,8 @@
 # Runs deploy/kubernetes/ under `podman kube play` as far as it goes (kube_play.py adapts and says what it leaves
 # out), on a network of the run's own, with the Secret ovq-api-keys made for the run (podman secret) and the
 # models claim filled from this machine's prepared model (the init container's `ovq models prepare` is then a
-# no-op: nothing fetched). Checks that the API answers a chat on 127.0.0.1:8000, then takes it all down unless
-# --keep. Usage: deploy/podman/kube-play.sh [--keep]   (python3: one with ovq installed, or PYTHON=...)
+# no-op: nothing fetched). Checks that the API answers a chat on 127.0.0.1:8000 (OVQ_KUBE_API_PORT), then takes it
+# all down unless --keep. Usage: deploy/podman/kube-play.sh [--keep]   (python3: one with ovq installed, or PYTHON=...)
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 repo=$(cd "$here/../.." && pwd)
@@ -52,7 +52,7 @@ while read -r file alias; do
 done <"$work/plan.txt"
 
 deadline=$(( $(date +%s) + ${OVQ_FLEET_WAIT_S:-600} ))
-until answer=$(curl -sf -m 60 http://127.0.0.1:8000/v3/chat/completions -H "Authorization: Bearer $key" \
+until answer=$(curl -sf -m 60 "http://127.0.0.1:${OVQ_KUBE_API_PORT:-8000}/v3/chat/completions" -H "Authorization: Bearer $key" \
     -H 'Content-Type: application/json' \
     -d '{"model": "smollm2-135m-instruct", "max_tokens": 8, "messages": [{"role": "user", "content": "Hi"}]}'); do
   [ "$(date +%s)" -lt "$deadline" ] || { echo "kube-play: the API did not answer"; podman ps -a; exit 1; }

@@ -4,8 +4,10 @@ answer to, as the Service names them in Kubernetes), and says on stderr what is 
 
 Adaptations, each forced by kube play:
   - a StatefulSet becomes a Deployment of the same pod template, its volumeClaimTemplates PVCs (no StatefulSet);
-  - every containerPort gets hostIP 127.0.0.1 (kube play publishes each containerPort on the host, on every
-    interface without one: Redis would be open to the host's network);
+  - kube play publishes every containerPort on the host (on every interface, without hostIP: Redis would be open
+    to the host's network): only the Service-fronted HTTP API keeps its port, on 127.0.0.1:API_PORT (8000, or
+    OVQ_KUBE_API_PORT); the other containers' ports go (probes name their port by number instead), as pods on one
+    network reach each other's ports without them;
   - one replica each (the second replica's published port is taken by the first);
   - Services become network aliases on the run's own network (kube play has no Services);
   - init containers are annotated to run at every start of their pod (podman 4.3 fails to remove run-once ones).
@@ -15,6 +17,7 @@ Adaptations, each forced by kube play:
 from __future__ import annotations
 
 import copy
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -26,6 +29,9 @@ RUNS = ("Deployment", "StatefulSet", "PersistentVolumeClaim")
 # Podman runs a "once" init container, then removes it, and 4.3 often fails there ("cannot remove container ... as
 # it is running"); "always" ones it keeps.
 INIT_CONTAINER_TYPE = "io.podman.annotations.init.container.type"
+API_PORT = int(os.environ.get("OVQ_KUBE_API_PORT", "8000"))
+API_SERVICE = "ovq-api"
+PROBES = ("livenessProbe", "readinessProbe", "startupProbe")
 # Left out, and why (Secrets are made by the script as podman secrets; ConfigMaps go with --configmap).
 LEFT_OUT = {
     "Namespace": "kube play has no namespaces",
@@ -46,7 +52,21 @@ def _statefulset_as_deployment(workload: dict[str, Any]) -> list[dict[str, Any]]
     return [*claims, {**workload, "kind": "Deployment"}]
 
 
-def _adapt(doc: dict[str, Any]) -> list[dict[str, Any]]:
+def _ports(container: dict[str, Any], published: bool) -> None:
+    """The API's port on 127.0.0.1:API_PORT; no other port published (probes then name theirs by number)."""
+    named = {p["name"]: p["containerPort"] for p in container.get("ports", []) if "name" in p}
+    for probe in (container.get(name) for name in PROBES):
+        for check in (probe or {}).values():
+            if isinstance(check, dict) and check.get("port") in named:
+                check["port"] = named[check["port"]]
+    if published:
+        for port in container["ports"]:
+            port.update(hostIP="127.0.0.1", hostPort=API_PORT)
+    else:
+        container.pop("ports", None)
+
+
+def _adapt(doc: dict[str, Any], service: str) -> list[dict[str, Any]]:
     doc = copy.deepcopy(doc)
     docs = _statefulset_as_deployment(doc) if doc["kind"] == "StatefulSet" else [doc]
     for workload in docs:
@@ -58,8 +78,7 @@ def _adapt(doc: dict[str, Any]) -> list[dict[str, Any]]:
             for metadata in (workload["metadata"], workload["spec"]["template"]["metadata"]):
                 metadata.setdefault("annotations", {})[INIT_CONTAINER_TYPE] = "always"
         for container in pod.get("initContainers", []) + pod["containers"]:
-            for port in container.get("ports", []):
-                port["hostIP"] = "127.0.0.1"
+            _ports(container, published=service == API_SERVICE and bool(container.get("ports")))
     return docs
 
 
@@ -85,15 +104,16 @@ def main(directory: Path, existing: set[str]) -> int:
             if doc["kind"] in LEFT_OUT:
                 print(f"kube_play: {name}: {doc['kind']} {doc['metadata']['name']} left out: {LEFT_OUT[doc['kind']]}",
                       file=sys.stderr)
-        runnable = [d for doc in file if doc["kind"] in RUNS for d in _adapt(doc)
-                    if not (d["kind"] == "PersistentVolumeClaim" and d["metadata"]["name"] in existing)]
-        if not any(d["kind"] == "Deployment" for d in runnable):
+        workloads = [doc for doc in file if doc["kind"] in ("Deployment", "StatefulSet")]
+        if not workloads:
             continue
+        alias = _alias(workloads[0], services)
+        runnable = [d for doc in file if doc["kind"] in RUNS for d in _adapt(doc, alias)
+                    if not (d["kind"] == "PersistentVolumeClaim" and d["metadata"]["name"] in existing)]
         for doc in runnable:
             doc["metadata"].pop("namespace", None)
-        workload = next(d for d in runnable if d["kind"] == "Deployment")
         (directory / name).write_text(yaml.safe_dump_all(runnable, sort_keys=False))
-        plan.append(f"{name} {_alias(workload, services)}")
+        plan.append(f"{name} {alias}")
     (directory / "plan.txt").write_text("\n".join(plan) + "\n")
     return 0
 

@@ -210,11 +210,11 @@ def test_api_without_a_key_refuses_to_start_in_one_line(image: str) -> None:
     assert len(lines) == 1 and "key" in lines[0].lower(), lines
 
 
-def _script(name: str, *args: str) -> subprocess.CompletedProcess[str]:
+def _script(name: str, **env: str) -> subprocess.CompletedProcess[str]:
     """A deploy/podman script, with this Python (ovq installed) and the test extra's podman-compose on PATH."""
     path = f"{sysconfig.get_path('scripts')}{os.pathsep}{ENV['PATH']}"
-    return subprocess.run([str(PODMAN_DIR / name), *args], capture_output=True, text=True, timeout=1200, cwd=ROOT,
-                          env={**ENV, "PATH": path, "PYTHON": sys.executable})
+    return subprocess.run([str(PODMAN_DIR / name)], capture_output=True, text=True, timeout=1200, cwd=ROOT,
+                          env={**ENV, "PATH": path, "PYTHON": sys.executable, **env})
 
 
 def test_compose_fleet_answers_on_both_apis_and_completes_a_batch(image: str, model_dir: Path) -> None:
@@ -223,7 +223,7 @@ def test_compose_fleet_answers_on_both_apis_and_completes_a_batch(image: str, mo
     if shutil.which("podman-compose", path=f"{sysconfig.get_path('scripts')}{os.pathsep}{ENV['PATH']}") is None:
         pytest.skip("podman-compose is not installed (pip install podman-compose, part of the test extra)")
     podman("tag", image, OVQ_IMAGE)  # the image compose.yaml names: this tree's
-    result = _script("compose-fleet.sh")
+    result = _script("compose-fleet.sh", OVQ_FLEET_API_PORTS=f"{free_port()} {free_port()}")
     assert result.returncode == 0, (result.stdout + result.stderr)[-4000:]
     assert result.stdout.count("healthy\n") == 6 and "prepare exited 0" in result.stdout, result.stdout
 
@@ -231,6 +231,6 @@ def test_compose_fleet_answers_on_both_apis_and_completes_a_batch(image: str, mo
 def test_kubernetes_manifests_answer_under_kube_play(image: str, model_dir: Path) -> None:
     """deploy/kubernetes as far as `podman kube play` runs it (kube-play.sh): the API answers through it."""
     podman("tag", image, OVQ_IMAGE)
-    result = _script("kube-play.sh")
+    result = _script("kube-play.sh", OVQ_KUBE_API_PORT=str(free_port()))
     assert result.returncode == 0, (result.stdout + result.stderr)[-4000:]
     assert "kube-play: the API answered" in result.stdout, result.stdout
