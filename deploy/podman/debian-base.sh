@@ -15,8 +15,8 @@ mirror=$(awk -v suite="$suite" '
   /^Suites:/ { for (i = 2; i <= NF; i++) if ($i == suite) ok = 1 }
   END { if (deb && ok && uri) print uri }' /etc/apt/sources.list.d/*.sources 2>/dev/null | head -n 1)
 if [ -z "$mirror" ]; then
-  mirror=$(awk -v suite="$suite" '$1 == "deb" && $3 == suite { print $2; exit }' \
-    /etc/apt/sources.list /etc/apt/sources.list.d/*.list 2>/dev/null | head -n 1)
+  mirror=$(cat /etc/apt/sources.list /etc/apt/sources.list.d/*.list 2>/dev/null | sed 's/\[[^]]*\]//' |
+    awk -v suite="$suite" '$1 == "deb" && $3 == suite { print $2; exit }')
 fi
 [ -n "$mirror" ] || { echo "debian-base: no apt source for Debian $suite on this machine" >&2; exit 1; }
 
