@@ -189,7 +189,15 @@ def test_previous_response_id_of_another_tenant_is_not_found(tiers: Tiers, alpha
             b.responses.create(model=TINY, input="and then?", previous_response_id=previous, max_output_tokens=16)
         errors.append(orjson.dumps(caught.value.body).replace(previous.encode(), b"ID"))
     assert errors[0] == errors[1]
+    counts = []  # counting a chain's input tokens reads the chain: the same rule
+    for previous in (alphas["response_id"][0], NEVER["response_id"]):
+        with pytest.raises(openai.NotFoundError) as caught:
+            b.responses.input_tokens.count(model=TINY, input="and then?", previous_response_id=previous)
+        counts.append(orjson.dumps(caught.value.body).replace(previous.encode(), b"ID"))
+    assert counts[0] == counts[1]
     a = sdk(tiers, ALPHA)  # alpha's chain goes on
+    assert a.responses.input_tokens.count(model=TINY, input="and then?",
+                                          previous_response_id=alphas["response_id"][0]).input_tokens > 0
     chained = a.responses.create(model=TINY, input="and then?", previous_response_id=alphas["response_id"][0],
                                  max_output_tokens=16)
     assert chained.previous_response_id == alphas["response_id"][0] and chained.output

@@ -147,7 +147,8 @@ class ResponsesServing:
         `previous_response_id` chain included), without generating: the prompt rendered as for generation, then
         the model's own tokenizer on this API host (as `/tokenize`). Images' tokens only a worker knows: refused."""
         body = await parse_body(request, ResponsesRequest)
-        _, history = await self.store.history(body.previous_response_id) if body.previous_response_id else ([], [])
+        _, history = (await self.store.history(body.previous_response_id, caller_of(request))
+                      if body.previous_response_id else ([], []))
         chat = to_chat(body, history)
         try:
             servable, _, prompt = await self.serving.chat_prompt(chat)
