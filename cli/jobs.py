@@ -5,8 +5,11 @@ from __future__ import annotations
 
 import argparse
 import time
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import redis.asyncio as aioredis
+from pydantic import BaseModel
 from rich.table import Table
 
 from cli.console import console, error, print_json, run
@@ -69,47 +72,38 @@ def show(args: argparse.Namespace) -> int:
     return run(lambda redis, keys, settings: _show(redis, keys, settings, args.id, args.json))
 
 
-async def _backgrounds(redis: aioredis.Redis, keys: Keys, as_json: bool) -> int:
-    listed = await control.background_responses(redis, keys, limit=100)
+def _listing(listed: Sequence[BaseModel], as_json: bool, columns: tuple[str, ...],
+             row: Callable[[Any], tuple[str, ...]], empty: str) -> int:
+    """Stored objects with their owners: JSON, or a table (one `row` each)."""
     if as_json:
-        print_json([b.model_dump(mode="json") for b in listed])
+        print_json([item.model_dump(mode="json") for item in listed])
         return 0
     table = Table(box=None)
-    for column in ("response", "owner", "created", "model", "job", "status"):
+    for column in columns:
         table.add_column(column)
-    for b in listed:
-        table.add_row(b.id, b.owner, _when(b.created), b.model, b.job, b.status)
-    console().print(table if listed else "no background responses")
+    for item in listed:
+        table.add_row(*row(item))
+    console().print(table if listed else empty)
     return 0
+
+
+async def _backgrounds(redis: aioredis.Redis, keys: Keys, as_json: bool) -> int:
+    return _listing(await control.background_responses(redis, keys, limit=100), as_json,
+                    ("response", "owner", "created", "model", "job", "status"),
+                    lambda b: (b.id, b.owner, _when(b.created), b.model, b.job, b.status), "no background responses")
 
 
 async def _batches(redis: aioredis.Redis, keys: Keys, settings: Settings, as_json: bool) -> int:
-    listed = await owned.batches(redis, keys, settings, limit=100)
-    if as_json:
-        print_json([b.model_dump(mode="json") for b in listed])
-        return 0
-    table = Table(box=None)
-    for column in ("batch", "owner", "created", "model", "status", "lines done / failed / total"):
-        table.add_column(column)
-    for b in listed:
-        table.add_row(b.id, b.owner, _when(b.created), b.model or "-", b.status,
-                      f"{b.completed} / {b.failed} / {b.total}")
-    console().print(table if listed else "no batches")
-    return 0
+    return _listing(await owned.batches(redis, keys, settings, limit=100), as_json,
+                    ("batch", "owner", "created", "model", "status", "lines done / failed / total"),
+                    lambda b: (b.id, b.owner, _when(b.created), b.model or "-", b.status,
+                               f"{b.completed} / {b.failed} / {b.total}"), "no batches")
 
 
 async def _files(redis: aioredis.Redis, keys: Keys, settings: Settings, as_json: bool) -> int:
-    listed = await owned.files(redis, keys, settings, limit=100)
-    if as_json:
-        print_json([f.model_dump(mode="json") for f in listed])
-        return 0
-    table = Table(box=None)
-    for column in ("file", "owner", "created", "purpose", "bytes", "filename"):
-        table.add_column(column)
-    for f in listed:
-        table.add_row(f.id, f.owner, _when(f.created), f.purpose, str(f.bytes), f.filename)
-    console().print(table if listed else "no files")
-    return 0
+    return _listing(await owned.files(redis, keys, settings, limit=100), as_json,
+                    ("file", "owner", "created", "purpose", "bytes", "filename"),
+                    lambda f: (f.id, f.owner, _when(f.created), f.purpose, str(f.bytes), f.filename), "no files")
 
 
 async def _cancel(redis: aioredis.Redis, keys: Keys, settings: Settings, response_id: str) -> int:
