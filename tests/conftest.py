@@ -21,7 +21,7 @@ from common.redis.client import sync_client
 from common.redis.cluster import is_cluster
 from common.redis.server import EmbeddedRedis
 from common.settings import Settings
-from tests.precision import at_run_precision, cpu_default, forced, models_at_run_precision
+from tests.precision import at_run_precision, header, models_at_run_precision
 
 ROOT = Path(__file__).resolve().parent.parent
 MODEL = "smollm2-135m-instruct"
@@ -317,8 +317,4 @@ def tiers(redis_url: str, tmp_path: Path) -> Iterator[Callable[..., Tiers]]:
 
 def pytest_report_header() -> str:
     """Which precision the numerics tests run at (tests/precision.py): a bf16 host and an f32 one differ."""
-    default = cpu_default()
-    line = f"inference precision: the CPU's default is {default}; this run: {forced() or 'the default'}"
-    if default != "bf16" and not forced():
-        line += " (this CPU has no bf16: the default half runs at f32, as the forced half does)"
-    return line
+    return header()

@@ -50,6 +50,16 @@ def models_at_run_precision(models: dict[str, dict[str, Any]]) -> dict[str, dict
             for name, model in models.items()}
 
 
+def header() -> str:
+    """One line: the CPU's default precision and this run's (pytest's header; `.ci/run` prints it before each half,
+    since `-q` hides pytest's header)."""
+    default = cpu_default()
+    line = f"inference precision: the CPU's default is {default}; this run: {forced() or 'the default'}"
+    if default != "bf16" and not forced():
+        line += " (this CPU has no bf16: the default half runs at f32, as the forced half does)"
+    return line
+
+
 @functools.cache
 def cpu_default() -> str:
     """What the CPU plugin infers in when nothing is asked: `bf16` on AVX-512 BF16 / AMX hosts, else `f32`."""
