@@ -27,9 +27,8 @@ from cli import exposure, ovms
 from cli.progress import Progress, say
 from cli.readiness import Announcements, api_answers, api_bound_s, local_url, worker_bound_s
 from cli.tiers import add_api_arguments, api_env, key_env
-from common.keys import Keys
 from common.models.config import ModelConfig
-from common.redis.client import RedisURLError, embedded_socket, redis_url, sync_client
+from common.redis.client import RedisURLError, embedded_socket, keys_for, redis_url, sync_client
 from common.redis.server import EmbeddedRedis
 from common.settings import Settings
 
@@ -211,7 +210,7 @@ def _forget_other_models(url: str, settings: Settings, models: list[ModelConfig]
     """The embedded Redis is this user's alone and outlives a run: the cards of models an earlier run served with
     another models file would be listed (and wait for a worker that never comes) until the card TTL. This run serves
     its models file's models, no others."""
-    keys = Keys(settings.key_prefix)
+    keys = keys_for(settings)
     client = sync_client(url, socket_connect_timeout=settings.redis_timeout_s)
     try:
         keep = {m.name for m in models}
