@@ -22,6 +22,9 @@ from api.http.hosts import HostGuard
 from api.http.status import CLIENT_CLOSED
 from api.openai import tokenize
 from api.openai.adapters import adapter_names
+from api.openai.conversations import routes as conversations
+from api.openai.conversations.store import ConversationStore
+from api.openai.conversations.turns import ConversationTurns
 from api.openai.docs import install_docs
 from api.openai.encoders import EncoderServing
 from api.openai.images import ImageServing
@@ -83,7 +86,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         app.state.images = ImageServing(jobs, registry, settings)
         app.state.speech = SpeechServing(jobs, registry, settings)
         app.state.encoders = EncoderServing(jobs, registry, settings)
-        app.state.responses = ResponsesServing(app.state.serving, ResponseStore(redis, keys, settings))
+        app.state.conversations = ConversationStore(redis, keys, settings)
+        app.state.responses = ResponsesServing(app.state.serving, ResponseStore(redis, keys, settings),
+                                               ConversationTurns(app.state.conversations))
         _log_stop_signals(settings)
         heap.settle()
         yield
@@ -242,6 +247,7 @@ def _install_routes(app: FastAPI) -> dict[str, Endpoint]:
         app.add_api_route(f"{prefix}/models", list_models, methods=["GET"])
         app.add_api_route(f"{prefix}/models/{{model:path}}", get_model, methods=["GET"])
         app.include_router(stored_responses.router, prefix=prefix)
+        app.include_router(conversations.router, prefix=prefix)
         app.include_router(files.router, prefix=prefix)
         app.include_router(batches.router, prefix=prefix)
         app.include_router(tokenize.router, prefix=prefix)

@@ -218,6 +218,28 @@ class Keys:
         every creation of entries older than OVQ_JOURNAL_TTL_S; TTL the same."""
         return f"{self.prefix}:bgs"
 
+    # ---- Conversations (api/openai/conversations/store.py) ----------------------------------------------------
+    def _c(self, conversation_id: str) -> str:
+        """A conversation's id, tagged `{c:ID}` in cluster mode: its three keys share a slot (its scripts touch all)."""
+        return "{c:" + conversation_id + "}" if self.cluster else conversation_id
+
+    def conversation(self, conversation_id: str) -> str:
+        """Hash: a conversation: `created_at`, `metadata` (JSON), `owner` (its tenant: common/owner.py), `next` (the
+        sequence number its next item takes), `bytes` (its items' total size, JSON). Owned by the API's conversation
+        store with its items (Keys.conversation_items, Keys.conversation_order): all three written together, with
+        TTL OVQ_CONVERSATIONS_TTL_S renewed by every write, and removed by `DELETE /conversations/{id}`."""
+        return f"{self.prefix}:conv:{self._c(conversation_id)}"
+
+    def conversation_items(self, conversation_id: str) -> str:
+        """Hash: a conversation's items, item id -> the item (JSON). At most OVQ_CONVERSATION_MAX_ITEMS items and
+        OVQ_CONVERSATION_MAX_BYTES bytes (plus one response's output); TTL and owner as Keys.conversation's."""
+        return f"{self.prefix}:conv:{self._c(conversation_id)}:items"
+
+    def conversation_order(self, conversation_id: str) -> str:
+        """Sorted set: a conversation's item ids scored by their sequence number (their order in it): pages and a
+        turn's history are ranges of it. Cap, TTL and owner as Keys.conversation_items's."""
+        return f"{self.prefix}:conv:{self._c(conversation_id)}:order"
+
     # ---- Batch API (common/batch/files.py, common/batch/store.py, workers/batch/runner.py) -------------
     @property
     def batch_queue(self) -> str:

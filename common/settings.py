@@ -234,6 +234,19 @@ class Settings(BaseSettings):
     # input alone is over it is a 400 (send `store: false`); a response whose output takes it over is returned,
     # but not stored (its `store` says false).
     responses_max_bytes: int = 8 * 1024 * 1024
+    # ---- Conversations (/v1/conversations; api/openai/conversations/) ---------------------------------------
+    # A conversation (its metadata and items) lives this long after its last write: creating it, adding or deleting
+    # items, updating its metadata, or a response with `conversation` appending its turn. OpenAI keeps conversations
+    # until deleted; ovq keeps them in Redis memory beside the queues, so they expire when abandoned, as stored
+    # responses do (responses_ttl_s).
+    conversations_ttl_s: int = Field(7 * 24 * 3600, ge=1)
+    # The most items one conversation may hold. `items.create` and a response with `conversation` that would take it
+    # over are a 400 (`conversation_too_large`) before anything runs; a response's own output is appended whatever
+    # (a turn that ran is never lost), so a conversation exceeds it by at most one response's output.
+    conversation_max_items: int = Field(10_000, ge=1)
+    # The most bytes one conversation's items may take (as JSON), with the same rule as conversation_max_items.
+    # Every turn reads all of them: this also bounds a turn's Redis and API cost.
+    conversation_max_bytes: int = Field(8 * 1024 * 1024, ge=1)
     # Scheduling (issue 26): a job of a level below the highest (not batch) that has waited this long is taken
     # before any higher-priority job, so it starts within about this bound however much high-priority work comes.
     priority_aging_s: float = 10.0

@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -35,6 +35,7 @@ from api.openai.responses.events import TERMINAL, ResponseStream, counted_ids, i
 from api.openai.responses.protocol import Response as ResponseObject
 from api.openai.responses.protocol import ResponsesRequest, StreamEvent
 from api.openai.responses.store import ResponseStore, response_not_found
+from api.openai.responses.turns import Turns
 from api.openai.serving import add_usage, finish_choices
 from api.queue.client import JobClient
 from api.queue.journal import Journal, JournalBroken, paced
@@ -127,8 +128,8 @@ class Fold:
 
 
 class BackgroundResponses:
-    def __init__(self, jobs: JobClient, store: ResponseStore) -> None:
-        self.jobs, self.store = jobs, store
+    def __init__(self, jobs: JobClient, store: ResponseStore, turns: Turns) -> None:
+        self.jobs, self.store, self.turns = jobs, store, turns
         self.redis: aioredis.Redis = jobs.redis
         self.keys: Keys = jobs.keys
         self.journal = Journal(self.redis, self.keys)
@@ -303,13 +304,23 @@ class BackgroundResponses:
         return out
 
     async def _save(self, fold: Fold) -> None:
-        response = fold.response
-        items = stored_items(fold.record.body, response)
+        """Store the ended response, and add it to its conversation. Any API process may do this, more than once:
+        the input items' ids are counted from the response's id (as its output items' are), so that a second save
+        writes the same items, and the conversation takes them once (api/openai/conversations/store.py)."""
+        response, body = fold.response, fold.record.body
+        items = stored_items(body, response, input_ids(response.id))
         try:
             await self.store.save(response, items, len(items) - len(response.output), fold.record.chain,
                                   fold.record.owner)
+            await self.turns.append(body, response, input_ids(response.id), items)
         except UNAVAILABLE as exc:
             log.warning("background response %s not stored yet: Redis is unavailable (%s)", response.id, exc)
+
+
+def input_ids(response_id: str) -> Callable[[str], str]:
+    """Ids for a background response's input items, the same at every save: counted from its id, apart from its
+    output items' (`counted_ids` of the id alone)."""
+    return counted_ids(response_id.split("_")[-1] + "i")
 
 
 def _starting_after(value: str | None) -> int:

@@ -10,7 +10,7 @@ turn), a `function_call_output` a `tool` message, a `reasoning` item the next as
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from pydantic import ValidationError
@@ -68,17 +68,28 @@ def to_chat(body: ResponsesRequest, history: Iterable[Item | Mapping[str, Any]] 
 ID_PREFIXES = {"message": "msg", "function_call": "fc", "function_call_output": "fco", "reasoning": "rs"}
 
 
-def stored_items(body: ResponsesRequest, response: Response) -> list[dict[str, Any]]:
-    """What a response adds to its chain, as JSON objects to store: its input items (each given an id and a
-    status, as OpenAI lists them), then its output items. The next turn's `to_chat` takes them back as `history`,
-    as they were sent (a message's text stays a string: the template renders it as it did)."""
-    items = []
-    for item in body.items():
+def random_id(prefix: str) -> str:
+    return f"{prefix}_{uuid.uuid4().hex}"
+
+
+def stored_items(body: ResponsesRequest, response: Response,
+                 new_id: Callable[[str], str] = random_id) -> list[dict[str, Any]]:
+    """What a response adds to its chain (and its conversation), as JSON objects to store: its input items (each
+    given an id and a status, as OpenAI lists them; `new_id` makes the ids), then its output items. The next turn's
+    `to_chat` takes them back as `history`, as they were sent (a message's text stays a string: the template renders
+    it as it did)."""
+    return identified(body.items(), new_id) + [item.model_dump(by_alias=True) for item in response.output]
+
+
+def identified(items: Iterable[Item], new_id: Callable[[str], str] = random_id) -> list[dict[str, Any]]:
+    """Input items as JSON objects to store: each with its id (`new_id`'s where it has none) and a status."""
+    out = []
+    for item in items:
         update: dict[str, Any] = {"status": item.status or "completed"}
         if item.id is None:
-            update["id"] = f"{ID_PREFIXES[item.type]}_{uuid.uuid4().hex}"
-        items.append(item.model_copy(update=update).model_dump(by_alias=True, exclude_none=True))
-    return items + [item.model_dump(by_alias=True) for item in response.output]
+            update["id"] = new_id(ID_PREFIXES[item.type])
+        out.append(item.model_copy(update=update).model_dump(by_alias=True, exclude_none=True))
+    return out
 
 
 def chat_messages(items: Iterable[Item]) -> list[dict[str, Any]]:

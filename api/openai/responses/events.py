@@ -31,6 +31,7 @@ from api.openai.parsers import Parsed, ParsedDelta, ToolCallDelta
 from api.openai.responses.protocol import (
     ERROR_CODES,
     ContentPartEvent,
+    ConversationRef,
     ErrorEvent,
     FunctionCall,
     IncompleteDetails,
@@ -77,7 +78,8 @@ def initial_response(body: ResponsesRequest, response_id: str | None = None, cre
         reasoning=body.reasoning or ReasoningConfig(), store=body.store, text=body.text, tool_choice=body.tool_choice,
         tools=body.tools, top_logprobs=body.top_logprobs or 0, truncation=body.truncation, user=body.user,
         metadata=body.metadata or {}, service_tier=tier, safety_identifier=body.safety_identifier,
-        prompt_cache_key=body.prompt_cache_key, **used_sampling(body, sampling or {}))
+        prompt_cache_key=body.prompt_cache_key, **used_sampling(body, sampling or {}),
+        conversation=ConversationRef(id=body.conversation_id) if body.conversation_id else None)
 
 
 def used_sampling(body: ResponsesRequest, sampling: Mapping[str, float]) -> dict[str, float]:

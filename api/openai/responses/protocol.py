@@ -2,7 +2,7 @@
 
 Shapes follow OpenAI's API reference and the `openai` SDK's `openai.types.responses` (tests parse every object
 ovq sends with the SDK's own types). What ovq cannot do is refused with a 400 that says so: built-in tools,
-`truncation: auto`, reusable prompts, conversations, item references, images by file id.
+`truncation: auto`, reusable prompts, item references, images by file id.
 """
 from __future__ import annotations
 
@@ -65,6 +65,26 @@ def pydantic_error(exc: ValidationError, where: str) -> OvqError:
     if first["type"] == "missing":
         return missing(path)
     return OvqError(f"Invalid '{path}': {first['msg']}", param=path, code="invalid_value")
+
+
+def check_metadata(value: dict[str, str] | None) -> dict[str, str] | None:
+    """OpenAI's limits on `metadata` (a response's, a conversation's): 16 pairs, keys of 64 characters at most,
+    values of 512 (`object_above_max_size`, `string_above_max_length`)."""
+    if value is None:
+        return None
+    if len(value) > MAX_METADATA:
+        raise OvqError(f"Invalid 'metadata': too many properties. Expected an object with at most {MAX_METADATA}"
+                       f" properties, but got an object with {len(value)} properties instead.",
+                       param="metadata", code="object_above_max_size")
+    for key, item in value.items():
+        if len(key) > MAX_METADATA_KEY:
+            raise OvqError(f"Invalid 'metadata': key '{key[:16]}…' is longer than {MAX_METADATA_KEY} "
+                           "characters.", param="metadata", code="string_above_max_length")
+        if len(item) > MAX_METADATA_VALUE:
+            raise OvqError(f"Invalid 'metadata.{key}': string too long. Expected a string with maximum length "
+                           f"{MAX_METADATA_VALUE}, but got a string with length {len(item)} instead.",
+                           param=f"metadata.{key}", code="string_above_max_length")
+    return value
 
 
 def _parse(adapter: TypeAdapter[Any], value: Any, where: str) -> Any:
@@ -313,12 +333,17 @@ class ReasoningConfig(BaseModel):
     summary: Literal["auto", "concise", "detailed"] | None = None
 
 
+class ConversationRef(BaseModel):
+    """`conversation` as an object (a request may send the id alone), and as a response echoes it."""
+
+    id: str
+
+
 class StreamOptions(BaseModel):
     include_obfuscation: bool | None = None
 
 
 UNSUPPORTED = {
-    "conversation": "conversation (use previous_response_id)",
     "prompt": "prompt (reusable prompt templates)",
     "context_management": "context_management",
 }
@@ -358,6 +383,7 @@ class ResponsesRequest(BaseModel):
     service_tier: Literal["auto", "default", "flex", "priority"] | None = None  # api/queue/priority.py reads it
     safety_identifier: str | None = None
     prompt_cache_key: str | None = None
+    conversation: str | ConversationRef | None = None  # api/openai/conversations/: its items are the history
 
     @field_validator("service_tier", mode="before")
     @classmethod
@@ -441,20 +467,16 @@ class ResponsesRequest(BaseModel):
     @field_validator("metadata")
     @classmethod
     def _metadata(cls, value: dict[str, str] | None) -> dict[str, str] | None:
-        if value is None:
-            return None
-        if len(value) > MAX_METADATA:
-            raise OvqError(f"Invalid 'metadata': too many properties. Expected an object with at most {MAX_METADATA}"
-                           f" properties, but got an object with {len(value)} properties instead.",
-                           param="metadata", code="object_above_max_size")
-        for key, item in value.items():
-            if len(key) > MAX_METADATA_KEY:
-                raise OvqError(f"Invalid 'metadata': key '{key[:16]}…' is longer than {MAX_METADATA_KEY} "
-                               "characters.", param="metadata", code="string_above_max_length")
-            if len(item) > MAX_METADATA_VALUE:
-                raise OvqError(f"Invalid 'metadata.{key}': string too long. Expected a string with maximum length "
-                               f"{MAX_METADATA_VALUE}, but got a string with length {len(item)} instead.",
-                               param=f"metadata.{key}", code="string_above_max_length")
+        return check_metadata(value)
+
+    @field_validator("conversation", mode="before")
+    @classmethod
+    def _conversation(cls, value: Any) -> Any:
+        """An id, or `{"id": ...}`; OpenAI's ids (and ovq's) begin with `conv_`."""
+        ref = value.get("id") if isinstance(value, dict) else value
+        if value is not None and (not isinstance(ref, str) or not ref.startswith("conv_")):
+            raise OvqError(f"Invalid 'conversation': '{ref}'. Expected an ID that begins with 'conv_'.",
+                           param="conversation", code="invalid_value")
         return value
 
     @model_validator(mode="after")
@@ -463,6 +485,9 @@ class ResponsesRequest(BaseModel):
         for name, what in UNSUPPORTED.items():
             if extra.get(name) is not None:
                 raise not_supported(name, what)
+        if self.conversation is not None and self.previous_response_id is not None:
+            raise OvqError("Mutually exclusive parameters: Ensure you are only providing one of: "
+                           "'previous_response_id' or 'conversation'.", code="mutually_exclusive_parameters")
         if self.truncation == "auto":
             raise not_supported("truncation", "truncation 'auto' (ovq never drops input items: a prompt longer than "
                                 "the model's context is a 400)")
@@ -503,6 +528,10 @@ class ResponsesRequest(BaseModel):
     @property
     def logprobs(self) -> bool:
         return LOGPROBS in self.include
+
+    @property
+    def conversation_id(self) -> str | None:
+        return self.conversation.id if isinstance(self.conversation, ConversationRef) else self.conversation
 
     def items(self) -> list[Item]:
         """The input as items: a string is one user message."""
@@ -622,6 +651,8 @@ class Response(BaseModel):
     service_tier: str = "default"  # the tier it was served at (api/queue/priority.py)
     safety_identifier: str | None = None
     prompt_cache_key: str | None = None
+    # The conversation its input and output were added to; absent without one (the spec does not name it).
+    conversation: ConversationRef | None = Field(None, exclude_if=lambda v: v is None)
 
     @field_validator(*NOT_NULL, mode="before")
     @classmethod

@@ -30,10 +30,11 @@ from api.http.sse import PING, Last
 from api.http.status import CLIENT_CLOSED
 from api.openai.choices import ChoiceState
 from api.openai.responses.background import BackgroundResponses
-from api.openai.responses.convert import stored_items, to_chat
+from api.openai.responses.convert import random_id, stored_items, to_chat
 from api.openai.responses.events import TERMINAL, ResponseStream, initial_response, new_id, render
 from api.openai.responses.protocol import ResponsesRequest, StreamEvent, not_supported
 from api.openai.responses.store import MAX_LIST, ResponseStore
+from api.openai.responses.turns import Turns
 from api.openai.serving import PING_S, REDIS_AWAY, Serving, add_usage, finish_choices, parse_body, stream_response
 from api.openai.tokenize import TOKENIZERS
 from api.ops.metrics import Record
@@ -41,6 +42,7 @@ from api.queue.client import ClientGone, Generation, error_of
 from api.queue.priority import service_tier
 from common.errors import OvqError
 from common.events import CANCELLED, DELTA, DONE, ERROR, EventDict
+from common.owner import Caller
 from common.redis.client import UNAVAILABLE
 from common.settings import get_settings
 
@@ -107,16 +109,25 @@ class Turn:
 
 
 class ResponsesServing:
-    def __init__(self, serving: Serving, store: ResponseStore) -> None:
-        self.serving, self.store = serving, store
-        self.background = BackgroundResponses(serving.jobs, store)
+    def __init__(self, serving: Serving, store: ResponseStore, turns: Turns) -> None:
+        """`turns`: the conversations a response with `conversation` reads and extends."""
+        self.serving, self.store, self.turns = serving, store, turns
+        self.background = BackgroundResponses(serving.jobs, store, turns)
+
+    async def history(self, body: ResponsesRequest, caller: Caller) -> tuple[list[str], list[dict[str, Any]]]:
+        """The chain a response joins (ids) and the items before its input: its `previous_response_id` chain's, or
+        its conversation's (which is no chain)."""
+        if body.previous_response_id:
+            return await self.store.history(body.previous_response_id, caller)
+        if body.conversation is not None:
+            return [], await self.turns.history(body, caller)
+        return [], []
 
     async def create(self, request: Request) -> Response:
         body = await parse_body(request, ResponsesRequest)
         self.store.check_input(body)
         caller = caller_of(request)
-        chain, history = await self.store.history(body.previous_response_id, caller) \
-            if body.previous_response_id else ([], [])
+        chain, history = await self.history(body, caller)
         try:
             servable, job, plan = await self.serving.chat_job(request, to_chat(body, history))
         except OvqError as exc:
@@ -147,8 +158,7 @@ class ResponsesServing:
         `previous_response_id` chain included), without generating: the prompt rendered as for generation, then
         the model's own tokenizer on this API host (as `/tokenize`). Images' tokens only a worker knows: refused."""
         body = await parse_body(request, ResponsesRequest)
-        _, history = (await self.store.history(body.previous_response_id, caller_of(request))
-                      if body.previous_response_id else ([], []))
+        _, history = await self.history(body, caller_of(request))
         chat = to_chat(body, history)
         try:
             servable, _, prompt = await self.serving.chat_prompt(chat)
@@ -222,15 +232,19 @@ class ResponsesServing:
         yield Last(render(pending) + END)
 
     async def _save(self, turn: Turn, quiet: bool = False) -> bool:
-        """Store the response as it ended (with `store`). `quiet`: Redis being away is logged, not raised."""
-        if not turn.body.store or turn.saved:
+        """Store the response as it ended (with `store`), and add it to its conversation (with `conversation`: the
+        same items, the same ids). `quiet`: Redis being away is logged, not raised."""
+        if turn.saved or not (turn.body.store or turn.body.conversation):
             return True
         turn.saved = True
         response = turn.state.response
         items = stored_items(turn.body, response)
+        stored = True
         try:
-            stored = await self.store.save(response, items, len(items) - len(response.output), turn.chain,
-                                           turn.owner)
+            if turn.body.store:
+                stored = await self.store.save(response, items, len(items) - len(response.output), turn.chain,
+                                               turn.owner)
+            await self.turns.append(turn.body, response, random_id, items)
         except UNAVAILABLE as exc:
             if not quiet:
                 raise

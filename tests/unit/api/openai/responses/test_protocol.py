@@ -4,6 +4,7 @@ import pytest
 from openai.types.responses import response_create_params
 from pydantic import TypeAdapter
 
+from api.openai.responses.events import initial_response
 from api.openai.responses.protocol import (
     AllowedTools,
     FunctionCall,
@@ -131,7 +132,10 @@ INVALID = [
     ({"max_tool_calls": 0}, "max_tool_calls", "Expected a value >= 1"),
     ({"stream_options": {"include_obfuscation": False}}, "stream_options", "stream is true"),
     ({"background": True, "store": False}, "background", "requires store"),
-    ({"conversation": "conv_1"}, "conversation", "not supported"),
+    ({"conversation": "chat_1"}, "conversation", "Expected an ID that begins with 'conv_'"),
+    ({"conversation": {"id": 5}}, "conversation", "Expected an ID that begins with 'conv_'"),
+    ({"conversation": {"id": "conv_1"}, "previous_response_id": "resp_1"}, None,
+     "Ensure you are only providing one of: 'previous_response_id' or 'conversation'."),
     ({"prompt": {"id": "pmpt_1"}}, "prompt", "not supported"),
     ({"input": 5}, "input", "expected a string or an array"),
     ({"input": [5]}, "input[0]", "expected an object"),
@@ -172,3 +176,11 @@ def test_stored_items_parse_back() -> None:
         item = parse_item(raw)
         assert parse_item(item.model_dump(by_alias=True)) == item
         assert parse_item(item) is item
+
+
+@pytest.mark.parametrize("conversation", ["conv_1", {"id": "conv_1"}])
+def test_a_conversation_is_an_id_or_an_object_and_the_response_echoes_it(conversation: object) -> None:
+    body = request(conversation=conversation)
+    assert body.conversation_id == "conv_1"
+    assert initial_response(body).model_dump(by_alias=True)["conversation"] == {"id": "conv_1"}
+    assert "conversation" not in initial_response(request()).model_dump(by_alias=True)  # none: absent, not null
