@@ -37,7 +37,8 @@ CHAT: dict[str, Any] = {"model": TINY, "messages": [{"role": "user", "content": 
                         "temperature": 0, "max_tokens": 200, "ignore_eos": True, "stream": True}
 # The id each kind of object is named by in a route, and a well-formed id that never existed.
 NEVER = {"response_id": "resp_0123456789abcdef0123456789abcdef", "file_id": "file-0123456789abcdef0123456789abcdef",
-         "batch_id": "batch_0123456789abcdef0123456789abcdef"}
+         "batch_id": "batch_0123456789abcdef0123456789abcdef",
+         "conversation_id": "conv_0123456789abcdef0123456789abcdef", "item_id": "msg_0123456789abcdef0123456789abcdef"}
 SHARED_PARAMS = {"model"}  # route parameters that name no tenant's object: models are every tenant's
 
 
@@ -77,7 +78,7 @@ def wait_batch(client: OpenAI, batch_id: str) -> Any:
 @pytest.fixture(scope="module")
 def alphas(tiers: Tiers) -> dict[str, list[str]]:
     """Alpha's objects, by the route parameter that names them: a stored response, a background one (with its
-    events), an uploaded file and a batch with its output file."""
+    events), an uploaded file and a batch with its output file, a conversation and its item."""
     a = sdk(tiers, ALPHA)
     stored = a.responses.create(model=TINY, input="Say hi", max_output_tokens=16)
     background = a.responses.create(model=TINY, input="Say hi", max_output_tokens=16, background=True)
@@ -91,8 +92,10 @@ def alphas(tiers: Tiers) -> dict[str, list[str]]:
     batch = wait_batch(a, a.batches.create(input_file_id=uploaded.id, endpoint="/v1/chat/completions",
                                            completion_window="24h").id)
     assert batch.status == "completed" and batch.output_file_id, batch
+    conversation = a.conversations.create(items=[{"role": "user", "content": "Say hi"}])
+    item = a.conversations.items.list(conversation.id).data[0]
     return {"response_id": [stored.id, background.id], "file_id": [uploaded.id, batch.output_file_id],
-            "batch_id": [batch.id]}
+            "batch_id": [batch.id], "conversation_id": [conversation.id], "item_id": [item.id]}
 
 
 def id_routes() -> list[tuple[str, str, str]]:
@@ -135,11 +138,22 @@ def variants(method: str, path: str) -> list[dict[str, Any]]:
         return [{}, {"params": {"stream": "true", "starting_after": "0"}}]
     if method == "GET" and path.endswith("/input_items"):
         return [{}, {"params": {"order": "asc", "limit": "1"}}]
+    if method == "GET" and path.endswith("/conversations/{conversation_id}/items"):
+        return [{}, {"params": {"order": "asc", "limit": "1"}}]
+    if method == "POST" and path.endswith("/conversations/{conversation_id}"):  # a valid update
+        return [{"json": {"metadata": {"by": "beta"}}}]
+    if method == "POST" and path.endswith("/items"):  # valid items
+        return [{"json": {"items": [{"role": "user", "content": "from beta"}]}}]
     return [{}]
 
 
-def call(client: httpx.Client, method: str, path: str, param: str, object_id: str, **kwargs: Any) -> httpx.Response:
-    return client.request(method, re.sub(r"{\w+(?::\w+)?}", object_id, path), **kwargs)
+def call(client: httpx.Client, method: str, path: str, param: str, object_id: str,
+         alphas: dict[str, list[str]] | None = None, **kwargs: Any) -> httpx.Response:
+    """The route with `param` as `object_id`, and any other id in it (an item's conversation) alpha's own."""
+    def fill(match: re.Match[str]) -> str:
+        name = match.group(1)
+        return object_id if name == param or alphas is None else alphas[name][0]
+    return client.request(method, re.sub(r"{(\w+)(?::\w+)?}", fill, path), **kwargs)
 
 
 @pytest.mark.parametrize(("method", "path", "param"), ROUTES, ids=[f"{m} {p}" for m, p, _ in ROUTES])
@@ -148,15 +162,17 @@ def test_another_tenants_object_is_a_404_exactly_like_a_missing_id(tiers: Tiers,
     beta = http(tiers, BETA)
     for object_id in alphas[param]:
         for kwargs in variants(method, path):
-            missing = call(beta, method, path, param, NEVER[param], **kwargs)
-            theirs = call(beta, method, path, param, object_id, **kwargs)
+            missing = call(beta, method, path, param, NEVER[param], alphas, **kwargs)
+            theirs = call(beta, method, path, param, object_id, alphas, **kwargs)
             assert missing.status_code == 404, missing.text
             assert theirs.status_code == 404, (object_id, theirs.text)
             assert theirs.json() == orjson.loads(missing.content.replace(NEVER[param].encode(), object_id.encode()))
             assert theirs.headers.get("content-type") == missing.headers.get("content-type")
     a = http(tiers, ALPHA)
     for object_id in alphas[param]:  # still there for alpha, whatever beta tried (delete and cancel included)
-        reads = {"response_id": "/v1/responses/{}", "file_id": "/v1/files/{}", "batch_id": "/v1/batches/{}"}
+        reads = {"response_id": "/v1/responses/{}", "file_id": "/v1/files/{}", "batch_id": "/v1/batches/{}",
+                 "conversation_id": "/v1/conversations/{}",
+                 "item_id": f"/v1/conversations/{alphas['conversation_id'][0]}/items/{{}}"}
         assert a.get(reads[param].format(object_id)).status_code == 200
 
 
@@ -201,6 +217,25 @@ def test_previous_response_id_of_another_tenant_is_not_found(tiers: Tiers, alpha
     chained = a.responses.create(model=TINY, input="and then?", previous_response_id=alphas["response_id"][0],
                                  max_output_tokens=16)
     assert chained.previous_response_id == alphas["response_id"][0] and chained.output
+
+
+def test_a_response_in_another_tenants_conversation_is_not_found(tiers: Tiers, alphas: dict[str, list[str]]) -> None:
+    """Beta's response (or token count) with alpha's conversation: a 404 exactly like a conversation that never
+    existed, and nothing added to alpha's."""
+    b = sdk(tiers, BETA)
+    for count in (False, True):
+        errors = []
+        for conversation in (alphas["conversation_id"][0], NEVER["conversation_id"]):
+            with pytest.raises(openai.NotFoundError) as caught:
+                if count:
+                    b.responses.input_tokens.count(model=TINY, input="and then?", conversation=conversation)
+                else:
+                    b.responses.create(model=TINY, input="and then?", conversation=conversation, max_output_tokens=16)
+            errors.append(orjson.dumps(caught.value.body).replace(conversation.encode(), b"ID"))
+        assert errors[0] == errors[1]
+    a = sdk(tiers, ALPHA)
+    assert [item.id for item in a.conversations.items.list(alphas["conversation_id"][0])] == alphas["item_id"]
+    assert a.conversations.retrieve(alphas["conversation_id"][0]).metadata == {}  # beta's update did not land
 
 
 def resumable(client: httpx.Client, headers: dict[str, str], body: dict[str, Any] = CHAT) -> tuple[int, bytes, list]:
