@@ -234,6 +234,13 @@ class Settings(BaseSettings):
     # input alone is over it is a 400 (send `store: false`); a response whose output takes it over is returned,
     # but not stored (its `store` says false).
     responses_max_bytes: int = 8 * 1024 * 1024
+    # Scheduling (issue 26): a job of a level below the highest (not batch) that has waited this long is taken
+    # before any higher-priority job, so it starts within about this bound however much high-priority work comes.
+    priority_aging_s: float = 10.0
+    # Fair shares per tenant (common/fairness.py): jobs that carry a tenant (the API key's, else the `user` field)
+    # are taken in weighted fair order by tokens when a model's queue is contended. Off: first come, first served.
+    fairness: bool = True
+
     # ---- Conversations (/v1/conversations; api/openai/conversations/) ---------------------------------------
     # A conversation (its metadata and items) lives this long after its last write: creating it, adding or deleting
     # items, updating its metadata, or a response with `conversation` appending its turn. OpenAI keeps conversations
@@ -247,12 +254,6 @@ class Settings(BaseSettings):
     # The most bytes one conversation's items may take (as JSON), with the same rule as conversation_max_items.
     # Every turn reads all of them: this also bounds a turn's Redis and API cost.
     conversation_max_bytes: int = Field(8 * 1024 * 1024, ge=1)
-    # Scheduling (issue 26): a job of a level below the highest (not batch) that has waited this long is taken
-    # before any higher-priority job, so it starts within about this bound however much high-priority work comes.
-    priority_aging_s: float = 10.0
-    # Fair shares per tenant (common/fairness.py): jobs that carry a tenant (the API key's, else the `user` field)
-    # are taken in weighted fair order by tokens when a model's queue is contended. Off: first come, first served.
-    fairness: bool = True
 
     # ---- Resumable jobs (background responses, streams sent with `X-Ovq-Resumable: true`) --------------------
     # Their workers also write each step's events to a per-job journal (Keys.journal): any API process can replay

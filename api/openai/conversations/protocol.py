@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from api.openai.responses.protocol import INCLUDABLE, LOGPROBS, Item, check_metadata, invalid_value, parse_item
 from common.errors import OvqError
@@ -73,7 +73,7 @@ class ItemsCreate(BaseModel):
 
     model_config = ConfigDict(extra="allow")
 
-    items: list[Item]
+    items: list[Item] = Field(None, validate_default=True)  # missing: OpenAI's "Missing required parameter"
 
     @field_validator("items", mode="before")
     @classmethod

@@ -8,6 +8,7 @@ already in it. The append, at the end, is not checked against the caps: the turn
 """
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from typing import Any
 
@@ -19,6 +20,7 @@ from api.openai.responses.protocol import Response, ResponsesRequest
 from common.errors import OvqError
 from common.owner import Caller
 
+log = logging.getLogger("ovq.api.conversations")
 APPENDED = ("completed", "incomplete")
 
 
@@ -55,5 +57,7 @@ class ConversationTurns:
         conversation_id = body.conversation_id
         if conversation_id is None or response.status not in APPENDED:
             return
-        await self.store.append_turn(conversation_id,
-                                     items if items is not None else stored_items(body, response, new_id))
+        if not await self.store.append_turn(conversation_id,
+                                            items if items is not None else stored_items(body, response, new_id)):
+            log.warning("response %s ended after its conversation %s was deleted (or expired): its turn is not "
+                        "added", response.id, conversation_id)

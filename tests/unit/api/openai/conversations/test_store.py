@@ -80,10 +80,11 @@ async def test_a_turn_is_appended_once_however_often_it_is_saved_and_past_the_ca
     await store.create("conv_3", [message(n) for n in range(7)], None, "a")
     turn = [message(7), message(8, "assistant")]
     assert await store.append_turn("conv_3", turn)  # 9 items: a turn that ran is never lost
+    assert await store.append_turn("conv_3", [message(9)])  # the next turn
     size = (await store.get("conv_3", A)).size
-    assert await store.append_turn("conv_3", turn)  # saved again (another API process): nothing added
+    assert await store.append_turn("conv_3", turn)  # the first saved again (another API process): nothing added
     stored, items, _ = await store.page("conv_3", A, None, "asc")
-    assert ids(items) == [f"msg_{n}" for n in range(9)] and (stored.count, stored.size) == (9, size)
+    assert ids(items) == [f"msg_{n}" for n in range(10)] and (stored.count, stored.size) == (10, size)
     with pytest.raises(OvqError):  # ... but nothing more goes in through items.create
         await store.add("conv_3", A, [message(9)])
     assert not await store.append_turn("conv_nothere", turn)
