@@ -211,13 +211,23 @@ class ConversationStore:
         """Up to `limit` items (None: all) after the item `after`, oldest or newest first, and whether more follow;
         with the conversation as `get` reads it (in the same round trip)."""
         meta, items_key, order_key = self._keys(conversation_id)
-        stop = -1 if limit is None else limit  # one more than asked: whether more follow
-        pipe = self.redis.pipeline(transaction=False)
+        whole = limit is None and after is None
+        pipe = self.redis.pipeline(transaction=whole)
         pipe.hmget(meta, ["created_at", "metadata", OWNER_FIELD, "bytes"])
         pipe.zcard(order_key)
-        await self._page(keys=[order_key, items_key], args=[0, stop, "1" if order == "desc" else "0", after or ""],
-                         client=pipe)  # queued in the pipeline (its result comes with the others')
-        (created, metadata, owner, size), count, (found, _, items) = await pipe.execute()
+        if whole:  # every item: read as they are (in one transaction), ordered here; O(N), as a script is not
+            pipe.zrange(order_key, 0, -1)
+            pipe.hgetall(items_key)
+        else:
+            await self._page(keys=[order_key, items_key], args=[0, limit, "1" if order == "desc" else "0",
+                                                                after or ""],
+                             client=pipe)  # queued in the pipeline; `limit` + 1 items: whether more follow
+        (created, metadata, owner, size), count, *rest = await pipe.execute()
+        if whole:
+            ids, by_id = rest
+            found, items = 1, [by_id.get(i) for i in (ids if order == "asc" else reversed(ids))]
+        else:
+            found, _, items = rest[0]
         if created is None or not caller.sees(owner):
             raise conversation_not_found(conversation_id, param)
         if not found:
