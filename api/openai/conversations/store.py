@@ -26,7 +26,7 @@ from common.keys import Keys
 from common.owner import OWNER_FIELD, Caller
 from common.settings import Settings
 
-HMGET_CHUNK = 1000  # ids per HMGET inside a script: Lua's unpack() takes only so many arguments
+MAX_PAGE = 1000  # the most items a page script reads: Lua's unpack() takes only so many (routes ask 100 at most)
 
 # KEYS: the conversation, its items, its order. ARGV: ttl, max items, max bytes, strict, then id, JSON pairs.
 # Strict (`items.create`): over a cap -> -2, an id already there -> -3, nothing written. Not strict (a response's
@@ -55,25 +55,25 @@ for k = 1, 3 do redis.call('EXPIRE', KEYS[k], ARGV[1]) end
 return 1
 """
 
-# KEYS: the conversation's order, its items. ARGV: start, stop (ranks, -1: the last), '1' for newest first, the id
-# to start after ('' for none). Returns {found: 1, or 0 when `after` is not in it; ids; their items}.
+# KEYS: the conversation, its items, its order. ARGV: how many items (at most MAX_PAGE), '1' for newest first,
+# the id to start after ('' for none). Returns {the conversation's fields (FIELDS), its item count, 1 (or 0 when
+# `after` is not in it), the items}: O(log N + n) for n items of N.
 PAGE = """
-local desc = ARGV[3] == '1'
-local start, stop = tonumber(ARGV[1]), tonumber(ARGV[2])
-if ARGV[4] ~= '' then
-  local rank = desc and redis.call('ZREVRANK', KEYS[1], ARGV[4]) or redis.call('ZRANK', KEYS[1], ARGV[4])
-  if not rank then return {0, {}, {}} end
-  start = start + rank + 1
-  if stop >= 0 then stop = stop + rank + 1 end
+local fields = redis.call('HMGET', KEYS[1], unpack(ARGV, 4))
+local count = redis.call('ZCARD', KEYS[3])
+local desc = ARGV[2] == '1'
+local start = 0
+if ARGV[3] ~= '' then
+  local rank = desc and redis.call('ZREVRANK', KEYS[3], ARGV[3]) or redis.call('ZRANK', KEYS[3], ARGV[3])
+  if not rank then return {fields, count, 0, {}} end
+  start = rank + 1
 end
-local ids = desc and redis.call('ZREVRANGE', KEYS[1], start, stop) or redis.call('ZRANGE', KEYS[1], start, stop)
-local items = {}
-for i = 1, #ids, CHUNK do
-  local part = redis.call('HMGET', KEYS[2], unpack(ids, i, math.min(i + CHUNK - 1, #ids)))
-  for _, item in ipairs(part) do items[#items + 1] = item end
-end
-return {1, ids, items}
-""".replace("CHUNK", str(HMGET_CHUNK))
+local stop = start + tonumber(ARGV[1]) - 1
+local ids = desc and redis.call('ZREVRANGE', KEYS[3], start, stop) or redis.call('ZRANGE', KEYS[3], start, stop)
+if #ids == 0 then return {fields, count, 1, {}} end
+return {fields, count, 1, redis.call('HMGET', KEYS[2], unpack(ids))}
+"""
+FIELDS = ["created_at", "metadata", OWNER_FIELD, "bytes"]
 
 # KEYS: the conversation, its items, its order. ARGV: the item's id, ttl. 1 when it was there, else 0.
 DELETE_ITEM = """
@@ -208,26 +208,21 @@ class ConversationStore:
     async def page(self, conversation_id: str, caller: Caller, limit: int | None,
                    order: Literal["asc", "desc"] = "desc", after: str | None = None,
                    param: str | None = None) -> tuple[Stored, list[dict[str, Any]], bool]:
-        """Up to `limit` items (None: all) after the item `after`, oldest or newest first, and whether more follow;
-        with the conversation as `get` reads it (in the same round trip)."""
-        meta, items_key, order_key = self._keys(conversation_id)
-        whole = limit is None and after is None
-        pipe = self.redis.pipeline(transaction=whole)
-        pipe.hmget(meta, ["created_at", "metadata", OWNER_FIELD, "bytes"])
-        pipe.zcard(order_key)
-        if whole:  # every item: read as they are (in one transaction), ordered here; O(N), as a script is not
-            pipe.zrange(order_key, 0, -1)
-            pipe.hgetall(items_key)
-        else:
-            await self._page(keys=[order_key, items_key], args=[0, limit, "1" if order == "desc" else "0",
-                                                                after or ""],
-                             client=pipe)  # queued in the pipeline; `limit` + 1 items: whether more follow
-        (created, metadata, owner, size), count, *rest = await pipe.execute()
-        if whole:
-            ids, by_id = rest
-            found, items = 1, [by_id.get(i) for i in (ids if order == "asc" else reversed(ids))]
-        else:
-            found, _, items = rest[0]
+        """Up to `limit` items after the item `after`, oldest or newest first, and whether more follow (None: all
+        the items, `after` unused); with the conversation as `get` reads it (in the same round trip)."""
+        keys = self._keys(conversation_id)
+        if limit is None:  # every item: read as they are in one transaction, ordered here (O(N))
+            pipe = self.redis.pipeline(transaction=True)
+            pipe.hmget(keys[0], FIELDS)
+            pipe.zrange(keys[2], 0, -1)
+            pipe.hgetall(keys[1])
+            (created, metadata, owner, size), ids, by_id = await pipe.execute()
+            count, found = len(ids), 1
+            items = [by_id.get(i) for i in (ids if order == "asc" else reversed(ids))]
+        else:  # a page: one script, `limit` + 1 items (whether more follow)
+            fields, count, found, items = await self._page(keys=keys, args=[
+                min(limit, MAX_PAGE) + 1, "1" if order == "desc" else "0", after or "", *FIELDS])
+            created, metadata, owner, size = fields
         if created is None or not caller.sees(owner):
             raise conversation_not_found(conversation_id, param)
         if not found:
@@ -236,8 +231,9 @@ class ConversationStore:
         stored = Stored(Conversation(id=conversation_id, created_at=int(created), metadata=orjson.loads(metadata)),
                         owner, count, int(size or 0))
         found_items = [orjson.loads(item) for item in items if item is not None]
-        more = limit is not None and len(found_items) > limit
-        return stored, found_items[:limit] if limit is not None else found_items, more
+        if limit is None:
+            return stored, found_items, False
+        return stored, found_items[:limit], len(found_items) > limit
 
     async def item(self, conversation_id: str, caller: Caller, item_id: str) -> dict[str, Any]:
         meta, items_key, _ = self._keys(conversation_id)

@@ -72,3 +72,10 @@ def test_the_batch_api_lives_in_one_slot() -> None:
             CLUSTER.batch_requeue("b1"), CLUSTER.batch_stats("m"), CLUSTER.batch_stats_models]
     assert len({slot(k) for k in keys}) == 1
     assert slot(CLUSTER.batch("b1")) != slot(Keys("other", cluster=True).batch("b1"))
+
+
+def test_a_conversations_three_keys_share_a_slot() -> None:
+    assert (PLAIN.conversation("c1"), PLAIN.conversation_items("c1"), PLAIN.conversation_order("c1")) == \
+        ("ovq:conv:c1", "ovq:conv:c1:items", "ovq:conv:c1:order")
+    keys = [CLUSTER.conversation("c1"), CLUSTER.conversation_items("c1"), CLUSTER.conversation_order("c1")]
+    assert {slot(k) for k in keys} == {slot(CLUSTER.conversation("c1"))} != {slot(CLUSTER.conversation("c2"))}
