@@ -114,10 +114,11 @@ def test_a_response_in_a_conversation_answers_to_its_items_and_adds_its_turn(sta
     assert texts(items) == [("user", NAME), ("user", "Hello!"), ("assistant", text)]
     assert items[2].id == first["output"][0]["id"]
     assert items[1].id == client.responses.input_items.list(first["id"]).data[0].id  # the same input item
+    counted = other.responses.input_tokens.count(model=MODEL, input=ASK, conversation=conversation.id).input_tokens
     events = spec.stream(stack, "/v3", {"model": MODEL, "input": ASK, "conversation": {"id": conversation.id},
                                         **GREEDY}, url=None)
     second = spec.final(events)
-    assert second["conversation"] == {"id": conversation.id}
+    assert second["conversation"] == {"id": conversation.id} and second["usage"]["input_tokens"] == counted
     text, prompt_tokens = chat_text(client, [{"role": "user", "content": NAME}, {"role": "user", "content": "Hello!"},
                                              {"role": "assistant", "content": text}, {"role": "user", "content": ASK}])
     assert (second["output"][0]["content"][0]["text"], second["usage"]["input_tokens"]) == (text, prompt_tokens)
