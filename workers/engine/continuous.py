@@ -31,6 +31,7 @@ from workers.engine.arrivals import ArrivalWindow
 from workers.engine.generation import choice_configs, prompt_param, token_budget
 from workers.engine.prompt_length import prompt_length
 from workers.engine.protocol import EngineSpec, Updates
+from workers.engine.residual import residual
 from workers.engine.structured import structured_config
 
 log = logging.getLogger("ovq.engine")
@@ -251,7 +252,7 @@ class Engine:
             budget = token_budget(sampling, self.spec.defaults, length, context, prompt_param(kind))
             configs = [self._config(c, sampling) for c in choice_configs(sampling, self.spec.defaults, budget)]
             tensors = [image_tensor(b) for b in images]
-            handles, generated = self._add_choices(prompt, ids, tensors, configs, resume)
+            handles, generated = self._add_choices(prompt, ids, tensors, configs, resume, sampling.structured)
         except Exception as exc:  # a prompt or a config refused is the request's fault
             out.append(refusal(job, exc))
             return
@@ -269,8 +270,10 @@ class Engine:
             out.append(protocol.accepted(job, len(ids)))
 
     def _add_choices(self, prompt: str | list[int], ids: list[int], images: list[Any], configs: list[Any],
-                     resume: dict[str, Any] | None) -> tuple[dict[int, Any], dict[int, int]]:
-        """One engine request per choice; a resumed choice goes on from the ids it had generated."""
+                     resume: dict[str, Any] | None, structure: dict[str, Any] | None = None,
+                     ) -> tuple[dict[int, Any], dict[int, int]]:
+        """One engine request per choice; a resumed choice goes on from the ids it had generated (a structured
+        one under the grammar of what may follow them: GenAI's matcher would start the grammar over)."""
         if resume is None:
             return {i: self._add_request(prompt, ids, images, config) for i, config in enumerate(configs)}, {}
         if self.spec.vision or images:
@@ -282,9 +285,19 @@ class Engine:
                 continue
             previous = previous_ids.get(index, [])
             config.max_new_tokens = max(config.max_new_tokens - len(previous), 1)
+            if structure is not None:
+                config.structured_output_config = self._residual(structure, previous)
             handles[index] = self._add_request(prompt, ids + previous, images, config)
             generated[index] = len(previous)
         return handles, generated
+
+    def _residual(self, structure: dict[str, Any], previous: list[int]) -> Any:
+        written = self.tokenizer.decode(previous) if previous else ""
+        grammar = residual(structure, written) if not written.endswith("\ufffd") else None
+        if grammar is None:  # the I/O half takes over only what `continuable` allows: this is a bug, or a split
+            raise OvqError("this job's structured output cannot be continued from what it had written", 500,
+                           "server_error")
+        return self._g.StructuredOutputConfig(grammar=grammar)
 
     def _config(self, values: dict[str, Any], sampling: SamplingParams) -> Any:
         config = _generation_config(values, self.eos)
