@@ -292,9 +292,12 @@ class Engine:
         return handles, generated
 
     def _residual(self, structure: dict[str, Any], previous: list[int]) -> Any:
+        """The grammar of what may follow the ids a structured choice had written (see workers.engine.residual).
+        Text that is not whole, valid UTF-8 (a character split at the cut, or bytes a random model wrote) cannot
+        be followed in characters as xgrammar follows it in bytes: such a job ends with an error, as before."""
         written = self.tokenizer.decode(previous) if previous else ""
-        grammar = residual(structure, written) if not written.endswith("\ufffd") else None
-        if grammar is None:  # the I/O half takes over only what `continuable` allows: this is a bug, or a split
+        grammar = residual(structure, written) if "\ufffd" not in written else None
+        if grammar is None:
             raise OvqError("this job's structured output cannot be continued from what it had written", 500,
                            "server_error")
         return self._g.StructuredOutputConfig(grammar=grammar)
