@@ -224,6 +224,7 @@ class Engine:
         self.unstepped: dict[str, int] = {}
         # Every job added since the last step that succeeded: the suspects if the next step fails.
         self.added: set[str] = set()
+        self.token_bytes: dict[int, bytes] | None = None  # the vocabulary as bytes, read at the first need
 
     def tokenize(self, prompt: str | list[int], add_special_tokens: bool) -> list[int]:
         return tokenize(self.tokenizer, prompt, add_special_tokens, self.spec.vocab_size)
@@ -293,14 +294,28 @@ class Engine:
 
     def _residual(self, structure: dict[str, Any], previous: list[int]) -> Any:
         """The grammar of what may follow the ids a structured choice had written (see workers.engine.residual).
-        Text that is not whole, valid UTF-8 (a character split at the cut, or bytes a random model wrote) cannot
-        be followed in characters as xgrammar follows it in bytes: such a job ends with an error, as before."""
-        written = self.tokenizer.decode(previous) if previous else ""
-        grammar = residual(structure, written) if "\ufffd" not in written else None
+        It is followed in characters, where xgrammar follows bytes: ids whose bytes are not whole, valid UTF-8 (a
+        cut inside a character, or bytes a random model wrote) have no residual, and such a job ends with an
+        error, as before."""
+        written = self._written(previous)
+        grammar = residual(structure, written) if written is not None else None
         if grammar is None:
             raise OvqError("this job's structured output cannot be continued from what it had written", 500,
                            "server_error")
         return self._g.StructuredOutputConfig(grammar=grammar)
+
+    def _written(self, ids: list[int]) -> str | None:
+        """The text of `ids` from their bytes, or None where it is not whole UTF-8 or the vocabulary is not bytes.
+        Not GenAI's decode alone: it drops the bytes of an incomplete character without a trace, even mid-text."""
+        if self.token_bytes is None:
+            vocab = self.tokenizer.get_vocab()
+            byte_level = bool(vocab) and all(isinstance(token, bytes) for token in vocab)
+            self.token_bytes = {index: token for token, index in vocab.items()} if byte_level else {}
+        try:
+            text = b"".join(self.token_bytes[i] for i in ids).decode("utf-8")
+        except (KeyError, UnicodeDecodeError):
+            return None
+        return text if text == self.tokenizer.decode(ids) else None  # special tokens, or not raw bytes
 
     def _config(self, values: dict[str, Any], sampling: SamplingParams) -> Any:
         config = _generation_config(values, self.eos)

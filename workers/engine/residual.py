@@ -24,46 +24,58 @@ from workers.engine.ebnf import EPSILON, NOTHING, Expr, Rules, alt, lit, rep, se
 
 
 class Grammar:
-    """Rules with a root; derived rules are added as `derive` goes."""
+    """Rules with a root; derived rules are added as `derive` goes. Which rules match the empty text and which
+    match any text at all is known for every rule, worked out once for each new one."""
 
     def __init__(self, rules: Rules, root: Expr) -> None:
         self.rules = rules
         self.root = root
         self.serial = 0
+        self.nullable = _grow(rules, rules, set(), _empty_ok)
+        self.productive = _grow(rules, rules, set(), _productive)
+        self.live = len(rules)
 
     def derive(self, text: str) -> bool:
         """Move past `text`; False if no word of the grammar begins with it."""
         for char in text:
-            nullable = _nullable(self.rules)
             derived: dict[str, str] = {}
-            self.root = _derive(self.root, char, self, nullable, derived)
-            self._settle(derived)
+            self.root = _derive(self.root, char, self, self.nullable, derived)
+            self._settle(set(derived.values()))
             if self.root == NOTHING:
                 return False
         return True
+
+    def complete(self) -> bool:
+        """Whether the text derived so far is a whole word of the grammar."""
+        return _empty_ok(self.root, self.nullable)
 
     def new_name(self, base: str) -> str:
         self.serial += 1
         return f"{base.split('__')[0]}__{self.serial}"
 
-    def _settle(self, derived: dict[str, str]) -> None:
-        """Derived rules that match nothing are dropped, those with no references inlined (JSON text is mostly
-        those: a string's next character), and rules no longer reached forgotten, so the grammar stays small."""
-        empty = _empty_rules(self.rules, set(derived.values()))
-        inline = {name: self.rules[name] for name in derived.values()
-                  if name not in empty and not _refs(self.rules[name])}
-        swap = {**{name: NOTHING for name in empty}, **inline}
+    def _settle(self, new: set[str]) -> None:
+        """New rules that match nothing are dropped, those with no references inlined (JSON text is mostly those:
+        a string's next character), and now and then the rules no longer reached are forgotten."""
+        self.productive = _grow(self.rules, new, self.productive, _productive)
+        empty = new - self.productive
+        swap = {name: NOTHING for name in empty}
+        swap.update({name: self.rules[name] for name in new - empty if not _refs(self.rules[name])})
         if swap:
-            for name in derived.values():
-                if name in self.rules:
-                    self.rules[name] = _substitute(self.rules[name], swap)
+            for name in new:
+                self.rules[name] = _substitute(self.rules[name], swap)
             self.root = _substitute(self.root, swap)
-        reached = _reached(self.rules, self.root)
-        self.rules = {name: body for name, body in self.rules.items() if name in reached}
+        self.nullable = _grow(self.rules, new, self.nullable, _empty_ok)
+        if len(self.rules) > 2 * self.live + 64:
+            reached = _reached(self.rules, self.root)
+            self.rules = {name: body for name, body in self.rules.items() if name in reached}
+            self.nullable &= reached
+            self.productive &= reached
+            self.live = len(self.rules)
 
     def text(self) -> str:
-        """The grammar as EBNF for GenAI."""
-        rules = {"root": self.root, **{name: body for name, body in self.rules.items() if name != "root"}}
+        """The grammar as EBNF for GenAI, the rules it reaches only."""
+        reached = _reached(self.rules, self.root)
+        rules = {"root": self.root, **{name: body for name, body in self.rules.items() if name in reached}}
         return ebnf.render(rules)
 
 
@@ -119,7 +131,8 @@ def _embed(text: str, rules: Rules) -> Expr:
     """A grammar's rules under names of their own (several grammars share one set of rules)."""
     own = ebnf.parse(text)
     tag = f"g{len(rules)}_"
-    names = {name: tag + name.replace("_", "") for name in own}
+    # Unique, and without "__", which `Grammar.new_name` puts before a derived rule's number.
+    names = {name: f"{tag}{i}_{name.replace('_', '')}" for i, name in enumerate(own)}
     for name, body in own.items():
         rules[names[name]] = _rename(body, names)
     return ("ref", names["root"])
@@ -181,14 +194,16 @@ def _without(end: str, rules: Rules) -> Expr:
     return ("ref", f"{base}0")
 
 
-def _nullable(rules: Rules) -> set[str]:
-    """The rules that match the empty text (a fixpoint)."""
-    found: set[str] = set()
+def _grow(rules: Rules, names: Any, found: set[str], holds: Any) -> set[str]:
+    """`found` grown, in place, by those of `names` whose body `holds` given what is found, to a fixpoint (rules
+    matching the empty text, or matching any text at all)."""
+    todo = {name for name in names if name not in found}
     while True:
-        more = {name for name, body in rules.items() if name not in found and _empty_ok(body, found)}
+        more = {name for name in todo if holds(rules[name], found)}
         if not more:
             return found
         found |= more
+        todo -= more
 
 
 def _empty_ok(item: Expr, nullable: set[str]) -> bool:
@@ -242,16 +257,6 @@ def _refs(item: Expr) -> bool:
     if kind in ("seq", "alt"):
         return any(_refs(part) for part in item[1])
     return kind == "rep" and _refs(item[1])
-
-
-def _empty_rules(rules: Rules, names: set[str]) -> set[str]:
-    """Of `names`, the rules that match no text at all (the complement of a productive-rules fixpoint)."""
-    productive: set[str] = set()
-    while True:
-        more = {name for name, body in rules.items() if name not in productive and _productive(body, productive)}
-        if not more:
-            return names - productive
-        productive |= more
 
 
 def _productive(item: Expr, productive: set[str]) -> bool:

@@ -12,7 +12,7 @@ from tests.precision import F32
 from workers.engine.continuous import Engine
 from workers.engine.ebnf import parse
 from workers.engine.protocol import EngineSpec
-from workers.engine.residual import _empty_ok, _nullable, continuable, grammar_of, residual
+from workers.engine.residual import continuable, grammar_of, residual
 
 PERSON = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 12}, "age": {"type": "integer"},
                                            "city": {"type": "string", "maxLength": 12}},
@@ -25,7 +25,7 @@ def matched(tree: structured.Node, text: str) -> bool:
     """Whether `text` is a whole word of `tree`'s language, by the derivatives alone."""
     grammar = grammar_of(tree)
     assert grammar is not None
-    return grammar.derive(text) and _empty_ok(grammar.root, _nullable(grammar.rules))
+    return grammar.derive(text) and grammar.complete()
 
 
 def test_a_json_schemas_words_are_its_compact_instances_and_nothing_else() -> None:
@@ -108,3 +108,18 @@ def test_a_structured_job_resumed_mid_answer_ends_schema_valid_from_its_written_
         text = engine.tokenizer.decode(ids[:cut] + rest)
         assert text.startswith(prefix)
         validate(json.loads(text), PERSON)
+
+
+def test_a_structured_job_cut_inside_a_character_ends_with_an_error_not_a_guess(engine: Engine) -> None:
+    """The grammar is followed in characters; xgrammar follows bytes. A cut inside a character's bytes has no
+    character-level residual, so the resumed job is refused (the client gets one clean error). GenAI's decode
+    drops the incomplete character without a trace, so the cut is found by what follows it."""
+    ids = engine.tokenize('{"name":"東京', False)
+    split = next(n for n in range(1, len(ids)) if engine.tokenizer.decode(ids[:n + 1]).endswith("東")
+                 and not engine.tokenizer.decode(ids[:n]).endswith("東"))
+    assert "\ufffd" not in engine.tokenizer.decode(ids[:split])  # nothing in the text says it was cut
+    out: list[list] = []
+    params = {"structured": structured.json_schema(PERSON), "max_tokens": 20, "temperature": 0}
+    engine.add("split", PROMPT, False, params, [], {"generated": {"0": ids[:split]}, "done": []}, out)
+    assert [u[2] for u in out] == ["error"] and "cannot be continued" in str(out[0]), out
+    assert "split" not in engine.requests
