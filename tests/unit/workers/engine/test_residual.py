@@ -94,20 +94,35 @@ def run(engine: Engine, name: str, params: dict, resume: dict | None = None) -> 
     return [i for u in out if u[2] != "accepted" for i in u[1]]
 
 
-def test_a_structured_job_resumed_mid_answer_ends_schema_valid_from_its_written_prefix(engine: Engine) -> None:
-    """SmolLM2 writes a person; resumed from a cut anywhere in it (a takeover: prompt + those ids prefilled, the
-    matcher new), the answer goes on under the residual grammar: the prefix plus what follows is one valid
-    instance. Under the job's own grammar the new matcher would start a second object after the prefix."""
-    params = {"structured": structured.json_schema(PERSON), "max_tokens": 60, "temperature": 0}
+CALL_BEGIN = '<tool_call>{"name": "person", "arguments": '
+FORCED_CALL = structured.tags_with_separator(
+    [structured.tag(CALL_BEGIN, structured.json_schema(PERSON), "}</tool_call>")], "\n", at_least_one=True,
+    stop_after_first=True)
+
+
+def instance(tree: structured.Node, text: str) -> object:
+    """The JSON instance of PERSON that `text` holds (the whole answer, or a forced call's arguments)."""
+    if tree is FORCED_CALL:
+        assert text.startswith(CALL_BEGIN) and text.endswith("}</tool_call>"), text
+        text = text[len(CALL_BEGIN):-len("}</tool_call>")]
+    return json.loads(text)
+
+
+@pytest.mark.parametrize("tree", [structured.json_schema(PERSON), FORCED_CALL], ids=["json_schema", "forced_call"])
+def test_a_structured_job_resumed_mid_answer_ends_valid_from_its_written_prefix(engine: Engine, tree) -> None:
+    """SmolLM2 writes a person (as the answer, or as a forced tool call's arguments); resumed from a cut anywhere
+    in it (a takeover: prompt + those ids prefilled, the matcher new), the answer goes on under the residual
+    grammar: the prefix plus what follows is one valid instance. Under the job's own grammar the new matcher
+    would start over after the prefix."""
+    params = {"structured": tree, "max_tokens": 80, "temperature": 0}
     ids = run(engine, "whole", params)
-    whole = engine.tokenizer.decode(ids)
-    validate(json.loads(whole), PERSON)
+    validate(instance(tree, engine.tokenizer.decode(ids)), PERSON)
     for cut in (1, len(ids) // 3, len(ids) // 2, len(ids) - 2):
         rest = run(engine, f"cut{cut}", params, {"generated": {"0": ids[:cut]}, "done": []})
         prefix = engine.tokenizer.decode(ids[:cut])
         text = engine.tokenizer.decode(ids[:cut] + rest)
-        assert text.startswith(prefix)
-        validate(json.loads(text), PERSON)
+        assert text.startswith(prefix) and matched(tree, text), (prefix, text)
+        validate(instance(tree, text), PERSON)
 
 
 def test_a_structured_job_cut_inside_a_character_ends_with_an_error_not_a_guess(engine: Engine) -> None:
