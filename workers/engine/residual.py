@@ -3,7 +3,7 @@
 A job taken over by another worker goes on from the ids it had streamed (prompt + ids prefilled). GenAI's
 grammar matcher starts at the grammar's beginning and takes no state: openvino-genai 2026.4.1's
 `StructuredOutputConfig` holds only the grammar, and its `LogitProcessor` feeds the matcher the generated tokens
-alone, never the prompt (docs/explanation/failure-model.md shows it). So the new request is constrained by the
+alone, never the prompt (docs/explanation/durability.md shows what that does). So the new request is constrained by the
 *residual* grammar instead: the texts `s` such that `prefix + s` is in the job's language (the left quotient).
 It is built here by Brzozowski derivatives of the grammar, one character at a time (each rule reached at a
 character gets a derived copy), then written out as EBNF for GenAI to compile like any other grammar.
