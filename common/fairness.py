@@ -39,7 +39,7 @@ DEFAULT_OUTPUT_TOKENS = 256  # a job's expected output when it sets no max_token
 CHARS_PER_TOKEN = 4  # the API does not tokenize: a text prompt's tokens are estimated from its length
 TENANT_MAX_CHARS = 64
 # A video job's work in token-equivalents: one denoising step over one latent token, which LTX-Video's VAE makes of
-# 32 x 32 pixels x 8 frames. A 4 s 704x480 clip at 25 fps in 25 steps costs 25 x 13 x 22 x 15 = 107,250.
+# 32 x 32 pixels x 8 frames. A 4 s 704x480 clip at 25 fps (105 frames) in 25 steps costs 25 x 14 x 22 x 15 = 115,500.
 VIDEO_TOKEN_PIXELS, VIDEO_TOKEN_FRAMES = 32, 8
 
 
