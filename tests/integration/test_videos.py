@@ -10,6 +10,7 @@ from pathlib import Path
 import av
 import httpx
 import openai
+import orjson
 import pytest
 from openai import OpenAI
 from PIL import Image
@@ -121,7 +122,8 @@ def test_delete_of_a_running_video_cancels_its_job(client: OpenAI, tiers: Tiers)
     ],
 )
 def test_bad_requests_get_a_400_naming_the_field(tiers: Tiers, fields: dict, param: str, text: str) -> None:
-    response = httpx.post(f"{tiers.base_url}/videos", data={"model": VIDEO, "prompt": "x", "size": "64x64", **fields}, timeout=30)
+    form = {"model": VIDEO, "prompt": "x", "size": "64x64", **fields}
+    response = httpx.post(f"{tiers.base_url}/videos", data=form, timeout=30)
     assert response.status_code == 400, response.text
     error = response.json()["error"]
     assert error["param"] == param and text in error["message"]
@@ -168,3 +170,25 @@ def wait_until(check, what: str, timeout: float = 120) -> None:  # noqa: ANN001
             return
         time.sleep(0.1)
     raise AssertionError(f"timed out waiting for {what}")
+
+
+def test_events_stream_progress_in_order_then_the_end(tiers: Tiers, client: OpenAI) -> None:
+    video = client.videos.create(model=VIDEO, prompt="watch it", seconds="1", size="64x64",  # type: ignore[arg-type]
+                                 extra_body={**QUICK, "num_inference_steps": 8})
+    seen: list[tuple[str, int]] = []
+    with httpx.stream("GET", f"{tiers.base_url}/videos/{video.id}/events", timeout=120) as stream:
+        event = None
+        for line in stream.iter_lines():
+            if line.startswith("event: "):
+                event = line.removeprefix("event: ")
+            elif line.startswith("data: {"):
+                body = orjson.loads(line.removeprefix("data: "))
+                assert event == f"video.{body['status']}"
+                seen.append((body["status"], body["progress"]))
+            elif line == "data: [DONE]":
+                break
+    assert seen[-1] == ("completed", 100)
+    assert seen == sorted(seen, key=lambda s: (("queued", "in_progress", "completed").index(s[0]), s[1]))
+    assert len(seen) >= 3, seen  # the progress of steps along the way, not only the end
+    again = httpx.get(f"{tiers.base_url}/videos/{video.id}/events", timeout=30).text  # ended: one event
+    assert again.count("event: ") == 1 and again.endswith("data: [DONE]\n\n")

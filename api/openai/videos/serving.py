@@ -11,6 +11,7 @@ import math
 import secrets
 import time
 import uuid
+from collections.abc import AsyncIterator
 from typing import Any
 
 from fastapi import APIRouter
@@ -20,13 +21,16 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 
 from api.http.auth import caller_of
+from api.http.sse import DONE as END
+from api.http.sse import Last, SSEResponse, frame
 from api.openai.serving import parse_body, validation_error
 from api.openai.videos.protocol import VARIANTS, RemixRequest, VideoDeleted, VideoList, VideoRequest
 from api.openai.videos.store import Fold, VideoRecord, VideoStore
 from api.queue.client import JobClient
-from api.queue.journal import JournalBroken
+from api.queue.journal import JournalBroken, paced
 from api.queue.registry import Servable
 from common.errors import OvqError, exc_text
+from common.events import EventDict
 from common.jobs import Job, VideoParams
 from common.modelcard import VideoLimits
 from common.models.config import parse_size
@@ -37,6 +41,7 @@ POLL_AFTER_MS = "500"  # what `openai-poll-after-ms` tells the SDK's poll helper
 # LTX-Video: sizes in multiples of 32 pixels, clips of 8k+1 frames (its VAE packs 8 frames in one latent frame).
 SIZE_STEP, FRAME_STEP = 32, 8
 DEFAULT_SIZE = "704x480"  # LTX-Video's own resolution, where the models file names no default_resolution
+STAGES = {"queued": 0, "in_progress": 1, "completed": 2, "failed": 2}  # a status's place in a video's life
 
 
 def video_params(body: VideoRequest, limits: VideoLimits, ttl_s: int) -> tuple[int, VideoParams]:
@@ -90,8 +95,8 @@ class VideoServing:
 
     async def remix(self, request: Request, video_id: str) -> Response:
         """A new video from a stored one's settings and seed, with another prompt."""
+        source = await self.store.record(video_id, caller_of(request))  # not found before a bad body: ids are private
         body = await parse_body(request, RemixRequest)
-        source = await self.store.record(video_id, caller_of(request))
         servable, _ = await self._servable(source.model)
         return await self._start(request, servable, body.prompt, source.seconds, source.params, source.id)
 
@@ -187,6 +192,42 @@ class VideoServing:
                          has_more=more)
         return Response(page.model_dump_json(), media_type="application/json")
 
+    async def events(self, request: Request, video_id: str) -> Response:
+        """`GET /videos/{id}/events`: the video object as an SSE event each time its status or progress changes
+        (`video.queued`, `video.in_progress`, then `video.completed` or `video.failed`), then `[DONE]`."""
+        fold = await self.store.current(await self.store.record(video_id, caller_of(request)))
+        return SSEResponse(self._frames(request, fold), _nothing, {"X-Request-Id": fold.record.job})
+
+    async def _frames(self, request: Request, fold: Fold) -> AsyncIterator[bytes]:
+        shown = _stage(fold)
+        first = _frame(fold)
+        if fold.ended:
+            yield Last(first + END)
+            return
+        yield first
+
+        def render(events: list[EventDict]) -> bytes:
+            nonlocal shown
+            fold.feed(events, time.time())
+            if _stage(fold) <= shown:  # replayed from the journal's start: only what the client has not seen
+                return b""
+            shown = _stage(fold)
+            return _frame(fold)
+
+        record = fold.record
+        fold = Fold(record, self.settings.video_ttl_s)  # the journal is read again from its start
+        try:
+            async for out in paced(self.store.journal, record.job, self.settings.video_stall_s, render,
+                                   lambda: fold.ended, request.is_disconnected, model=record.model):
+                if type(out) is Last:
+                    await self.store.settle(fold)
+                    out = Last(out + END)
+                yield out
+        except JournalBroken as exc:
+            fold.fail(exc.body, time.time())
+            await self.store.settle(fold)
+            yield Last(_frame(fold) + END)
+
     async def content(self, request: Request, video_id: str) -> Response:
         variant = request.query_params.get("variant", "video")
         if variant not in VARIANTS:
@@ -206,6 +247,19 @@ class VideoServing:
             await self.jobs.cancel([fold.record.job], fold.record.model)
         await self.store.delete(fold)
         return Response(VideoDeleted(id=video_id).model_dump_json(), media_type="application/json")
+
+
+def _stage(fold: Fold) -> tuple[int, int]:
+    """How far a video has come: its status in life order, then its progress."""
+    return STAGES[fold.video.status], fold.video.progress
+
+
+def _frame(fold: Fold) -> bytes:
+    return frame(fold.video.model_dump_json().encode(), f"video.{fold.video.status}".encode())
+
+
+async def _nothing() -> None:
+    return None
 
 
 def _json(fold: Fold, headers: dict[str, str]) -> Response:
@@ -236,6 +290,11 @@ async def list_videos(request: Request) -> Response:
 @router.get("/videos/{video_id}")
 async def retrieve(request: Request, video_id: str) -> Response:
     return await _videos(request).retrieve(request, video_id)
+
+
+@router.get("/videos/{video_id}/events")
+async def events(request: Request, video_id: str) -> Response:
+    return await _videos(request).events(request, video_id)
 
 
 @router.get("/videos/{video_id}/content")
