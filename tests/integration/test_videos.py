@@ -192,3 +192,25 @@ def test_events_stream_progress_in_order_then_the_end(tiers: Tiers, client: Open
     assert len(seen) >= 3, seen  # the progress of steps along the way, not only the end
     again = httpx.get(f"{tiers.base_url}/videos/{video.id}/events", timeout=30).text  # ended: one event
     assert again.count("event: ") == 1 and again.endswith("data: [DONE]\n\n")
+
+
+def test_a_batch_of_video_lines_answers_each_with_the_finished_video(client: OpenAI, tiers: Tiers) -> None:
+    tiers.start("batch-worker", "--api-url", f"http://127.0.0.1:{tiers.port}", "--name", "bw", name="bw")
+    lines = [{"custom_id": f"v{i}", "method": "POST", "url": "/v1/videos",
+              "body": {"model": VIDEO, "prompt": f"a boat {i}", "seconds": "1", "size": "64x64", **QUICK}}
+             for i in range(2)]
+    lines.append({**lines[0], "custom_id": "bad", "body": {**lines[0]["body"], "size": "65x64"}})
+    uploaded = client.files.create(file=("v.jsonl", io.BytesIO(b"\n".join(orjson.dumps(x) for x in lines))),
+                                   purpose="batch")
+    batch = client.batches.create(input_file_id=uploaded.id, endpoint="/v1/videos", completion_window="24h")  # type: ignore[arg-type]
+    wait_until(lambda: client.batches.retrieve(batch.id).status in ("completed", "failed"), "the batch", 300)
+    done = client.batches.retrieve(batch.id)
+    assert done.status == "completed" and done.output_file_id, done
+    assert done.error_file_id, done  # the refused line, as OpenAI files it
+    answers = {x["custom_id"]: x["response"] for file in (done.output_file_id, done.error_file_id)
+               for x in map(orjson.loads, client.files.content(file).read().splitlines())}
+    assert answers["bad"]["status_code"] == 400 and answers["bad"]["body"]["error"]["param"] == "size"
+    for name in ("v0", "v1"):
+        body = answers[name]["body"]
+        assert (answers[name]["status_code"], body["status"], body["progress"]) == (200, "completed", 100)
+        assert decoded(client.videos.download_content(body["id"]).read())[:3] == (9, 64, 64)
