@@ -77,8 +77,9 @@ class VideoPipeline:
         if self._pipe is None:
             self._pipe = g.Text2VideoPipeline(self.path, self.device, **self.properties)
 
-    def generate(self, prompt: str, params: VideoParams, callback: StepCallback) -> np.ndarray:
-        """uint8 [frames, H, W, 3]; empty when the callback cancelled it."""
+    def generate(self, prompt: str, params: VideoParams, callback: StepCallback) -> tuple[np.ndarray, dict[str, float]]:
+        """uint8 [frames, H, W, 3] (empty when the callback cancelled it), and where the time went (ms): encoding
+        the prompt, denoising, decoding the latents to frames."""
         import openvino_genai as g
 
         self.load()
@@ -92,4 +93,15 @@ class VideoPipeline:
             kwargs["generator"] = g.CppStdGenerator(params.rng_seed)
         result = self._pipe.generate(prompt, callback=callback, **kwargs)
         video = np.array(result.video.data)  # a copy: the pipeline reuses its buffer on the next generate
-        return video[0] if video.ndim == 5 else np.empty((0, 0, 0, 3), dtype=np.uint8)  # cancelled: no frames
+        frames = video[0] if video.ndim == 5 else np.empty((0, 0, 0, 3), dtype=np.uint8)  # cancelled: no frames
+        return frames, phases(result.perf_metrics)
+
+
+def phases(metrics: Any) -> dict[str, float]:
+    """GenAI's own timings of one generate() (ms): the rest of it, after the text encoders and the VAE, is the
+    denoising loop."""
+    total = float(metrics.get_generate_duration())
+    text = float(sum(metrics.get_text_encoder_infer_duration().values()))
+    vae = float(metrics.get_vae_decoder_infer_duration())
+    return {"text_encode_ms": round(text, 1), "denoise_ms": round(total - text - vae, 1),
+            "vae_decode_ms": round(vae, 1)}

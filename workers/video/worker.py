@@ -39,6 +39,7 @@ class VideoJob:
     cancelled: bool = False
     streamed: bool = False  # never set: a video job that lost its worker runs again from its start
     received: float = field(default_factory=time.time)
+    phases: dict[str, float] = field(default_factory=dict)  # where its time went (VideoPipeline.generate, MP4)
 
     def next_seq(self) -> int:
         self.seq += 1
@@ -48,7 +49,8 @@ class VideoJob:
         """Its times, and its cost in its tenant's fair share: its work, known from its settings."""
         assert self.job.video is not None
         return {"queue_ms": round((self.received - self.job.created) * 1000, 1),
-                "total_ms": round((time.time() - self.job.created) * 1000, 1), "cost": video_work(self.job.video)}
+                "total_ms": round((time.time() - self.job.created) * 1000, 1), "cost": video_work(self.job.video),
+                **self.phases}
 
 
 @dataclass
@@ -115,8 +117,10 @@ class VideoWorker(PipelineWorker):
             return False
 
         try:
-            frames = await asyncio.to_thread(self.pipe.generate, str(job.prompt), job.video, on_step)
+            frames, state.phases = await asyncio.to_thread(self.pipe.generate, str(job.prompt), job.video, on_step)
+            generated = time.perf_counter()
             output = Output() if state.cancelled else await self._store(job, frames)
+            state.phases["mp4_encode_ms"] = round((time.perf_counter() - generated) * 1000, 1)
         except Exception as exc:  # GenAI refuses a size or a setting: the request's fault
             output = Output(error=error_message(exc))
             log.warning("video job %s failed: %s", job.id, output.error)
