@@ -218,6 +218,28 @@ class Keys:
         every creation of entries older than OVQ_JOURNAL_TTL_S; TTL the same."""
         return f"{self.prefix}:bgs"
 
+    # ---- Videos API (api/openai/videos/, workers/video/) --------------------------------------------------
+    def video(self, video_id: str) -> str:
+        """Hash: a video job as created and as last seen: `request` (JSON), `job`, `model`, `owner`, `created_at`,
+        and once it ended `status`, `progress`, `completed_at`, `error`, `video`/`thumbnail` (its content's keys).
+        Owner: the API (api/openai/videos/store.py), which deletes it on DELETE; TTL OVQ_VIDEO_TTL_S."""
+        if self.cluster:
+            return f"{self.prefix}:video:{{v:{video_id}}}"
+        return f"{self.prefix}:video:{video_id}"
+
+    def videos_of(self, owner: str) -> str:
+        """Sorted set: one owner's video ids -> created (unix s), for `GET /videos`. Trimmed by every creation of
+        entries older than OVQ_VIDEO_TTL_S; TTL the same; DELETE removes its id."""
+        return f"{self.prefix}:videos:{owner}"
+
+    def video_content(self, job_id: str, variant: str, model: str = "") -> str:
+        """String: a video job's output (`video`: the MP4, `thumbnail`: a WebP of its first frame). Written by the
+        video worker with the job's TTL (OVQ_VIDEO_TTL_S, at most OVQ_MAX_VIDEO_BYTES); deleted by the API on
+        DELETE."""
+        if self.cluster:
+            return f"{self.prefix}:vc:{self._of(model)}{job_id}:{variant}"
+        return f"{self.prefix}:vc:{job_id}:{variant}"
+
     # ---- Batch API (common/batch/files.py, common/batch/store.py, workers/batch/runner.py) -------------
     @property
     def batch_queue(self) -> str:

@@ -38,13 +38,11 @@ from api.openai.responses.store import ResponseStore, response_not_found
 from api.openai.serving import add_usage, finish_choices
 from api.queue.client import JobClient
 from api.queue.journal import Journal, JournalBroken, paced
-from api.queue.priority import LEVEL_TIERS, priority_of
+from api.queue.priority import LEVEL_TIERS
 from api.queue.registry import Servable
-from api.queue.tenant import scheduled_tenant
 from common.errors import OvqError
 from common.events import ACCEPTED, CANCELLED, DELTA, DONE, ERROR, EventDict
-from common.fairness import estimate_cost
-from common.jobs import Job, JobHash, JobStatus, Share
+from common.jobs import Job, JobHash, JobStatus
 from common.keys import Keys
 from common.owner import OWNER_FIELD, Caller
 from common.redis.client import UNAVAILABLE
@@ -140,18 +138,8 @@ class BackgroundResponses:
     async def start(self, request: Request, body: ResponsesRequest, response_id: str, chain: list[str],
                     servable: Servable, job: Job) -> Response:
         """Record and queue the response's job; answer at once: the response `queued`, or its stream."""
-        job.journal = job.background = True
         job.reply_to = REPLY_TO  # its journal is read, not its events: no API process parses them for nothing
-        job.priority = priority_of(request)
-        tenant = scheduled_tenant(request, job.priority)
-        if tenant is not None:  # fair shares and quota, as for any job (api/queue/tenant.py)
-            if self.settings.fairness:
-                job.share = Share(tenant=tenant.name, weight=tenant.weight, cost=estimate_cost(job))
-            try:
-                await self.jobs.registry.quotas.take(tenant, estimate_cost(job))
-            except OvqError:
-                self.jobs.metrics.refused(job.model, "quota")
-                raise
+        await self.jobs.detached(request, job)
         assert isinstance(job.prompt, str)
         record = Background(response_id, body, job.id, chain, job.prompt, int(time.time()), job.params.logprobs,
                             caller_of(request).tenant, LEVEL_TIERS[job.priority])
