@@ -2,7 +2,7 @@
 
 Shapes follow OpenAI's API reference and the `openai` SDK's `openai.types.responses` (tests parse every object
 ovq sends with the SDK's own types). What ovq cannot do is refused with a 400 that says so: built-in tools,
-`truncation: auto`, reusable prompts, conversations, item references, images by file id.
+reusable prompts, conversations, item references, images by file id.
 """
 from __future__ import annotations
 
@@ -463,9 +463,6 @@ class ResponsesRequest(BaseModel):
         for name, what in UNSUPPORTED.items():
             if extra.get(name) is not None:
                 raise not_supported(name, what)
-        if self.truncation == "auto":
-            raise not_supported("truncation", "truncation 'auto' (ovq never drops input items: a prompt longer than "
-                                "the model's context is a 400)")
         self._check_sampling()
         if self.stream_options is not None and not self.stream:
             raise OvqError("stream_options is only allowed when stream is true", param="stream_options")
