@@ -3,8 +3,8 @@
 100 and 1,000 turns.
 
 A turn is the API's own work for a chained response, on the code the API runs (api/openai/responses/): read the
-chain (`ResponsesServing.history`: the store's reads, and with `truncation: auto` the cut, rendered by the model's
-chat template and counted by its tokenizer), make the chat request, then store the ended response with its items'
+chain and make the chat request (`ResponsesServing.history`: the store's reads, and with `truncation: auto` the cut,
+rendered by the model's chat template and counted by its tokenizer), then store the ended response with its items'
 token counts (`store.save`). Generation is a worker's and is left out: here the answer is a fixed text. The model
 is the tiny Llama of tests/models (its ChatML template and tokenizer, a 2,048-token context), announced on a
 private redis-server that nothing else uses, so the server's own counters (INFO commandstats and stats) are the
@@ -36,7 +36,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from api.openai.responses.chain import item_tokens  # noqa: E402
-from api.openai.responses.convert import stored_items, to_chat  # noqa: E402
+from api.openai.responses.convert import stored_items  # noqa: E402
 from api.openai.responses.events import initial_response, new_id  # noqa: E402
 from api.openai.responses.protocol import OutputMessage, OutputText, ResponsesRequest  # noqa: E402
 from api.openai.responses.serving import ResponsesServing  # noqa: E402
@@ -71,8 +71,7 @@ class Arm:
         continue the chain at the length being measured)."""
         body = ResponsesRequest(model=MODEL, input=USER, previous_response_id=self.previous, max_output_tokens=16,
                                 truncation=self.truncation)
-        history, items, _ = await self.responses.history(body, CALLER)
-        to_chat(body, items)  # what create hands to the chat path
+        history, _, _ = await self.responses.history(body, CALLER)  # and the chat request create hands on
         response = initial_response(body)
         response.output = [OutputMessage(id=new_id("msg"), status="completed", content=[OutputText(text=ANSWER)])]
         response.status = "completed"

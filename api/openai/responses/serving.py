@@ -30,6 +30,7 @@ from api.http.sse import PING, Last
 from api.http.status import CLIENT_CLOSED
 from api.openai.adapters import resolve
 from api.openai.choices import ChoiceState
+from api.openai.protocol import ChatCompletionRequest
 from api.openai.responses.background import BackgroundResponses
 from api.openai.responses.chain import Chain, item_tokens
 from api.openai.responses.convert import stored_items, to_chat
@@ -120,8 +121,8 @@ class ResponsesServing:
         self.store.check_input(body)
         caller = caller_of(request)
         try:
-            history, items, _ = await self.history(body, caller)
-            servable, job, plan = await self.serving.chat_job(request, to_chat(body, items))
+            history, chat, _ = await self.history(body, caller)
+            servable, job, plan = await self.serving.chat_job(request, chat)
         except OvqError as exc:
             raise renamed(exc) from None
         top = job.params.logprobs
@@ -152,29 +153,31 @@ class ResponsesServing:
         the model's own tokenizer on this API host (as `/tokenize`). Images' tokens only a worker knows: refused."""
         body = await parse_body(request, ResponsesRequest)
         try:
-            _, items, counted = await self.history(body, caller_of(request))
-            chat = to_chat(body, items)
+            _, chat, counted = await self.history(body, caller_of(request))
             if any(message.image_urls() for message in chat.messages):
                 raise not_supported("input", "Counting the tokens of an input_image")
             if counted is None:
-                counted, _ = await self._counter(body)(items)
+                counted = await self._count(chat)
         except OvqError as exc:
             raise renamed(exc) from None
         return JSONResponse({"object": "response.input_tokens", "input_tokens": counted})
 
-    async def history(self, body: ResponsesRequest, caller: Caller) -> tuple[History, list[dict[str, Any]],
+    async def history(self, body: ResponsesRequest, caller: Caller) -> tuple[History, ChatCompletionRequest,
                                                                                 int | None]:
-        """The chain `body` continues, the history items its prompt holds (with `truncation: auto`, the newest that
-        fit: truncation.py), and, where it was counted for that, the prompt's token count."""
-        if not body.previous_response_id:
-            return History(Chain()), [], None
-        if body.truncation == "disabled":
-            history = await self.store.history(body.previous_response_id, caller)
-            return history, history.items, None
-        budget = room(body, await self._context(body.model))
-        history = await self.store.history(body.previous_response_id, caller, budget)
-        items, counted = await fit(body, history.items, history.tokens, self._counter(body))
-        return history, items, counted
+        """The chain `body` continues and the chat request its prompt is: the chain's items then the input, or
+        with `truncation: auto` the newest of them that fit (truncation.py), then also the prompt's token count."""
+        if body.truncation == "disabled" or not (body.previous_response_id or body.input):
+            history = await self.store.history(body.previous_response_id, caller) if body.previous_response_id \
+                else History(Chain())
+            return history, to_chat(body, history.items), None
+        history = History(Chain())
+        if body.previous_response_id:
+            budget = room(body, await self._context(body.model))
+            history = await self.store.history(body.previous_response_id, caller, budget)
+        own = [item.model_dump(by_alias=True, exclude_none=True) for item in body.items()]
+        bare = body.model_copy(update={"input": None})  # the input is in the conversation fitted
+        items, counted = await fit(body, history.items + own, history.tokens + [None] * len(own), self._counter(bare))
+        return history, to_chat(bare, items), counted
 
     async def _context(self, model: str) -> int:
         """The context of the model a request names (adapters included)."""
@@ -192,6 +195,11 @@ class ResponsesServing:
             return await asyncio.to_thread(TOKENIZERS.count, settings, servable.model, prompt), \
                 servable.card.context_length
         return count
+
+    async def _count(self, chat: ChatCompletionRequest) -> int:
+        """The prompt tokens of a chat request, as `_counter` counts them."""
+        servable, _, prompt = await self.serving.chat_prompt(chat)
+        return await asyncio.to_thread(TOKENIZERS.count, self.serving.jobs.settings, servable.model, prompt)
 
     async def _whole(self, generation: Generation, turn: Turn, record: Record, headers: dict[str, str]) -> Response:
         choice = turn.choice

@@ -5,9 +5,11 @@ is over the context window, items are dropped from the beginning of the conversa
 default) such a request is a 400. What is left must fit the context with room for the answer: `max_output_tokens`
 when the request sets it, else RESERVE_SHARE of the context.
 
-Whole turns are dropped (the kept history starts at a user message), so that no `function_call_output` is left
-without its call and templates that want turns to alternate render what is left. The request's own input is
-never dropped: if it alone is over the context, the request is the 400 `disabled` gives.
+The conversation is the chain's history then the request's input (which may itself be a long history, such as a
+compacted window: compact.py). Whole turns are dropped (what is kept starts at a user message), so that no
+`function_call_output` is left without its call and templates that want turns to alternate render what is left.
+The last turn (from the last user message on) is never dropped: if it alone is over the context, the request is the
+400 `disabled` gives.
 
 The cut is found from the items' stored token counts (chain.py), then checked exactly: the prompt is rendered by
 the model's template and counted by its tokenizer on this API host, once when it fits (the usual case), a few times
@@ -19,6 +21,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from api.openai.responses.chain import item_text
 from api.openai.responses.protocol import ResponsesRequest
 from api.openai.responses.store import context_exceeded
 
@@ -26,7 +29,7 @@ RESERVE_SHARE = 8  # without max_output_tokens, 1/8 of the context is kept for t
 MESSAGE_TOKENS = 4  # what a template adds around a message, about (ChatML: <|im_start|>role\n ... <|im_end|>\n)
 MAX_PASSES = 6  # exact counts before giving up (each pass drops at least one turn)
 
-# The prompt's token count and the model's context, for a history (the request's own input is added to it).
+# The prompt's token count and the model's context, for a conversation's items.
 Count = Callable[[list[dict[str, Any]]], Awaitable[tuple[int, int]]]
 
 
@@ -37,26 +40,29 @@ def room(body: ResponsesRequest, context: int) -> int:
 
 async def fit(body: ResponsesRequest, items: list[dict[str, Any]], tokens: list[int | None],
               count: Count) -> tuple[list[dict[str, Any]], int]:
-    """The newest items of `items` (a chain's history, oldest first, `tokens` their counts) whose prompt fits,
-    and that prompt's token count; a 400 when the request's own input does not fit."""
+    """The newest items of a conversation (`items`, oldest first: the chain's history, then the request's input;
+    `tokens` their counts, None where unknown) whose prompt fits, and that prompt's token count; a 400 when its
+    last turn alone does not fit."""
+    last = max((i for i, item in enumerate(items) if _turn_starts(item)), default=0)
     start = 0
     for _ in range(MAX_PASSES):
         used, context = await count(items[start:])
         over = used - room(body, context)
         if over <= 0:
             return items[start:], used
-        if start == len(items):
+        if start >= last:
             break
-        start = _cut(items, tokens, start, over)
+        start = min(_cut(items, tokens, start, over), last)
     raise context_exceeded()
 
 
 def _cut(items: list[dict[str, Any]], tokens: list[int | None], start: int, over: int) -> int:
-    """Where the history starts once `over` tokens more are dropped: after enough items (by their counts), at the
-    next user message (or past the end: no history)."""
+    """Where the conversation starts once `over` tokens more are dropped: after enough items (by their counts, or
+    a guess from their text's length), at the next user message."""
     end, dropped = start, 0
     while end < len(items) and dropped < over:
-        dropped += (tokens[end] or 0) + MESSAGE_TOKENS
+        known = tokens[end]
+        dropped += (known if known is not None else len(item_text(items[end])) // 4) + MESSAGE_TOKENS
         end += 1
     end = max(end, start + 1)
     while end < len(items) and not _turn_starts(items[end]):

@@ -155,3 +155,26 @@ async def test_another_tenants_response_is_a_missing_one(setup) -> None:
     assert Response.model_validate_json(await store.get(response.id, A)) == response  # untouched by B's delete
     assert Response.model_validate_json(await store.get(old.id, ADMIN)) == old
     assert (await store.history(response.id, ADMIN)).chain.ids == [response.id]
+
+
+async def test_a_long_chain_reads_its_window_only_and_without_truncation_is_a_400(setup) -> None:
+    """Each response records the newest responses a prompt could reach (here a 1,000-token context, 100 tokens a
+    turn): a continuation reads those, with a budget only those its budget reaches; without one the chain that no
+    prompt holds whole is OpenAI's context_length_exceeded."""
+    _, _, store = setup
+    chain, previous = Chain(), None
+    for i in range(30):
+        body, response = turn(f"q{i}", f"a{i}", previous)
+        if previous:
+            chain = (await store.history(previous, A, budget=10_000)).chain.fitted(1000)
+        assert await save(store, body, response, chain, tokens=[50, 50])
+        previous = response.id
+    history = await store.history(previous, A, budget=10_000)
+    assert len(history.chain.window) == 11 and history.chain.depth == 30  # 10 reach 1,000 tokens, then previous
+    assert [i["content"] for i in history.items[::2]] == [f"q{i}" for i in range(19, 30)]
+    assert history.tokens == [50] * 22
+    few = await store.history(previous, A, budget=250)
+    assert [i["content"] for i in few.items[::2]] == ["q27", "q28", "q29"]
+    with pytest.raises(OvqError) as caught:
+        await store.history(previous, A)
+    assert (caught.value.status, caught.value.body.code) == (400, "context_length_exceeded")
