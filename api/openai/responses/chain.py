@@ -75,6 +75,8 @@ def item_text(item: dict[str, Any]) -> str:
         return f"{item.get('name', '')}{item.get('arguments', '')}"
     if kind == "function_call_output":
         return _text(item.get("output"))
+    if kind == "compaction":
+        return str(item.get("encrypted_content", ""))
     if kind == "reasoning":
         return _text(item.get("content")) or _text(item.get("summary"))
     return _text(item.get("content"))

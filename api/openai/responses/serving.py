@@ -35,6 +35,7 @@ from api.openai.responses.background import BackgroundResponses
 from api.openai.responses.chain import Chain, item_tokens
 from api.openai.responses.convert import stored_items, to_chat
 from api.openai.responses.events import TERMINAL, ResponseStream, initial_response, new_id, render
+from api.openai.responses.protocol import Response as ResponseObject
 from api.openai.responses.protocol import ResponsesRequest, StreamEvent, not_supported
 from api.openai.responses.store import MAX_LIST, History, ResponseStore
 from api.openai.responses.truncation import Count, fit, room
@@ -172,14 +173,14 @@ class ResponsesServing:
             return history, to_chat(body, history.items), None
         history = History(Chain())
         if body.previous_response_id:
-            budget = room(body, await self._context(body.model))
+            budget = room(body, await self.context(body.model))
             history = await self.store.history(body.previous_response_id, caller, budget)
         own = [item.model_dump(by_alias=True, exclude_none=True) for item in body.items()]
         bare = body.model_copy(update={"input": None})  # the input is in the conversation fitted
         items, counted = await fit(body, history.items + own, history.tokens + [None] * len(own), self._counter(bare))
         return history, to_chat(bare, items), counted
 
-    async def _context(self, model: str) -> int:
+    async def context(self, model: str) -> int:
         """The context of the model a request names (adapters included)."""
         registry = self.serving.registry
         name, _ = await resolve(registry, model)
@@ -202,6 +203,21 @@ class ResponsesServing:
         return await asyncio.to_thread(TOKENIZERS.count, self.serving.jobs.settings, servable.model, prompt)
 
     async def _whole(self, generation: Generation, turn: Turn, record: Record, headers: dict[str, str]) -> Response:
+        response = await self._complete(generation, turn, record)
+        return Response(orjson.dumps(response.model_dump(by_alias=True)), media_type="application/json",
+                        headers=headers)
+
+    async def generate(self, request: Request, body: ResponsesRequest, chat: ChatCompletionRequest) -> ResponseObject:
+        """A whole response to `body` whose prompt is `chat` (`history`'s), through the queue as any: what a
+        compaction's summary is (compact.py). Stored when `body` says so."""
+        servable, job, plan = await self.serving.chat_job(request, chat)
+        response = initial_response(body, sampling=servable.card.sampling, tier=service_tier(request))
+        turn = Turn(body, ResponseStream(response), ChoiceState(0, plan.parser(), None), Chain(),
+                    caller_of(request).tenant, servable.model)
+        async with self.serving.open(request, body.model, servable, [job]) as generation:
+            return await self._complete(generation, turn, request.state.record)
+
+    async def _complete(self, generation: Generation, turn: Turn, record: Record) -> ResponseObject:
         choice = turn.choice
         try:
             while not generation.finished:
@@ -220,8 +236,7 @@ class ResponsesServing:
         record.outcome = choice.finish_reason(bool(parsed.tool_calls)) or "stop"
         response = turn.state.whole(parsed, choice.finish, turn.usage, choice.logprobs)
         await self._save(turn)
-        return Response(orjson.dumps(response.model_dump(by_alias=True)), media_type="application/json",
-                        headers=headers)
+        return response
 
     async def _stream(self, generation: Generation, turn: Turn, record: Record) -> AsyncIterator[bytes]:
         """Stream events as SSE, one write per wake-up (everything that arrived meanwhile), then `data: [DONE]`: the
