@@ -14,11 +14,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import sys
 from dataclasses import dataclass, field
 from typing import Any
 
 from api.openai.tokenize import TOKENIZERS
-from common.errors import OvqError
 from common.settings import Settings
 
 log = logging.getLogger("ovq.api.responses")
@@ -49,6 +49,8 @@ class Chain:
     def fitted(self, context: int) -> Chain:
         """The window cut to what a prompt of `context` tokens could reach: the newest responses until their
         counts pass it (the one that passes it stays: its last items may still fit), MAX_WINDOW at most."""
+        if context <= 0:  # a card that does not say: no cut but MAX_WINDOW
+            context = sys.maxsize
         total, keep = 0, 0
         for _, tokens in reversed(self.window):
             if keep == MAX_WINDOW or total >= context:
@@ -97,6 +99,6 @@ async def item_tokens(settings: Settings, model: str, items: list[dict[str, Any]
 
     try:
         return await asyncio.to_thread(count)
-    except OvqError as exc:
-        log.debug("no token counts for %s's items: %s", model, exc.body.message)
+    except Exception as exc:  # counts only bound what later turns read: the response is stored without them
+        log.debug("no token counts for %s's items: %s", model, exc)
         return None

@@ -18,6 +18,7 @@ counting, whatever the chain's length.
 """
 from __future__ import annotations
 
+import sys
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -34,7 +35,10 @@ Count = Callable[[list[dict[str, Any]]], Awaitable[tuple[int, int]]]
 
 
 def room(body: ResponsesRequest, context: int) -> int:
-    """The prompt tokens a request may use: its context less what is kept for the answer."""
+    """The prompt tokens a request may use: its context less what is kept for the answer (a card that does not
+    say its context: no limit here, the worker's own check stands)."""
+    if context <= 0:
+        return sys.maxsize
     return context - (body.max_output_tokens or context // RESERVE_SHARE)
 
 

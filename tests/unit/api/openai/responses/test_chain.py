@@ -34,3 +34,7 @@ def test_item_text_is_what_the_item_puts_in_a_prompt() -> None:
                       "content": [{"type": "output_text", "text": "a"}, {"type": "output_text", "text": "b"}]}) == "ab"
     assert item_text({"type": "function_call", "name": "f", "arguments": "{}"}) == "f{}"
     assert item_text({"type": "function_call_output", "output": "42"}) == "42"
+
+
+def test_a_card_without_a_context_cuts_nothing_but_max_window() -> None:
+    assert len(grown(5, 100, 0).window) == 5
