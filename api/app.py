@@ -5,6 +5,7 @@ import logging
 import signal
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from functools import partial
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -27,6 +28,7 @@ from api.openai.encoders import EncoderServing
 from api.openai.images import ImageServing
 from api.openai.protocol import ModelList, ModelObject
 from api.openai.responses import serving as stored_responses
+from api.openai.responses.compact import compact as compact_conversation
 from api.openai.responses.serving import ResponsesServing
 from api.openai.responses.store import ResponseStore
 from api.openai.serving import Serving
@@ -185,6 +187,9 @@ def _install_routes(app: FastAPI) -> dict[str, Endpoint]:
     async def responses(request: Request) -> Response:
         return await _counted(request, "responses", request.app.state.responses.create)
 
+    async def compact(request: Request) -> Response:
+        return await _counted(request, "responses", partial(compact_conversation, request.app.state.responses))
+
     async def image_generations(request: Request) -> Response:
         return await _counted(request, "images", request.app.state.images.generations)
 
@@ -245,6 +250,7 @@ def _install_routes(app: FastAPI) -> dict[str, Endpoint]:
     hot: dict[str, Endpoint] = {}
     for prefix in ("/v3", "/v1"):
         for path, endpoint in (("chat/completions", chat), ("completions", completions), ("responses", responses),
+                               ("responses/compact", compact),
                                ("images/generations", image_generations), ("images/edits", image_edits),
                                ("audio/transcriptions", transcriptions), ("audio/translations", translations),
                                ("audio/speech", speech), ("embeddings", embeddings), ("rerank", rerank),

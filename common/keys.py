@@ -180,11 +180,14 @@ class Keys:
     # ---- Responses API (api/openai/responses/store.py) ------------------------------------------------------
     def response(self, response_id: str) -> str:
         """Hash: a stored response (`store: true`): `response` (the object, JSON), `items` (its input items, then
-        its output items, JSON), `inputs` (how many of those are input), `chain` (the ids of the responses before
-        it through previous_response_id, oldest first, JSON), `owner` (its tenant: common/owner.py; absent on one
-        stored before owners were). Owned by the API's response store: written once when
-        the response ends, with TTL OVQ_RESPONSES_TTL_S (renewed for a whole chain when a turn chains onto it),
-        at most OVQ_RESPONSES_MAX_BYTES; removed by `DELETE /responses/{id}`."""
+        its output items, JSON), `inputs` (how many of those are input), `tokens` (each item's token count, JSON;
+        absent where the API host had no tokenizer), `window` (the [id, tokens] of the newest responses before it
+        through previous_response_id that a prompt could still hold, oldest first, JSON: at most the model's
+        context's worth, at most 1,024), `depth` (how many responses are before it in all), `owner` (its tenant:
+        common/owner.py; absent on one stored before owners were); one stored before windows has `chain` (every
+        earlier id) instead of `window` and `depth`. Owned by the API's response store: written once when the
+        response ends, with TTL OVQ_RESPONSES_TTL_S (renewed for the responses of its window when a turn chains
+        onto it), at most OVQ_RESPONSES_MAX_BYTES; removed by `DELETE /responses/{id}`."""
         if self.cluster:  # beside its background record (Keys.background): deleted together
             return f"{self.prefix}:response:{{r:{response_id}}}"
         return f"{self.prefix}:response:{response_id}"
@@ -205,7 +208,8 @@ class Keys:
 
     def background(self, response_id: str) -> str:
         """Hash: a background response (`background: true`) as created: `request` (the body, JSON), `job`,
-        `chain`, `prompt`, `created_at`, `owner` (its tenant: common/owner.py). Owner: the API
+        `chain` and `depth` (the window of the chain it continues and its depth: Keys.response), `prompt`,
+        `created_at`, `owner` (its tenant: common/owner.py), `tier`, `served` (the servable's model). Owner: the API
         (api/openai/responses/background.py); TTL
         OVQ_JOURNAL_TTL_S, the journal's: once the journal is gone, the stored response (Keys.response) says it."""
         if self.cluster:

@@ -226,7 +226,8 @@ class Settings(BaseSettings):
 
     # ---- Stored responses (/v1/responses with `store`, the default) ---------------------------------------------
     # A stored response lives this long after its last write; a turn chained onto it (previous_response_id) renews
-    # its whole chain, so a conversation in use does not lose its start. OpenAI keeps 30 days, on disk; ovq keeps
+    # the responses of the chain a prompt could still hold (its window), so a conversation in use keeps what its
+    # prompts need. OpenAI keeps 30 days, on disk; ovq keeps
     # them in Redis memory, next to the queues, so a week: long enough for a conversation or an agent run that
     # pauses over days, short enough that abandoned ones do not pile up in memory.
     responses_ttl_s: int = 7 * 24 * 3600

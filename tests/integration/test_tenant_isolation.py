@@ -203,6 +203,12 @@ def test_previous_response_id_of_another_tenant_is_not_found(tiers: Tiers, alpha
             b.responses.input_tokens.count(model=TINY, input="and then?", previous_response_id=previous)
         counts.append(orjson.dumps(caught.value.body).replace(previous.encode(), b"ID"))
     assert counts[0] == counts[1]
+    compacts = []  # compacting a chain reads it: the same rule
+    for previous in (alphas["response_id"][0], NEVER["response_id"]):
+        with pytest.raises(openai.NotFoundError) as caught:
+            b.responses.compact(model=TINY, input="and then?", previous_response_id=previous)
+        compacts.append(orjson.dumps(caught.value.body).replace(previous.encode(), b"ID"))
+    assert compacts[0] == compacts[1]
     a = sdk(tiers, ALPHA)  # alpha's chain goes on
     assert a.responses.input_tokens.count(model=TINY, input="and then?",
                                           previous_response_id=alphas["response_id"][0]).input_tokens > 0
