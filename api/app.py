@@ -5,6 +5,7 @@ import logging
 import signal
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from functools import partial
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -30,10 +31,14 @@ from api.openai.encoders import EncoderServing
 from api.openai.images import ImageServing
 from api.openai.protocol import ModelList, ModelObject
 from api.openai.responses import serving as stored_responses
+from api.openai.responses.compact import compact as compact_conversation
 from api.openai.responses.serving import ResponsesServing
 from api.openai.responses.store import ResponseStore
 from api.openai.serving import Serving
 from api.openai.speech import SpeechServing
+from api.openai.videos import serving as videos
+from api.openai.videos.serving import VideoServing
+from api.openai.videos.store import VideoStore
 from api.ops import router as ops_router
 from api.ops.metrics import Metrics, Record
 from api.ops.refusals import Refusals
@@ -86,6 +91,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         app.state.images = ImageServing(jobs, registry, settings)
         app.state.speech = SpeechServing(jobs, registry, settings)
         app.state.encoders = EncoderServing(jobs, registry, settings)
+        app.state.videos = VideoServing(jobs, VideoStore(redis, keys, settings))
         app.state.conversations = ConversationStore(redis, keys, settings)
         app.state.responses = ResponsesServing(app.state.serving, ResponseStore(redis, keys, settings),
                                                ConversationTurns(app.state.conversations))
@@ -93,6 +99,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         heap.settle()
         yield
         await app.state.responses.background.stop()
+        await app.state.videos.stop()
         await heartbeat.stop()
         await refusals.stop()
         await hub.stop()
@@ -185,11 +192,20 @@ def _install_routes(app: FastAPI) -> dict[str, Endpoint]:
     async def responses(request: Request) -> Response:
         return await _counted(request, "responses", request.app.state.responses.create)
 
+    async def compact(request: Request) -> Response:
+        return await _counted(request, "responses", partial(compact_conversation, request.app.state.responses))
+
     async def image_generations(request: Request) -> Response:
         return await _counted(request, "images", request.app.state.images.generations)
 
     async def image_edits(request: Request) -> Response:
         return await _counted(request, "image_edits", request.app.state.images.edits)
+
+    async def create_video(request: Request) -> Response:
+        return await _counted(request, "videos", request.app.state.videos.create)
+
+    async def remix_video(request: Request, video_id: str) -> Response:
+        return await _counted(request, "videos", lambda r: r.app.state.videos.remix(r, video_id))
 
     async def transcriptions(request: Request) -> Response:
         return await _counted(request, "transcriptions", request.app.state.speech.transcriptions)
@@ -239,9 +255,11 @@ def _install_routes(app: FastAPI) -> dict[str, Endpoint]:
     hot: dict[str, Endpoint] = {}
     for prefix in ("/v3", "/v1"):
         for path, endpoint in (("chat/completions", chat), ("completions", completions), ("responses", responses),
+                               ("responses/compact", compact),
                                ("images/generations", image_generations), ("images/edits", image_edits),
                                ("audio/transcriptions", transcriptions), ("audio/translations", translations),
-                               ("audio/speech", speech), ("embeddings", embeddings), ("rerank", rerank)):
+                               ("audio/speech", speech), ("embeddings", embeddings), ("rerank", rerank),
+                               ("videos", create_video)):
             app.add_api_route(f"{prefix}/{path}", endpoint, methods=["POST"])
             hot[f"{prefix}/{path}"] = endpoint
         app.add_api_route(f"{prefix}/models", list_models, methods=["GET"])
@@ -251,6 +269,8 @@ def _install_routes(app: FastAPI) -> dict[str, Endpoint]:
         app.include_router(files.router, prefix=prefix)
         app.include_router(batches.router, prefix=prefix)
         app.include_router(tokenize.router, prefix=prefix)
+        app.include_router(videos.router, prefix=prefix)
+        app.add_api_route(f"{prefix}/videos/{{video_id}}/remix", remix_video, methods=["POST"])
 
     @app.get("/v2/health/live")
     async def live() -> dict[str, bool]:

@@ -118,6 +118,9 @@ class Done(_Event):
     # Image jobs: Redis keys of the PNGs (short-lived; the API reads and deletes them).
     images: list[str] = []
     size: str | None = None
+    # Video jobs: the Redis keys of the MP4 and its thumbnail (Keys.video_content; they live the job's ttl_s).
+    video: str | None = None
+    thumbnail: str | None = None
     # Speech jobs: the transcript (S2T), or the Redis key of the speech file (T2S, read once like the images).
     transcript: Transcript | None = None
     audio: str | None = None
@@ -239,6 +242,8 @@ class DoneEvent(_DoneFields, total=False):
     size: str | None
     transcript: TranscriptDict | None
     audio: str | None
+    video: str | None
+    thumbnail: str | None
     embeddings: list[str]
     scores: list[float]
 

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from common.jobs import Job
+from common.jobs import Job, VideoParams
 
 PARK = "fair:parked"  # the consumer that holds parked jobs (never a worker: reclaim passes it by)
 BELL_LEN = 32  # rings kept in a bell stream
@@ -38,6 +38,9 @@ CLOCK_CAP = 4096  # clock fields beyond which the enqueue drops finish times alr
 DEFAULT_OUTPUT_TOKENS = 256  # a job's expected output when it sets no max_tokens (corrected at its end)
 CHARS_PER_TOKEN = 4  # the API does not tokenize: a text prompt's tokens are estimated from its length
 TENANT_MAX_CHARS = 64
+# A video job's work in token-equivalents: one denoising step over one latent token, which LTX-Video's VAE makes of
+# 32 x 32 pixels x 8 frames. A 4 s 704x480 clip at 25 fps (105 frames) in 25 steps costs 25 x 14 x 22 x 15 = 115,500.
+VIDEO_TOKEN_PIXELS, VIDEO_TOKEN_FRAMES = 32, 8
 
 
 def in_flight(pending: Any) -> int:
@@ -60,13 +63,22 @@ def _tokens(prompt: str | list[Any]) -> int:
     return len(prompt) // CHARS_PER_TOKEN + 1
 
 
+def video_work(params: VideoParams) -> int:
+    """Steps x latent frames x latent tokens per frame (the transformer's work; the VAE's is small beside it)."""
+    latent_frames = (params.num_frames - 1) // VIDEO_TOKEN_FRAMES + 1
+    tokens = -(-params.width // VIDEO_TOKEN_PIXELS) * -(-params.height // VIDEO_TOKEN_PIXELS)
+    return params.num_inference_steps * latent_frames * tokens
+
+
 def estimate_cost(job: Job) -> int:
     """Tokens the job is expected to cost: its prompt plus its expected output (max_tokens, or a default) for each
-    sample; embeddings and rerank by their inputs; other kinds a default."""
+    sample; embeddings and rerank by their inputs; a video by its work (`video_work`); other kinds a default."""
     if job.kind in ("chat", "completion"):
         params = job.params
         output = params.max_tokens if params.max_tokens is not None else DEFAULT_OUTPUT_TOKENS
         return _tokens(job.prompt) + output * max(params.n, params.best_of or 1)
+    if job.video is not None:
+        return video_work(job.video)
     if job.embed is not None:
         return sum(_tokens(text) for text in job.embed.inputs) + (_tokens(job.embed.query) if job.embed.query else 0)
     return DEFAULT_OUTPUT_TOKENS

@@ -125,6 +125,21 @@ class ImageParams(BaseModel):
     lora_weights: dict[str, float] | None = None
 
 
+class VideoParams(BaseModel):
+    """A video job's settings, limits already checked by the API; `None` means the model's default."""
+
+    width: int
+    height: int
+    num_frames: int
+    frame_rate: int
+    num_inference_steps: int
+    guidance_scale: float | None = None
+    negative_prompt: str | None = None
+    rng_seed: int | None = None
+    # How long its content lives (s): the worker stores the MP4 and thumbnail for this long (Keys.video_content).
+    ttl_s: int
+
+
 class SpeechParams(BaseModel):
     """A speech job's settings, checked by the API: transcribe or translate an upload (S2T), or speak the prompt
     (T2S). `None` means the model's default."""
@@ -170,12 +185,13 @@ class Job(BaseModel):
     # "transcription", "speech", "embed" and "rerank" came with SpeechParams and EmbedParams (still version 2: only
     # the speech, embeddings and rerank workers, which know them, read those models' streams; every other job reads
     # as before).
-    kind: Literal["chat", "completion", "image", "transcription", "speech", "embed", "rerank"]
+    kind: Literal["chat", "completion", "image", "transcription", "speech", "embed", "rerank", "video"]
     prompt: str | list[int]
     # Completions get the tokenizer's special tokens (BOS); a rendered chat template already has its own.
     add_special_tokens: bool = False
     params: SamplingParams = Field(default_factory=SamplingParams)
     image: ImageParams | None = None
+    video: VideoParams | None = None  # "video" jobs (only the video workers read those models' streams)
     speech: SpeechParams | None = None
     # Vision-language chat: Redis keys of the message images, in prompt order (short-lived blobs).
     images: list[str] = Field(default_factory=list)

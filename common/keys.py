@@ -180,11 +180,14 @@ class Keys:
     # ---- Responses API (api/openai/responses/store.py) ------------------------------------------------------
     def response(self, response_id: str) -> str:
         """Hash: a stored response (`store: true`): `response` (the object, JSON), `items` (its input items, then
-        its output items, JSON), `inputs` (how many of those are input), `chain` (the ids of the responses before
-        it through previous_response_id, oldest first, JSON), `owner` (its tenant: common/owner.py; absent on one
-        stored before owners were). Owned by the API's response store: written once when
-        the response ends, with TTL OVQ_RESPONSES_TTL_S (renewed for a whole chain when a turn chains onto it),
-        at most OVQ_RESPONSES_MAX_BYTES; removed by `DELETE /responses/{id}`."""
+        its output items, JSON), `inputs` (how many of those are input), `tokens` (each item's token count, JSON;
+        absent where the API host had no tokenizer), `window` (the [id, tokens] of the newest responses before it
+        through previous_response_id that a prompt could still hold, oldest first, JSON: at most the model's
+        context's worth, at most 1,024), `depth` (how many responses are before it in all), `owner` (its tenant:
+        common/owner.py; absent on one stored before owners were); one stored before windows has `chain` (every
+        earlier id) instead of `window` and `depth`. Owned by the API's response store: written once when the
+        response ends, with TTL OVQ_RESPONSES_TTL_S (renewed for the responses of its window when a turn chains
+        onto it), at most OVQ_RESPONSES_MAX_BYTES; removed by `DELETE /responses/{id}`."""
         if self.cluster:  # beside its background record (Keys.background): deleted together
             return f"{self.prefix}:response:{{r:{response_id}}}"
         return f"{self.prefix}:response:{response_id}"
@@ -205,7 +208,8 @@ class Keys:
 
     def background(self, response_id: str) -> str:
         """Hash: a background response (`background: true`) as created: `request` (the body, JSON), `job`,
-        `chain`, `prompt`, `created_at`, `owner` (its tenant: common/owner.py). Owner: the API
+        `chain` and `depth` (the window of the chain it continues and its depth: Keys.response), `prompt`,
+        `created_at`, `owner` (its tenant: common/owner.py), `tier`, `served` (the servable's model). Owner: the API
         (api/openai/responses/background.py); TTL
         OVQ_JOURNAL_TTL_S, the journal's: once the journal is gone, the stored response (Keys.response) says it."""
         if self.cluster:
@@ -239,6 +243,28 @@ class Keys:
         """Sorted set: a conversation's item ids scored by their sequence number (their order in it): pages and a
         turn's history are ranges of it. Cap, TTL and owner as Keys.conversation_items's."""
         return f"{self.prefix}:conv:{self._c(conversation_id)}:order"
+
+    # ---- Videos API (api/openai/videos/, workers/video/) --------------------------------------------------
+    def video(self, video_id: str) -> str:
+        """Hash: a video job as created and as last seen: `request` (JSON), `job`, `model`, `owner`, `created_at`,
+        and once it ended `status`, `progress`, `completed_at`, `error`, `video`/`thumbnail` (its content's keys).
+        Owner: the API (api/openai/videos/store.py), which deletes it on DELETE; TTL OVQ_VIDEO_TTL_S."""
+        if self.cluster:
+            return f"{self.prefix}:video:{{v:{video_id}}}"
+        return f"{self.prefix}:video:{video_id}"
+
+    def videos_of(self, owner: str) -> str:
+        """Sorted set: one owner's video ids -> created (unix s), for `GET /videos`. Trimmed by every creation of
+        entries older than OVQ_VIDEO_TTL_S; TTL the same; DELETE removes its id."""
+        return f"{self.prefix}:videos:{owner}"
+
+    def video_content(self, job_id: str, variant: str, model: str = "") -> str:
+        """String: a video job's output (`video`: the MP4, `thumbnail`: a WebP of its first frame). Written by the
+        video worker with the job's TTL (OVQ_VIDEO_TTL_S, at most OVQ_MAX_VIDEO_BYTES); deleted by the API on
+        DELETE."""
+        if self.cluster:
+            return f"{self.prefix}:vc:{self._of(model)}{job_id}:{variant}"
+        return f"{self.prefix}:vc:{job_id}:{variant}"
 
     # ---- Batch API (common/batch/files.py, common/batch/store.py, workers/batch/runner.py) -------------
     @property

@@ -17,6 +17,19 @@ class ImageLimits(BaseModel):
     lora_adapters: list[str] = []  # LoRA adapters a request may weigh (`lora_weights`)
 
 
+class VideoLimits(BaseModel):
+    """A video servable's limits (the image node's options where OVMS has one; frames and rate are ovq's)."""
+
+    max_resolution: str
+    default_resolution: str | None = None
+    default_num_inference_steps: int
+    max_num_inference_steps: int
+    max_seconds: int
+    default_seconds: int
+    frame_rate: int
+    pipeline: str = ""  # model_index.json's _class_name
+
+
 class SpeechInfo(BaseModel):
     """A speech servable's abilities: S2T languages and timestamps, T2S voices and output rate."""
 
@@ -48,6 +61,7 @@ class ModelCard(BaseModel):
     best_of_limit: int = 20
     chat_template: str = ""
     image: ImageLimits | None = None
+    video: VideoLimits | None = None
     speech: SpeechInfo | None = None
     encoder: EncoderLimits | None = None
     bos_token: str = ""

@@ -13,6 +13,8 @@ DEFAULT_CHAT_TEMPLATE = (
 )
 VISION_FILES = ("openvino_vision_embeddings_model.xml", "openvino_vision_encoder.xml")
 STATEFUL_DEVICES = ("NPU",)
+# diffusers pipeline classes (model_index.json's _class_name) that GenAI's Text2VideoPipeline loads.
+VIDEO_PIPELINES = ("LTX",)
 
 
 class ServableType(str, Enum):
@@ -21,6 +23,7 @@ class ServableType(str, Enum):
     VLM_CB = "VLM_CB"
     VLM = "VLM"
     IMAGE = "IMAGE"
+    VIDEO = "VIDEO"  # Text2VideoPipeline (LTX-Video); OVMS serves no video
     S2T = "S2T"  # speech to text: OVMS's S2tCalculator (WhisperPipeline)
     T2S = "T2S"  # text to speech: OVMS's T2sCalculator (Text2SpeechPipeline)
     EMBEDDINGS = "EMBEDDINGS"  # TextEmbeddingPipeline (OVMS: EmbeddingsCalculatorOV)
@@ -38,7 +41,8 @@ def infer_servable(path: Path, device: str, pipeline_type: str = "AUTO") -> Serv
     if pipeline_type != "AUTO":
         return ServableType(pipeline_type)
     if (path / "model_index.json").exists():
-        return ServableType.IMAGE
+        pipeline = str(_json(path / "model_index.json").get("_class_name", ""))
+        return ServableType.VIDEO if pipeline.startswith(VIDEO_PIPELINES) else ServableType.IMAGE
     speech = speech_servable(path)
     if speech is not None:
         return speech

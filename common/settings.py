@@ -226,7 +226,8 @@ class Settings(BaseSettings):
 
     # ---- Stored responses (/v1/responses with `store`, the default) ---------------------------------------------
     # A stored response lives this long after its last write; a turn chained onto it (previous_response_id) renews
-    # its whole chain, so a conversation in use does not lose its start. OpenAI keeps 30 days, on disk; ovq keeps
+    # the responses of the chain a prompt could still hold (its window), so a conversation in use keeps what its
+    # prompts need. OpenAI keeps 30 days, on disk; ovq keeps
     # them in Redis memory, next to the queues, so a week: long enough for a conversation or an agent run that
     # pauses over days, short enough that abandoned ones do not pile up in memory.
     responses_ttl_s: int = 7 * 24 * 3600
@@ -268,6 +269,16 @@ class Settings(BaseSettings):
     # A background response whose journal gains nothing for this long (no worker took it, or its events were lost
     # with a Redis that restarted) ends `failed` with that reason, instead of waiting forever.
     background_stall_s: float = 600.0
+
+    # ---- Videos API (api/openai/videos/, workers/video/) ---------------------------------------------------------
+    # A video job, its status and its content (MP4 and thumbnail, in Redis) live this long after its creation
+    # (the Video object's `expires_at`).
+    video_ttl_s: int = 86_400
+    # The largest MP4 a video worker stores (bytes): a bigger one fails the job with that reason.
+    max_video_bytes: int = 256 * 1024 * 1024
+    # A video job whose journal gains nothing for this long ends `failed`: no worker took it, or its events were
+    # lost with a Redis that restarted. Longer than background_stall_s: a video waits for a worker to load.
+    video_stall_s: float = 3600.0
 
     # ---- Prefix affinity (issue 30; api/queue/affinity.py, workers/queue/affinity.py) ------------------------
     # On: an interactive text job whose prompt shares a prefix (or `prompt_cache_key` / X-Ovq-Session) with one a

@@ -217,7 +217,8 @@ def metrics_page() -> str:
 
 EXAMPLE = {"model": "MODEL", "device": "DEVICE", "worker": "WORKER", "level": "LEVEL", "digest": "DIGEST",
            "reply_to": "API", "job_id": "JOB", "worker_id": "WORKER", "name": "NAME", "window": "WINDOW",
-           "response_id": "RESP", "file_id": "FILE", "batch_id": "BATCH", "tenant": "TENANT",
+           "response_id": "RESP", "file_id": "FILE", "batch_id": "BATCH", "tenant": "TENANT", "video_id": "VIDEO",
+           "owner": "TENANT", "variant": "VARIANT",
            "conversation_id": "CONV"}
 
 

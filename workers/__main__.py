@@ -24,6 +24,10 @@ def worker_class(model: ModelConfig, device: str) -> type:
         from workers.image.worker import ImageWorker
 
         return ImageWorker
+    if kind is ServableType.VIDEO:
+        from workers.video.worker import VideoWorker
+
+        return VideoWorker
     if kind in (ServableType.S2T, ServableType.T2S):
         from workers.audio.worker import SpeechWorker
 

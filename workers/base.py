@@ -548,7 +548,9 @@ class BaseWorker:
         share = state.job.share
         if share is not None:  # its tenant's fair share: by the tokens it took
             summary = state.summary()
-            used = int(summary.get("prompt_tokens") or 0) + int(summary.get("completion_tokens") or 0)
+            # its tokens; a job whose cost is its work (a video's) says so in `cost`
+            used = int(summary.get("cost") or summary.get("prompt_tokens") or 0) + \
+                int(summary.get("completion_tokens") or 0)
             clock = self.keys.fair_clock(self.model.name, self.device, state.job.priority)
             outbox.commands.append(correction(clock, self.keys.job(state.job.id, self.model.name), share.tenant,
                                               (used - share.cost) / share.weight, self.settings.job_ttl_s))

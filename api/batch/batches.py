@@ -32,7 +32,7 @@ from common.errors import OvqError
 from common.redis.client import connect_rq
 
 router = APIRouter()
-ENDPOINTS = ("/chat/completions", "/completions", "/embeddings", "/responses")
+ENDPOINTS = ("/chat/completions", "/completions", "/embeddings", "/responses", "/videos")
 METADATA_KEY_CHARS, METADATA_VALUE_CHARS = 64, 512
 
 
@@ -79,9 +79,8 @@ def no_such_batch(batch_id: str) -> OvqError:
 async def create_batch(request: Request, body: BatchCreateRequest) -> Batch:
     settings = request.app.state.registry.settings
     if endpoint_path(body.endpoint) is None:
-        raise OvqError(f"endpoint must be /v1/chat/completions, /v1/completions, /v1/embeddings or /v1/responses, "
-                       f"not {body.endpoint!r}",
-                       param="endpoint")
+        raise OvqError(f"endpoint must be /v1/chat/completions, /v1/completions, /v1/embeddings, /v1/responses or "
+                       f"/v1/videos, not {body.endpoint!r}", param="endpoint")
     if body.completion_window not in settings.batch_completion_windows:
         raise OvqError(f"completion_window must be one of {', '.join(settings.batch_completion_windows)}",
                        param="completion_window")

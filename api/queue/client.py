@@ -132,6 +132,22 @@ class JobClient:
         generation.holds = not stream
         return generation
 
+    async def detached(self, request: Request, job: Job) -> None:
+        """Schedule a job no request waits on (a background response, a video): the request's priority, its
+        tenant's fair share and quota, as for any job; journaled, and run whatever its client does."""
+        job.journal = job.background = True
+        job.priority = priority_of(request)
+        tenant = scheduled_tenant(request, job.priority)
+        if tenant is None:
+            return
+        if self.settings.fairness:
+            job.share = Share(tenant=tenant.name, weight=tenant.weight, cost=estimate_cost(job))
+        try:
+            await self.registry.quotas.take(tenant, estimate_cost(job))
+        except OvqError:
+            self.metrics.refused(job.model, "quota")
+            raise
+
     async def cancel(self, job_ids: list[str], model: str = "") -> None:
         """`model`: the jobs' (one response's jobs share it), which names their keys on a Cluster."""
         pipe = self.redis.pipeline(transaction=False)

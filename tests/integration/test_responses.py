@@ -335,7 +335,8 @@ async def test_an_agent_runs_a_function_tool_to_completion(stack: Stack) -> None
 
 def test_api_keys_guard_every_responses_route(guarded: Guarded) -> None:
     routes = [("POST", "/v1/responses"), ("GET", "/v1/responses/resp_x"), ("DELETE", "/v3/responses/resp_x"),
-              ("GET", "/v3/responses/resp_x/input_items")]
+              ("GET", "/v3/responses/resp_x/input_items"), ("POST", "/v1/responses/compact"),
+              ("POST", "/v3/responses/input_tokens")]
     body = {"model": MODEL, "input": QUESTION, "max_output_tokens": 16}
     for method, path in routes:
         reply = httpx.request(method, guarded.url(path), json=body if method == "POST" else None, timeout=60)

@@ -26,9 +26,10 @@ from common.settings import Settings
 from tests.conftest import MODELS, ROOT, Tiers
 from tests.integration import sse
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.filterwarnings("ignore:The Sora API:DeprecationWarning")]
 
 TINY = "tiny-llama"
+VIDEO = "tiny-ltx"
 ALPHA, BETA, GAMMA, RUNNER, ADMIN = "sk-alpha-1", "sk-beta-1", "sk-gamma-1", "sk-runner-1", "adm-tenants"
 KEYS = {"keys": [{"key": ALPHA, "tenant": "alpha"}, {"key": BETA, "tenant": "beta"},
                  {"key": GAMMA, "tenant": "gamma", "tokens_per_min": 10_000_000},
@@ -37,7 +38,7 @@ CHAT: dict[str, Any] = {"model": TINY, "messages": [{"role": "user", "content": 
                         "temperature": 0, "max_tokens": 200, "ignore_eos": True, "stream": True}
 # The id each kind of object is named by in a route, and a well-formed id that never existed.
 NEVER = {"response_id": "resp_0123456789abcdef0123456789abcdef", "file_id": "file-0123456789abcdef0123456789abcdef",
-         "batch_id": "batch_0123456789abcdef0123456789abcdef",
+         "batch_id": "batch_0123456789abcdef0123456789abcdef", "video_id": "video_0123456789abcdef0123456789abcdef",
          "conversation_id": "conv_0123456789abcdef0123456789abcdef", "item_id": "msg_0123456789abcdef0123456789abcdef"}
 SHARED_PARAMS = {"model"}  # route parameters that name no tenant's object: models are every tenant's
 
@@ -46,12 +47,14 @@ SHARED_PARAMS = {"model"}  # route parameters that name no tenant's object: mode
 def tiers(redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Tiers]:
     work = tmp_path_factory.mktemp("tenants")
     (work / "keys.json").write_text(orjson.dumps(KEYS).decode())
-    t = Tiers(redis_url, work, {TINY: {"path": str(MODELS / TINY), "cache_size": 0}},
+    t = Tiers(redis_url, work, {TINY: {"path": str(MODELS / TINY), "cache_size": 0},
+                                VIDEO: {"path": str(MODELS / VIDEO), "default_num_inference_steps": 2}},
               OVQ_API_KEY_FILE=str(work / "keys.json"), OVQ_ADMIN_KEYS=ADMIN, OVQ_ALLOWED_HOSTS="ovq.internal",
               OVQ_BATCH_SWEEP_S="0.5", OVQ_BATCH_LEASE_S="2")
     t.worker(TINY)
+    t.worker(VIDEO, name="video")
     t.api()
-    t.wait_served(TINY)
+    t.wait_served(TINY, VIDEO)
     t.start("batch-worker", "--api-url", f"http://127.0.0.1:{t.port}", "--name", "bw", name="bw",
             OVQ_BATCH_API_KEY=RUNNER)
     yield t
@@ -78,8 +81,11 @@ def wait_batch(client: OpenAI, batch_id: str) -> Any:
 @pytest.fixture(scope="module")
 def alphas(tiers: Tiers) -> dict[str, list[str]]:
     """Alpha's objects, by the route parameter that names them: a stored response, a background one (with its
-    events), an uploaded file and a batch with its output file, a conversation and its item."""
+    events), an uploaded file and a batch with its output file, a video, a conversation and its item."""
     a = sdk(tiers, ALPHA)
+    video = a.videos.create_and_poll(model=VIDEO, prompt="a cat", size="64x64", seconds="1",  # type: ignore[arg-type]
+                                     extra_body={"frame_rate": 8}, poll_interval_ms=100)
+    assert video.status == "completed", video
     stored = a.responses.create(model=TINY, input="Say hi", max_output_tokens=16)
     background = a.responses.create(model=TINY, input="Say hi", max_output_tokens=16, background=True)
     deadline = time.monotonic() + 60
@@ -95,7 +101,8 @@ def alphas(tiers: Tiers) -> dict[str, list[str]]:
     conversation = a.conversations.create(items=[{"role": "user", "content": "Say hi"}])
     item = a.conversations.items.list(conversation.id).data[0]
     return {"response_id": [stored.id, background.id], "file_id": [uploaded.id, batch.output_file_id],
-            "batch_id": [batch.id], "conversation_id": [conversation.id], "item_id": [item.id]}
+            "batch_id": [batch.id], "video_id": [video.id], "conversation_id": [conversation.id],
+            "item_id": [item.id]}
 
 
 def id_routes() -> list[tuple[str, str, str]]:
@@ -171,7 +178,7 @@ def test_another_tenants_object_is_a_404_exactly_like_a_missing_id(tiers: Tiers,
     a = http(tiers, ALPHA)
     for object_id in alphas[param]:  # still there for alpha, whatever beta tried (delete and cancel included)
         reads = {"response_id": "/v1/responses/{}", "file_id": "/v1/files/{}", "batch_id": "/v1/batches/{}",
-                 "conversation_id": "/v1/conversations/{}",
+                 "video_id": "/v1/videos/{}", "conversation_id": "/v1/conversations/{}",
                  "item_id": f"/v1/conversations/{alphas['conversation_id'][0]}/items/{{}}"}
         assert a.get(reads[param].format(object_id)).status_code == 200
 
@@ -181,6 +188,7 @@ def test_lists_hold_only_your_own_and_the_admin_sees_all(tiers: Tiers, alphas: d
     mine = b.files.create(file=("b.jsonl", io.BytesIO(b"{}\n")), purpose="batch")
     assert [f.id for f in b.files.list()] == [mine.id]
     assert [x.id for x in b.batches.list()] == []
+    assert [v.id for v in b.videos.list()] == [] and alphas["video_id"] == [v.id for v in a.videos.list()]
     assert set(alphas["file_id"]) <= {f.id for f in a.files.list()} and mine.id not in {f.id for f in a.files.list()}
     assert alphas["batch_id"] == [x.id for x in a.batches.list()]
     everyone = {f.id for f in admin.files.list()}
@@ -211,6 +219,12 @@ def test_previous_response_id_of_another_tenant_is_not_found(tiers: Tiers, alpha
             b.responses.input_tokens.count(model=TINY, input="and then?", previous_response_id=previous)
         counts.append(orjson.dumps(caught.value.body).replace(previous.encode(), b"ID"))
     assert counts[0] == counts[1]
+    compacts = []  # compacting a chain reads it: the same rule
+    for previous in (alphas["response_id"][0], NEVER["response_id"]):
+        with pytest.raises(openai.NotFoundError) as caught:
+            b.responses.compact(model=TINY, input="and then?", previous_response_id=previous)
+        compacts.append(orjson.dumps(caught.value.body).replace(previous.encode(), b"ID"))
+    assert compacts[0] == compacts[1]
     a = sdk(tiers, ALPHA)  # alpha's chain goes on
     assert a.responses.input_tokens.count(model=TINY, input="and then?",
                                           previous_response_id=alphas["response_id"][0]).input_tokens > 0

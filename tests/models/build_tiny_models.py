@@ -17,6 +17,9 @@ OpenVINO GenAI pipelines load directly:
   vocabulary, exported for ``feature-extraction``. For ``TextEmbeddingPipeline``.
 * ``tiny-rerank`` - BertForSequenceClassification (one logit, same vocabulary),
   exported for ``text-classification``. For ``TextRerankPipeline``.
+* ``tiny-ltx``    - LTX-Video layout (a T5 encoder with a SentencePiece vocabulary
+  trained here, a 1-layer video transformer, an 8-channel video VAE), exported
+  for ``text-to-video``. For ``Text2VideoPipeline``.
 
 Weights are random with fixed seeds; nothing is downloaded (``HF_HUB_OFFLINE=1``).
 
@@ -480,6 +483,61 @@ def build_sd(output: Path, workdir: Path) -> None:
     prune(output, keep)
 
 
+# ------------------------------------------------------------------------- video
+
+
+def t5_tokenizer(workdir: Path):
+    """A unigram SentencePiece model trained on CORPUS, with T5's ids for <pad>, </s>, <unk>."""
+    import sentencepiece as spm
+    from transformers import T5Tokenizer
+
+    prefix = workdir / "spiece"
+    spm.SentencePieceTrainer.train(
+        sentence_iterator=iter(CORPUS.splitlines()), model_prefix=str(prefix), model_type="unigram",
+        vocab_size=180, pad_id=0, eos_id=1, unk_id=2, bos_id=-1, character_coverage=1.0, minloglevel=2,
+        num_threads=1,
+    )
+    return T5Tokenizer(vocab_file=f"{prefix}.model", extra_ids=0, model_max_length=128)
+
+
+def build_ltx(output: Path, workdir: Path) -> None:
+    """Tiny LTX-Video (a 1-layer T5 encoder, a 1-layer video transformer, an 8-channel causal video VAE; diffusers'
+    own test sizes) -> ``text-to-video`` IR, for ``Text2VideoPipeline``."""
+    from diffusers import (AutoencoderKLLTXVideo, FlowMatchEulerDiscreteScheduler, LTXPipeline,
+                           LTXVideoTransformer3DModel)
+    from transformers import T5Config, T5EncoderModel
+
+    seed_everything()
+    tokenizer = t5_tokenizer(workdir)
+    text_encoder = T5EncoderModel(T5Config(
+        vocab_size=len(tokenizer), d_model=32, d_kv=8, d_ff=37, num_layers=1, num_heads=4,
+        relative_attention_num_buckets=8, pad_token_id=0, eos_token_id=1, decoder_start_token_id=0)).eval()
+    transformer = LTXVideoTransformer3DModel(
+        in_channels=8, out_channels=8, patch_size=1, patch_size_t=1, num_attention_heads=4, attention_head_dim=8,
+        cross_attention_dim=32, num_layers=1, caption_channels=32).eval()
+    flat = (False, False, False, False)
+    vae = AutoencoderKLLTXVideo(
+        in_channels=3, out_channels=3, latent_channels=8, block_out_channels=(8, 8, 8, 8),
+        decoder_block_out_channels=(8, 8, 8, 8), layers_per_block=(1, 1, 1, 1, 1),
+        decoder_layers_per_block=(1, 1, 1, 1, 1), spatio_temporal_scaling=(True, True, False, False),
+        decoder_spatio_temporal_scaling=(True, True, False, False), decoder_inject_noise=(*flat, False),
+        upsample_residual=flat, upsample_factor=(1, 1, 1, 1), timestep_conditioning=False, patch_size=1,
+        patch_size_t=1, encoder_causal=True, decoder_causal=False).eval()
+    pipeline = LTXPipeline(scheduler=FlowMatchEulerDiscreteScheduler(), vae=vae, text_encoder=text_encoder,
+                           tokenizer=tokenizer, transformer=transformer)
+    checkpoint = workdir / "tiny-ltx-torch"
+    pipeline.save_pretrained(checkpoint)
+    optimum_export(checkpoint, output, "text-to-video")
+
+    def keep(rel: Path) -> bool:
+        if len(rel.parts) == 1:
+            return rel.name == "model_index.json"
+        return rel.name.startswith("openvino_") or rel.name in {
+            "config.json", "scheduler_config.json", "tokenizer_config.json", "tokenizer.json"}
+
+    prune(output, keep)
+
+
 # ------------------------------------------------------------------------ speech
 
 WHISPER_LANGUAGES = ("en", "de", "fr", "es")
@@ -812,6 +870,7 @@ BUILDERS: dict[str, Callable[[Path, Path], None]] = {
     "speecht5": build_speecht5,
     "embed": build_embed,
     "rerank": build_rerank,
+    "ltx": build_ltx,
     "embed-minilm": build_embed_minilm,
 }
 BUILDERS["llama-draft"] = build_llama_draft

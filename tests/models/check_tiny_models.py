@@ -153,6 +153,24 @@ def check_sd() -> None:
     log(f"tiny-sd InpaintingPipeline: {list(filled.shape)}")
 
 
+def check_ltx() -> None:
+    """Makes 8k+1 frames of the asked size, reports each denoising step, stops when the callback asks, repeats a
+    seed."""
+    pipe = ov_genai.Text2VideoPipeline(str(MODELS_DIR / "tiny-ltx"), DEVICE)
+    steps: list[int] = []
+    kwargs = {"width": 96, "height": 64, "num_frames": 9, "num_inference_steps": 3, "frame_rate": 8}
+    video = pipe.generate("a red cat", generator=ov_genai.CppStdGenerator(42),
+                          callback=lambda step, total, latent: steps.append(step) or False, **kwargs).video
+    assert list(video.shape) == [1, 9, 64, 96, 3], video.shape
+    assert steps == [0, 1, 2], steps
+    again = pipe.generate("a red cat", generator=ov_genai.CppStdGenerator(42), **kwargs).video
+    assert np.array_equal(video.data, again.data), "the same generator seed gave different videos"
+    stopped: list[int] = []
+    pipe.generate("a red cat", callback=lambda step, total, latent: stopped.append(step) or True, **kwargs)
+    assert stopped == [0], stopped
+    log(f"tiny-ltx Text2VideoPipeline: {list(video.shape)}, mean {video.data.mean():.1f}")
+
+
 def check_whisper() -> None:
     """Transcribes, translates, streams (and stops when the streamer asks) and gives timestamped chunks."""
     path = MODELS_DIR / "tiny-whisper"
@@ -281,7 +299,7 @@ CHECKS: dict[str, Callable[[], None]] = {"llama": check_llama, "llava": check_ll
                                          "whisper": check_whisper, "speecht5": check_speecht5,
                                          "embed": check_embed, "rerank": check_rerank,
                                          "llama-draft": check_llama_draft, "llama-lora": check_llama_lora,
-                                         "sd-lora": check_sd_lora}
+                                         "sd-lora": check_sd_lora, "ltx": check_ltx}
 
 
 def main(argv: list[str]) -> int:

@@ -47,6 +47,7 @@ UNANSWERED = {
 TRANSIENT = (401, 403, 429, 502, 503, 504)
 SERVER_ERROR_TRIES = 3
 LINES_PER_READ = 1000
+VIDEO_POLL_MAX_S = 5.0  # a video line polls its video at most this far apart
 
 
 def run_batch(batch_id: str) -> str:
@@ -315,9 +316,29 @@ class BatchRunner:
                     if tries >= SERVER_ERROR_TRIES:
                         return _answer(line, response)
                 elif response.status_code not in TRANSIENT:
-                    return _answer(line, response)
+                    answer = _answer(line, response)
+                    return await self._video_ended(client, state, answer) if _is_video(state, response) else answer
             if await self._pause(backoff.next()):
                 return None
+
+    async def _video_ended(self, client: httpx.AsyncClient, state: BatchState,
+                           answer: dict[str, Any]) -> dict[str, Any] | None:
+        """A video line's answer is the video as it ended (completed or failed), not its `queued` start: polled
+        until then (None when the batch stops first; the line is sent again when the batch goes on)."""
+        response = answer["response"]
+        path = f"{state.endpoint}/{response['body']['id']}"
+        backoff = Backoff(first=0.5, cap=VIDEO_POLL_MAX_S)
+        while True:
+            if await self._pause(backoff.next()):
+                return None
+            try:
+                polled = await client.get(path)
+            except httpx.TransportError as exc:
+                log.warning("batch %s: the API does not answer (%s); a video line waits", self.batch_id, exc)
+                continue
+            if polled.status_code != 200 or polled.json().get("status") in ("completed", "failed"):
+                response["status_code"], response["body"] = polled.status_code, polled.json()
+                return answer
 
     async def _record(self, state: BatchState, line: InputLine, answer: dict[str, Any]) -> None:
         response = answer.get("response") or {}
@@ -399,6 +420,10 @@ class BatchRunner:
 
 class _Count:
     lines = 0
+
+
+def _is_video(state: BatchState, response: httpx.Response) -> bool:
+    return state.endpoint.endswith("/videos") and response.status_code == 200
 
 
 def _request_id(prefix: str) -> str:

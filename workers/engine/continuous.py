@@ -31,6 +31,7 @@ from workers.engine.arrivals import ArrivalWindow
 from workers.engine.generation import choice_configs, prompt_param, token_budget
 from workers.engine.prompt_length import prompt_length
 from workers.engine.protocol import EngineSpec, Updates
+from workers.engine.residual import residual
 from workers.engine.structured import structured_config
 
 log = logging.getLogger("ovq.engine")
@@ -223,6 +224,7 @@ class Engine:
         self.unstepped: dict[str, int] = {}
         # Every job added since the last step that succeeded: the suspects if the next step fails.
         self.added: set[str] = set()
+        self.token_bytes: dict[int, bytes] | None = None  # the vocabulary as bytes, read at the first need
 
     def tokenize(self, prompt: str | list[int], add_special_tokens: bool) -> list[int]:
         return tokenize(self.tokenizer, prompt, add_special_tokens, self.spec.vocab_size)
@@ -251,7 +253,7 @@ class Engine:
             budget = token_budget(sampling, self.spec.defaults, length, context, prompt_param(kind))
             configs = [self._config(c, sampling) for c in choice_configs(sampling, self.spec.defaults, budget)]
             tensors = [image_tensor(b) for b in images]
-            handles, generated = self._add_choices(prompt, ids, tensors, configs, resume)
+            handles, generated = self._add_choices(prompt, ids, tensors, configs, resume, sampling.structured)
         except Exception as exc:  # a prompt or a config refused is the request's fault
             out.append(refusal(job, exc))
             return
@@ -269,8 +271,10 @@ class Engine:
             out.append(protocol.accepted(job, len(ids)))
 
     def _add_choices(self, prompt: str | list[int], ids: list[int], images: list[Any], configs: list[Any],
-                     resume: dict[str, Any] | None) -> tuple[dict[int, Any], dict[int, int]]:
-        """One engine request per choice; a resumed choice goes on from the ids it had generated."""
+                     resume: dict[str, Any] | None, structure: dict[str, Any] | None = None,
+                     ) -> tuple[dict[int, Any], dict[int, int]]:
+        """One engine request per choice; a resumed choice goes on from the ids it had generated (a structured
+        one under the grammar of what may follow them: GenAI's matcher would start the grammar over)."""
         if resume is None:
             return {i: self._add_request(prompt, ids, images, config) for i, config in enumerate(configs)}, {}
         if self.spec.vision or images:
@@ -282,9 +286,36 @@ class Engine:
                 continue
             previous = previous_ids.get(index, [])
             config.max_new_tokens = max(config.max_new_tokens - len(previous), 1)
+            if structure is not None:
+                config.structured_output_config = self._residual(structure, previous)
             handles[index] = self._add_request(prompt, ids + previous, images, config)
             generated[index] = len(previous)
         return handles, generated
+
+    def _residual(self, structure: dict[str, Any], previous: list[int]) -> Any:
+        """The grammar of what may follow the ids a structured choice had written (see workers.engine.residual).
+        It is followed in characters, where xgrammar follows bytes: ids whose bytes are not whole, valid UTF-8 (a
+        cut inside a character, or bytes a random model wrote) have no residual, and such a job ends with an
+        error, as before."""
+        written = self._written(previous)
+        grammar = residual(structure, written) if written is not None else None
+        if grammar is None:
+            raise OvqError("this job's structured output cannot be continued from what it had written", 500,
+                           "server_error")
+        return self._g.StructuredOutputConfig(grammar=grammar)
+
+    def _written(self, ids: list[int]) -> str | None:
+        """The text of `ids` from their bytes, or None where it is not whole UTF-8 or the vocabulary is not bytes.
+        Not GenAI's decode alone: it drops the bytes of an incomplete character without a trace, even mid-text."""
+        if self.token_bytes is None:
+            vocab = self.tokenizer.get_vocab()
+            byte_level = bool(vocab) and all(isinstance(token, bytes) for token in vocab)
+            self.token_bytes = {index: token for token, index in vocab.items()} if byte_level else {}
+        try:
+            text = b"".join(self.token_bytes[i] for i in ids).decode("utf-8")
+        except (KeyError, UnicodeDecodeError):
+            return None
+        return text if text == self.tokenizer.decode(ids) else None  # special tokens, or not raw bytes
 
     def _config(self, values: dict[str, Any], sampling: SamplingParams) -> Any:
         config = _generation_config(values, self.eos)

@@ -3,9 +3,10 @@
 It also continues the jobs of a dead worker of its model (`workers/queue/reclaim.py` claims them): the ids that
 worker recorded (`workers/text/progress.py`) are replayed through a new detokenizer and stop filter, so the text
 goes on exactly where the client is, and go to the engine as the add's `resume` (prompt + those ids, the rest of
-the budget). Not continued (they end with an error, as before): jobs with images or a structured output (its
-grammar would start over), beam search (it streams nothing before its end, so it is run again anyway), and jobs
-of a stateful servable (its pipeline takes no `resume`)."""
+the budget); a structured job's grammar goes on as the grammar of what may follow its text
+(`workers/engine/residual.py`). Not continued (they end with an error, as before): jobs with images, a structured
+output whose grammar `residual` cannot take apart, beam search (it streams nothing before its end, so it is run
+again anyway), and jobs of a stateful servable (its pipeline takes no `resume`)."""
 from __future__ import annotations
 
 import asyncio
@@ -26,6 +27,7 @@ from workers.base import BaseWorker
 from workers.engine import protocol
 from workers.engine.client import EngineClient, Target
 from workers.engine.protocol import IDS, JOB, SHORT, STATE, EngineSpec, Updates
+from workers.engine.residual import continuable
 from workers.ops.tracing import JobTimes
 from workers.queue.admission import Admission, Knee
 from workers.queue.publisher import Outbox
@@ -143,8 +145,8 @@ class TextWorker(BaseWorker):
 
     def resumable(self, job: Job) -> bool:
         params = job.params
-        return (self.admission is not None and not job.images and params.structured is None
-                and (params.best_of or 1) <= 1)
+        return (self.admission is not None and not job.images and (params.best_of or 1) <= 1
+                and (params.structured is None or continuable(params.structured)))
 
     def cancel_running(self, job_id: str) -> None:
         if self._restarting:  # the engine is being replaced: the job is nowhere to cancel, end it here
@@ -490,7 +492,7 @@ class TextWorker(BaseWorker):
         """The engine process died or hung, saying nothing: the jobs that made tokens on it since they were added
         go on from them on a new engine, as a takeover does; the others, added since, are the suspects, re-run one
         at a time. A job in a second crash is failed and goes to the dead letters: it is the likely cause. A job
-        that cannot go on from its tokens (structured output, images, best_of) fails as before."""
+        that cannot go on from its tokens (a grammar `residual` cannot take apart, images, best_of) fails as before."""
         innocents, suspects, failed = [], [], 0
         for state in running:
             crashes = self._crashes[state.job.id] = self._crashes.get(state.job.id, 0) + 1

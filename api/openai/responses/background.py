@@ -30,6 +30,7 @@ from api.http.sse import DONE as END
 from api.http.sse import PING, Last, SSEResponse
 from api.openai.choices import ChoiceState
 from api.openai.guidance import chat_plan
+from api.openai.responses.chain import Chain, item_tokens
 from api.openai.responses.convert import stored_items, to_chat
 from api.openai.responses.events import TERMINAL, ResponseStream, counted_ids, initial_response, render
 from api.openai.responses.protocol import Response as ResponseObject
@@ -39,13 +40,11 @@ from api.openai.responses.turns import Turns
 from api.openai.serving import add_usage, finish_choices
 from api.queue.client import JobClient
 from api.queue.journal import Journal, JournalBroken, paced
-from api.queue.priority import LEVEL_TIERS, priority_of
+from api.queue.priority import LEVEL_TIERS
 from api.queue.registry import Servable
-from api.queue.tenant import scheduled_tenant
 from common.errors import OvqError
 from common.events import ACCEPTED, CANCELLED, DELTA, DONE, ERROR, EventDict
-from common.fairness import estimate_cost
-from common.jobs import Job, JobHash, JobStatus, Share
+from common.jobs import Job, JobHash, JobStatus
 from common.keys import Keys
 from common.owner import OWNER_FIELD, Caller
 from common.redis.client import UNAVAILABLE
@@ -64,26 +63,30 @@ class Background:
     id: str
     body: ResponsesRequest
     job: str
-    chain: list[str]
+    chain: Chain  # the responses before it it may still need (chain.py)
     prompt: str
     created_at: int
     logprobs: int | None
     owner: str | None  # whose it is (common/owner.py); None: recorded before owners were
     tier: str = "default"  # the service tier it is served at
+    served: str = ""  # the servable's model (its tokenizer counts the items' tokens); "": the request's
 
     def fields(self) -> dict[str, Any]:
-        return {"request": self.body.model_dump_json(), "job": self.job, "chain": orjson.dumps(self.chain),
-                "prompt": self.prompt, "created_at": self.created_at,
+        return {"request": self.body.model_dump_json(), "job": self.job, "chain": orjson.dumps(self.chain.dumped()),
+                "depth": self.chain.depth, "prompt": self.prompt, "created_at": self.created_at,
                 "logprobs": "" if self.logprobs is None else self.logprobs, "model": self.body.model,
-                **({OWNER_FIELD: self.owner} if self.owner is not None else {}), "tier": self.tier}
+                **({OWNER_FIELD: self.owner} if self.owner is not None else {}), "tier": self.tier,
+                "served": self.served or self.body.model}
 
     @classmethod
     def of(cls, response_id: str, fields: dict[bytes, bytes]) -> Background:
         top, owner = fields.get(b"logprobs", b""), fields.get(OWNER_FIELD.encode())
+        depth = fields.get(b"depth")
+        chain = Chain.of(orjson.loads(fields[b"chain"]), int(depth) if depth is not None else None)
         return cls(response_id, ResponsesRequest.model_validate_json(fields[b"request"]), fields[b"job"].decode(),
-                   orjson.loads(fields[b"chain"]), fields[b"prompt"].decode(), int(fields[b"created_at"]),
+                   chain, fields[b"prompt"].decode(), int(fields[b"created_at"]),
                    int(top) if top else None, owner.decode() if owner is not None else None,
-                   fields.get(b"tier", b"default").decode())
+                   fields.get(b"tier", b"default").decode(), fields.get(b"served", b"").decode())
 
 
 class Fold:
@@ -138,24 +141,14 @@ class BackgroundResponses:
 
     # ---- creating one ----
 
-    async def start(self, request: Request, body: ResponsesRequest, response_id: str, chain: list[str],
+    async def start(self, request: Request, body: ResponsesRequest, response_id: str, chain: Chain,
                     servable: Servable, job: Job) -> Response:
         """Record and queue the response's job; answer at once: the response `queued`, or its stream."""
-        job.journal = job.background = True
         job.reply_to = REPLY_TO  # its journal is read, not its events: no API process parses them for nothing
-        job.priority = priority_of(request)
-        tenant = scheduled_tenant(request, job.priority)
-        if tenant is not None:  # fair shares and quota, as for any job (api/queue/tenant.py)
-            if self.settings.fairness:
-                job.share = Share(tenant=tenant.name, weight=tenant.weight, cost=estimate_cost(job))
-            try:
-                await self.jobs.registry.quotas.take(tenant, estimate_cost(job))
-            except OvqError:
-                self.jobs.metrics.refused(job.model, "quota")
-                raise
+        await self.jobs.detached(request, job)
         assert isinstance(job.prompt, str)
         record = Background(response_id, body, job.id, chain, job.prompt, int(time.time()), job.params.logprobs,
-                            caller_of(request).tenant, LEVEL_TIERS[job.priority])
+                            caller_of(request).tenant, LEVEL_TIERS[job.priority], servable.model)
         ttl, now = self.settings.journal_ttl_s, time.time()
         pipe = self.redis.pipeline(transaction=False)
         pipe.hset(self.keys.background(response_id), mapping=record.fields())
@@ -309,9 +302,10 @@ class BackgroundResponses:
         writes the same items, and the conversation takes them once (api/openai/conversations/store.py)."""
         response, body = fold.response, fold.record.body
         items = stored_items(body, response, input_ids(response.id))
+        tokens = await item_tokens(self.settings, fold.record.served or body.model, items)
         try:
             await self.store.save(response, items, len(items) - len(response.output), fold.record.chain,
-                                  fold.record.owner)
+                                  fold.record.owner, tokens)
             await self.turns.append(body, response, input_ids(response.id), items)
         except UNAVAILABLE as exc:
             log.warning("background response %s not stored yet: Redis is unavailable (%s)", response.id, exc)

@@ -5,7 +5,8 @@ The chat path then does the rest (template, guided generation, parsers, the job)
 request's: instructions are not carried over by `previous_response_id`), a `function_call` is an assistant
 message's `tool_calls` entry (consecutive calls, and calls right after the assistant's text, make one assistant
 turn), a `function_call_output` a `tool` message, a `reasoning` item the next assistant turn's
-`reasoning_content` (chat templates that keep reasoning read it from there), an `input_image` an `image_url` part.
+`reasoning_content` (chat templates that keep reasoning read it from there), an `input_image` an `image_url` part,
+a `compaction` item (compact.py) an assistant message with its summary.
 """
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ from api.openai.protocol import ChatCompletionRequest
 from api.openai.responses.protocol import (
     EXTENSIONS,
     AllowedTools,
+    Compaction,
     FunctionCall,
     FunctionCallOutput,
     InputImage,
@@ -65,7 +67,10 @@ def to_chat(body: ResponsesRequest, history: Iterable[Item | Mapping[str, Any]] 
         raise OvqError(f"the request does not make a valid chat request: {field}: {first['msg']}") from None
 
 
-ID_PREFIXES = {"message": "msg", "function_call": "fc", "function_call_output": "fco", "reasoning": "rs"}
+ID_PREFIXES = {"message": "msg", "function_call": "fc", "function_call_output": "fco", "reasoning": "rs",
+               "compaction": "cmp"}
+# How a compaction item's summary reads to the model: the assistant's own note of the turns it stands for.
+SUMMARY = "Summary of our conversation so far:\n"
 
 
 def random_id(prefix: str) -> str:
@@ -101,7 +106,9 @@ def chat_messages(items: Iterable[Item]) -> list[dict[str, Any]]:
         if isinstance(item, Reasoning):
             reasoning.append(_reasoning_text(item))
             continue
-        if isinstance(item, FunctionCallOutput):
+        if isinstance(item, Compaction):
+            messages.append({"role": "assistant", "content": SUMMARY + item.encrypted_content})
+        elif isinstance(item, FunctionCallOutput):
             if item.call_id not in calls:
                 raise OvqError(f"No tool call found for function call output with call_id {item.call_id}.",
                                param=f"input[{i}].call_id")

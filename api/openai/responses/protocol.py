@@ -2,7 +2,7 @@
 
 Shapes follow OpenAI's API reference and the `openai` SDK's `openai.types.responses` (tests parse every object
 ovq sends with the SDK's own types). What ovq cannot do is refused with a 400 that says so: built-in tools,
-`truncation: auto`, reusable prompts, item references, images by file id.
+reusable prompts, item references, images by file id.
 """
 from __future__ import annotations
 
@@ -205,16 +205,31 @@ class Reasoning(BaseModel):
     status: ItemStatus | None = None
 
 
-Item = Message | FunctionCall | FunctionCallOutput | Reasoning
+class Compaction(BaseModel):
+    """What `/responses/compact` puts in place of a conversation's earlier turns (compact.py). OpenAI's
+    `encrypted_content` is opaque; ovq's is the model's summary as plain text (it keeps no secret from the client
+    that sent the conversation)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    type: Literal["compaction"] = "compaction"
+    id: str | None = None
+    encrypted_content: str
+    created_by: str | None = None
+    status: ItemStatus | None = None
+
+
+Item = Message | FunctionCall | FunctionCallOutput | Reasoning | Compaction
 OutputItem = OutputMessage | FunctionCall | Reasoning
 ITEMS: dict[str, TypeAdapter[Any]] = {
     "message": TypeAdapter(Message), "function_call": TypeAdapter(FunctionCall),
-    "function_call_output": TypeAdapter(FunctionCallOutput), "reasoning": TypeAdapter(Reasoning)}
+    "function_call_output": TypeAdapter(FunctionCallOutput), "reasoning": TypeAdapter(Reasoning),
+    "compaction": TypeAdapter(Compaction)}
 
 
 def parse_item(value: Any, where: str = "input") -> Item:
     """One input item (or a stored one of a previous response), with OpenAI's checks and a 400 naming it."""
-    if isinstance(value, (Message, FunctionCall, FunctionCallOutput, Reasoning)):
+    if isinstance(value, (Message, FunctionCall, FunctionCallOutput, Reasoning, Compaction)):
         return value
     if not isinstance(value, dict):
         raise OvqError(f"Invalid type for '{where}': expected an object.", param=where, code="invalid_type")
@@ -488,9 +503,6 @@ class ResponsesRequest(BaseModel):
         if self.conversation is not None and self.previous_response_id is not None:
             raise OvqError("Mutually exclusive parameters: Ensure you are only providing one of: "
                            "'previous_response_id' or 'conversation'.", code="mutually_exclusive_parameters")
-        if self.truncation == "auto":
-            raise not_supported("truncation", "truncation 'auto' (ovq never drops input items: a prompt longer than "
-                                "the model's context is a 400)")
         self._check_sampling()
         if self.stream_options is not None and not self.stream:
             raise OvqError("stream_options is only allowed when stream is true", param="stream_options")

@@ -28,12 +28,17 @@ from api.http.auth import caller_of
 from api.http.sse import DONE as END
 from api.http.sse import PING, Last
 from api.http.status import CLIENT_CLOSED
+from api.openai.adapters import resolve
 from api.openai.choices import ChoiceState
+from api.openai.protocol import ChatCompletionRequest
 from api.openai.responses.background import BackgroundResponses
+from api.openai.responses.chain import Chain, item_tokens
 from api.openai.responses.convert import random_id, stored_items, to_chat
 from api.openai.responses.events import TERMINAL, ResponseStream, initial_response, new_id, render
+from api.openai.responses.protocol import Response as ResponseObject
 from api.openai.responses.protocol import ResponsesRequest, StreamEvent, not_supported
-from api.openai.responses.store import MAX_LIST, ResponseStore
+from api.openai.responses.store import MAX_LIST, History, ResponseStore
+from api.openai.responses.truncation import Count, fit, room
 from api.openai.responses.turns import Turns
 from api.openai.serving import PING_S, REDIS_AWAY, Serving, add_usage, finish_choices, parse_body, stream_response
 from api.openai.tokenize import TOKENIZERS
@@ -44,7 +49,6 @@ from common.errors import OvqError
 from common.events import CANCELLED, DELTA, DONE, ERROR, EventDict
 from common.owner import Caller
 from common.redis.client import UNAVAILABLE
-from common.settings import get_settings
 
 log = logging.getLogger("ovq.api.responses")
 
@@ -76,8 +80,9 @@ class Turn:
     body: ResponsesRequest
     state: ResponseStream
     choice: ChoiceState
-    chain: list[str]
+    chain: Chain  # the responses before it it may still need (chain.py)
     owner: str  # whose it is (common/owner.py): the caller's tenant
+    model: str  # the servable's model: its tokenizer counts the items' tokens when they are stored
     usage: dict[str, int] = field(default_factory=lambda: {"prompt_tokens": 0, "completion_tokens": 0,
                                                             "total_tokens": 0})
     saved: bool = False
@@ -114,30 +119,22 @@ class ResponsesServing:
         self.serving, self.store, self.turns = serving, store, turns
         self.background = BackgroundResponses(serving.jobs, store, turns)
 
-    async def history(self, body: ResponsesRequest, caller: Caller) -> tuple[list[str], list[dict[str, Any]]]:
-        """The chain a response joins (ids) and the items before its input: its `previous_response_id` chain's, or
-        its conversation's (which is no chain)."""
-        if body.previous_response_id:
-            return await self.store.history(body.previous_response_id, caller)
-        if body.conversation is not None:
-            return [], await self.turns.history(body, caller)
-        return [], []
-
     async def create(self, request: Request) -> Response:
         body = await parse_body(request, ResponsesRequest)
         self.store.check_input(body)
         caller = caller_of(request)
-        chain, history = await self.history(body, caller)
         try:
-            servable, job, plan = await self.serving.chat_job(request, to_chat(body, history))
+            history, chat, _ = await self.history(body, caller)
+            servable, job, plan = await self.serving.chat_job(request, chat)
         except OvqError as exc:
             raise renamed(exc) from None
         top = job.params.logprobs
+        chain = history.chain.fitted(servable.card.context_length)
         if body.background:
             return await self.background.start(request, body, new_id("resp"), chain, servable, job)
         response = initial_response(body, sampling=servable.card.sampling, tier=service_tier(request))
         turn = Turn(body, ResponseStream(response, logprobs=top), ChoiceState(0, plan.parser(), top), chain,
-                    caller.tenant)
+                    caller.tenant, servable.model)
         record: Record = request.state.record
         try:
             async with self.serving.open(request, body.model, servable, [job]) as generation:
@@ -158,19 +155,75 @@ class ResponsesServing:
         `previous_response_id` chain included), without generating: the prompt rendered as for generation, then
         the model's own tokenizer on this API host (as `/tokenize`). Images' tokens only a worker knows: refused."""
         body = await parse_body(request, ResponsesRequest)
-        _, history = await self.history(body, caller_of(request))
-        chat = to_chat(body, history)
         try:
-            servable, _, prompt = await self.serving.chat_prompt(chat)
+            _, chat, counted = await self.history(body, caller_of(request))
+            if any(message.image_urls() for message in chat.messages):
+                raise not_supported("input", "Counting the tokens of an input_image")
+            if counted is None:
+                counted = await self._count(chat)
         except OvqError as exc:
             raise renamed(exc) from None
-        if any(message.image_urls() for message in chat.messages):
-            raise not_supported("input", "Counting the tokens of an input_image")
-        settings = getattr(request.app.state, "settings", None) or get_settings()
-        count = await asyncio.to_thread(TOKENIZERS.count, settings, servable.model, prompt)
-        return JSONResponse({"object": "response.input_tokens", "input_tokens": count})
+        return JSONResponse({"object": "response.input_tokens", "input_tokens": counted})
+
+    async def history(self, body: ResponsesRequest, caller: Caller) -> tuple[History, ChatCompletionRequest,
+                                                                                int | None]:
+        """The chain `body` continues and the chat request its prompt is: the items before its input (its
+        `previous_response_id` chain's, or its conversation's, which makes no chain) then the input, or with
+        `truncation: auto` the newest of them that fit (truncation.py), then also the prompt's token count."""
+        auto = body.truncation == "auto" and bool(body.previous_response_id or body.conversation or body.input)
+        if body.conversation is not None:
+            items = await self.turns.history(body, caller)
+            history = History(Chain(), items, [None] * len(items))
+        elif body.previous_response_id:
+            budget = room(body, await self.context(body.model)) if auto else None
+            history = await self.store.history(body.previous_response_id, caller, budget)
+        else:
+            history = History(Chain())
+        if not auto:
+            return history, to_chat(body, history.items), None
+        own = [item.model_dump(by_alias=True, exclude_none=True) for item in body.items()]
+        bare = body.model_copy(update={"input": None})  # the input is in the conversation fitted
+        items, counted = await fit(body, history.items + own, history.tokens + [None] * len(own), self._counter(bare))
+        return history, to_chat(bare, items), counted
+
+    async def context(self, model: str) -> int:
+        """The context of the model a request names (adapters included)."""
+        registry = self.serving.registry
+        name, _ = await resolve(registry, model)
+        return (await registry.servable(name)).card.context_length
+
+    def _counter(self, body: ResponsesRequest) -> Count:
+        """How a prompt of `body` after some history items is counted: rendered as for generation, then the
+        model's own tokenizer on this API host (as `/tokenize`)."""
+        settings = self.serving.jobs.settings
+
+        async def count(items: list[dict[str, Any]]) -> tuple[int, int]:
+            servable, _, prompt = await self.serving.chat_prompt(to_chat(body, items))
+            return await asyncio.to_thread(TOKENIZERS.count, settings, servable.model, prompt), \
+                servable.card.context_length
+        return count
+
+    async def _count(self, chat: ChatCompletionRequest) -> int:
+        """The prompt tokens of a chat request, as `_counter` counts them."""
+        servable, _, prompt = await self.serving.chat_prompt(chat)
+        return await asyncio.to_thread(TOKENIZERS.count, self.serving.jobs.settings, servable.model, prompt)
 
     async def _whole(self, generation: Generation, turn: Turn, record: Record, headers: dict[str, str]) -> Response:
+        response = await self._complete(generation, turn, record)
+        return Response(orjson.dumps(response.model_dump(by_alias=True)), media_type="application/json",
+                        headers=headers)
+
+    async def generate(self, request: Request, body: ResponsesRequest, chat: ChatCompletionRequest) -> ResponseObject:
+        """A whole response to `body` whose prompt is `chat` (`history`'s), through the queue as any: what a
+        compaction's summary is (compact.py). Stored when `body` says so."""
+        servable, job, plan = await self.serving.chat_job(request, chat)
+        response = initial_response(body, sampling=servable.card.sampling, tier=service_tier(request))
+        turn = Turn(body, ResponseStream(response), ChoiceState(0, plan.parser(), None), Chain(),
+                    caller_of(request).tenant, servable.model)
+        async with self.serving.open(request, body.model, servable, [job]) as generation:
+            return await self._complete(generation, turn, request.state.record)
+
+    async def _complete(self, generation: Generation, turn: Turn, record: Record) -> ResponseObject:
         choice = turn.choice
         try:
             while not generation.finished:
@@ -189,8 +242,7 @@ class ResponsesServing:
         record.outcome = choice.finish_reason(bool(parsed.tool_calls)) or "stop"
         response = turn.state.whole(parsed, choice.finish, turn.usage, choice.logprobs)
         await self._save(turn)
-        return Response(orjson.dumps(response.model_dump(by_alias=True)), media_type="application/json",
-                        headers=headers)
+        return response
 
     async def _stream(self, generation: Generation, turn: Turn, record: Record) -> AsyncIterator[bytes]:
         """Stream events as SSE, one write per wake-up (everything that arrived meanwhile), then `data: [DONE]`: the
@@ -239,11 +291,12 @@ class ResponsesServing:
         turn.saved = True
         response = turn.state.response
         items = stored_items(turn.body, response)
+        tokens = await item_tokens(self.serving.jobs.settings, turn.model, items) if turn.body.store else []
         stored = True
         try:
             if turn.body.store:
                 stored = await self.store.save(response, items, len(items) - len(response.output), turn.chain,
-                                               turn.owner)
+                                               turn.owner, tokens)
             await self.turns.append(turn.body, response, random_id, items)
         except UNAVAILABLE as exc:
             if not quiet:

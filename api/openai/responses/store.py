@@ -1,9 +1,10 @@
 """Stored responses in Redis: any API process can retrieve, list, delete and continue any of them.
 
 One hash per response (`Keys.response`, its fields documented there), written once, when the response ends, in
-one MULTI round trip that also renews the TTL of the chain it continues. Continuing a chain reads the previous
-response's chain of ids and items, then every older response's items: two round trips, whatever the chain's
-length. A response whose chain lost a member (deleted, or expired) cannot be continued: a 404 naming it.
+one MULTI round trip that also renews the TTL of the responses it may still need (its window: chain.py).
+Continuing a chain reads the previous response's window and items, then the items of the window's responses a
+prompt can reach: two round trips, and never more than a context's worth of responses, whatever the chain's
+length. A response whose window lost a member (deleted, or expired) cannot be continued: a 404 naming it.
 
 Each response records its owner (common/owner.py) in the same write; one the caller may not see answers exactly as
 a missing one (retrieve, delete, input items, previous_response_id).
@@ -11,11 +12,13 @@ a missing one (retrieve, delete, input items, previous_response_id).
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import orjson
 import redis.asyncio as aioredis
 
+from api.openai.responses.chain import Chain
 from api.openai.responses.protocol import Response, ResponsesRequest
 from common.errors import OvqError
 from common.keys import Keys
@@ -24,6 +27,51 @@ from common.settings import Settings
 
 log = logging.getLogger("ovq.api.responses")
 MAX_LIST = 100
+
+
+@dataclass
+class History:
+    """A continuation's chain and the items it read, oldest first, with each item's token count (None: unknown)."""
+
+    chain: Chain
+    items: list[dict[str, Any]] = field(default_factory=list)
+    tokens: list[int | None] = field(default_factory=list)
+
+    def add(self, items: list[dict[str, Any]], tokens: list[int | None]) -> None:
+        self.items += items
+        self.tokens += tokens
+
+
+def context_exceeded() -> OvqError:
+    """OpenAI's answer to an input over the context with `truncation: disabled`."""
+    return OvqError("Your input exceeds the context window of this model. Please adjust your input and try again, "
+                    "or send `truncation: auto`.", param="input", code="context_length_exceeded")
+
+
+def _counted(items_json: bytes, tokens_json: bytes | None) -> tuple[list[dict[str, Any]], list[int | None]]:
+    items: list[dict[str, Any]] = orjson.loads(items_json)
+    tokens = orjson.loads(tokens_json) if tokens_json is not None else None
+    return items, tokens if tokens is not None and len(tokens) == len(items) else [None] * len(items)
+
+
+def _sum(tokens: list[int | None]) -> int | None:
+    return None if any(t is None for t in tokens) else sum(t for t in tokens if t is not None)
+
+
+def _needed(window: list[tuple[str, int | None]], budget: int | None, newest: int | None) -> list[str]:
+    """The ids of `window` (oldest first) a prompt of `budget` tokens could reach after the newest response's
+    `newest` tokens: all of them without a budget, or where a count is unknown."""
+    if budget is None or newest is None:
+        return [response_id for response_id, _ in window]
+    total, keep = newest, 0
+    for _, tokens in reversed(window):
+        if total >= budget:
+            break
+        if tokens is None:
+            return [response_id for response_id, _ in window]
+        total += tokens
+        keep += 1
+    return [response_id for response_id, _ in window[len(window) - keep:]]
 
 
 def response_not_found(response_id: str) -> OvqError:
@@ -45,34 +93,50 @@ class ResponseStore:
                            "responses_max_bytes). Send `store: false`, or a smaller input.", param="store",
                            code="input_too_large")
 
-    async def history(self, previous_id: str, caller: Caller) -> tuple[list[str], list[dict[str, Any]]]:
-        """The chain a response continuing `previous_id` joins (the ids, oldest first, `previous_id` last) and its
-        items in order: each response's input items, then its output items (`convert.to_chat`'s history)."""
-        chain_json, items_json, owner = await self.redis.hmget(self.keys.response(previous_id),
-                                                               ["chain", "items", OWNER_FIELD])
-        if chain_json is None or items_json is None or not caller.sees(owner):
+    async def history(self, previous_id: str, caller: Caller, budget: int | None = None) -> History:
+        """What a response continuing `previous_id` joins: its chain (`chain.py`: the previous response's window,
+        then the previous response) and the items of that chain's responses in order, each response's input items
+        then its output items (`convert.to_chat`'s history), with their token counts.
+
+        Without `budget` every response of the window is read, and a chain longer than any prompt is a 400
+        (`truncation: disabled`); with it, only the newest responses whose counts reach `budget` tokens (what
+        `truncation: auto` may keep). Two round trips, whatever the chain's length."""
+        fields = await self.redis.hmget(self.keys.response(previous_id),
+                                        ["window", "depth", "chain", "items", "tokens", OWNER_FIELD])
+        window_json, depth, chain_json, items_json, tokens_json, owner = fields
+        if items_json is None or (window_json is None and chain_json is None) or not caller.sees(owner):
             raise OvqError(f"Previous response with id '{previous_id}' not found.", 404, "invalid_request_error",
                            "previous_response_id", "previous_response_not_found")
-        older: list[str] = orjson.loads(chain_json)
+        items, tokens = _counted(items_json, tokens_json)
+        chain = Chain.of(orjson.loads(window_json if window_json is not None else chain_json),
+                         int(depth) if depth is not None else None).then(previous_id, _sum(tokens))
+        if budget is None and chain.cut:
+            raise context_exceeded()
+        older = _needed(chain.window[:-1], budget, _sum(tokens))
         pipe = self.redis.pipeline(transaction=False)
         for response_id in older:
-            pipe.hget(self.keys.response(response_id), "items")
+            pipe.hmget(self.keys.response(response_id), ["items", "tokens"])
         found = await pipe.execute() if older else []
-        items: list[dict[str, Any]] = []
-        for response_id, stored in zip(older, found, strict=True):
+        history = History(chain)
+        for response_id, (stored, counts) in zip(older, found, strict=True):
             if stored is None:
                 raise OvqError(f"Response with id '{response_id}', earlier in the chain of previous_response_id "
                                f"'{previous_id}', no longer exists (deleted or expired).", 404,
                                "invalid_request_error", "previous_response_id", "previous_response_not_found")
-            items += orjson.loads(stored)
-        return [*older, previous_id], items + orjson.loads(items_json)
+            history.add(*_counted(stored, counts))
+        history.add(items, tokens)
+        return history
 
-    async def save(self, response: Response, items: list[dict[str, Any]], inputs: int, chain: list[str],
-                   owner: str | None) -> bool:
-        """Store a response that ended, with its items (`inputs` of them input), the chain it continues and its
-        owner; the chain's TTLs are renewed with it. False when it is over the cap: then nothing is stored."""
+    async def save(self, response: Response, items: list[dict[str, Any]], inputs: int, chain: Chain,
+                   owner: str | None, tokens: list[int] | None = None) -> bool:
+        """Store a response that ended, with its items (`inputs` of them input, `tokens` their counts), the chain
+        it continues and its owner; the TTLs of the chain's window are renewed with it (older responses are out
+        of any prompt's reach: they keep their own). False when it is over the cap: then nothing is stored."""
         record: dict[str, Any] = {"response": orjson.dumps(response.model_dump(by_alias=True)),
-                                  "items": orjson.dumps(items), "inputs": inputs, "chain": orjson.dumps(chain)}
+                                  "items": orjson.dumps(items), "inputs": inputs,
+                                  "window": orjson.dumps(chain.dumped()), "depth": chain.depth}
+        if tokens is not None:
+            record["tokens"] = orjson.dumps(tokens)
         if owner is not None:  # (None: a background response recorded before owners were: it stays without one)
             record[OWNER_FIELD] = owner
         size = sum(len(v) for v in record.values() if isinstance(v, bytes))
@@ -84,9 +148,9 @@ class ResponseStore:
         key = self.keys.response(response.id)
         pipe.hset(key, mapping=record)
         pipe.expire(key, self.ttl_s)
-        # On a Cluster each response has its own slot: the chain's are renewed beside the transaction, not in it.
+        # On a Cluster each response has its own slot: the window's are renewed beside the transaction, not in it.
         renew = self.redis.pipeline(transaction=False) if self.keys.cluster else pipe
-        for earlier in chain:
+        for earlier in chain.ids:
             renew.expire(self.keys.response(earlier), self.ttl_s)
         await pipe.execute()
         if renew is not pipe:

@@ -25,3 +25,14 @@ def test_a_jobs_cost_is_its_prompt_and_expected_output() -> None:
 def test_tenant_counts_read_the_clocks_n_fields() -> None:
     clock = {b"v": b"10", b"f:a": b"20", b"n:a": b"3", b"n:": b"1", b"n:b": b"0"}
     assert tenant_counts(clock) == {"a": 3, "(none)": 1}
+
+
+def test_a_video_costs_its_work_not_one_request() -> None:
+    from common.fairness import estimate_cost, video_work
+    from common.jobs import Job, VideoParams
+
+    params = VideoParams(width=704, height=480, num_frames=105, frame_rate=25, num_inference_steps=25, ttl_s=60)
+    assert video_work(params) == 25 * 14 * 22 * 15  # steps x latent frames x latent tokens per frame
+    job = Job(model="m", device="CPU", kind="video", prompt="a cat", video=params, reply_to="r")
+    assert estimate_cost(job) == video_work(params)
+    assert video_work(params.model_copy(update={"num_inference_steps": 50})) == 2 * video_work(params)

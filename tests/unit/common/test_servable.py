@@ -79,3 +79,11 @@ def test_default_pooling_from_sentence_transformers(tmp_path: Path) -> None:
     assert servable.default_pooling(tmp_path) == "MEAN"
     (tmp_path / "1_Pooling" / "config.json").write_text(json.dumps({"pooling_mode_lasttoken": True}))
     assert servable.default_pooling(tmp_path) == "LAST"
+
+
+def test_an_ltx_directory_is_a_video_servable_and_sd_stays_an_image() -> None:
+    from common.servable import ServableType, infer_servable
+    from tests.conftest import MODELS
+
+    assert infer_servable(MODELS / "tiny-ltx", "CPU") is ServableType.VIDEO
+    assert infer_servable(MODELS / "tiny-sd", "CPU") is ServableType.IMAGE

@@ -123,7 +123,6 @@ INVALID = [
     ({"metadata": {f"k{i}": "v" for i in range(17)}}, "metadata", "at most 16 properties"),
     ({"metadata": {LONG: "v"}}, "metadata", "longer than 64"),
     ({"metadata": {"k": "v" * 513}}, "metadata.k", "maximum length 512"),
-    ({"truncation": "auto"}, "truncation", "truncation 'auto'"),
     ({"include": ["everything"]}, "include[0]", "Invalid value: 'everything'"),
     ({"max_output_tokens": 15}, "max_output_tokens", "Expected a value >= 16"),
     ({"temperature": 2.5}, "temperature", "between 0 and 2"),

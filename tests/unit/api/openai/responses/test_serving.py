@@ -11,6 +11,7 @@ from pydantic import TypeAdapter
 
 from api.openai.choices import ChoiceState
 from api.openai.parsers import output_parser
+from api.openai.responses.chain import Chain
 from api.openai.responses.events import ResponseStream, initial_response
 from api.openai.responses.protocol import ResponsesRequest, StreamEvent
 from api.openai.responses.serving import Turn, page_limit, renamed
@@ -26,7 +27,7 @@ TOOL = {"type": "function", "name": "get_weather", "parameters": {"type": "objec
 
 def turn(parser: Any = None, **fields: Any) -> Turn:
     body = ResponsesRequest.model_validate({"model": "m", "input": "hi", "stream": True, **fields})
-    return Turn(body, ResponseStream(initial_response(body)), ChoiceState(0, parser), [], "alpha")
+    return Turn(body, ResponseStream(initial_response(body)), ChoiceState(0, parser), Chain(), "alpha", "m")
 
 
 def done(reason: str = "stop") -> dict[str, Any]:
