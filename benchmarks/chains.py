@@ -35,6 +35,8 @@ import redis.asyncio as aioredis
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from api.openai.conversations.store import ConversationStore  # noqa: E402
+from api.openai.conversations.turns import ConversationTurns  # noqa: E402
 from api.openai.responses.chain import item_tokens  # noqa: E402
 from api.openai.responses.convert import stored_items  # noqa: E402
 from api.openai.responses.events import initial_response, new_id  # noqa: E402
@@ -121,7 +123,8 @@ async def main(lengths: list[int], sample: int) -> None:
             await redis.hset(keys.model(MODEL), "CPU", card().model_dump_json())
             registry = Registry(redis, keys, settings, [MODEL])
             serving = Serving(SimpleNamespace(settings=settings, keys=keys, redis=redis), registry, None)  # type: ignore[arg-type]
-            responses = ResponsesServing(serving, ResponseStore(redis, keys, settings))
+            responses = ResponsesServing(serving, ResponseStore(redis, keys, settings),
+                                         ConversationTurns(ConversationStore(redis, keys, settings)))
             print("truncation | turns | Redis commands/turn | bytes read/turn | bytes written/turn | API CPU µs/turn")
             for truncation in ("auto", "disabled"):
                 arm = Arm(responses, settings, truncation)
