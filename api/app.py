@@ -20,9 +20,11 @@ from api.http.body import BodyGuard
 from api.http.front import Endpoint, Front
 from api.http.hosts import HostGuard
 from api.http.status import CLIENT_CLOSED
+from api.openai import config as config_routes
 from api.openai import tokenize
 from api.openai.adapters import adapter_names
 from api.openai.aliases import AliasRoutes
+from api.openai.config import ConfigFollower
 from api.openai.docs import install_docs
 from api.openai.encoders import EncoderServing
 from api.openai.images import ImageServing
@@ -32,9 +34,7 @@ from api.openai.responses.serving import ResponsesServing
 from api.openai.responses.store import ResponseStore
 from api.openai.serving import Serving
 from api.openai.speech import SpeechServing
-from api.ops import config as config_routes
 from api.ops import router as ops_router
-from api.ops.config import ConfigFollower
 from api.ops.metrics import Metrics, Record
 from api.ops.refusals import Refusals
 from api.ops.tracing import RequestTrace

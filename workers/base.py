@@ -42,6 +42,7 @@ from workers.queue.intake import FairKeys, Intake
 from workers.queue.publisher import Outbox, Publisher
 from workers.queue.reclaim import Continued, Reclaimer, Takeover
 from workers.queue.share import correction
+from workers.reload import Follower
 from workers.vitals import Member, Vitals
 
 log = logging.getLogger("ovq.worker")
@@ -83,6 +84,7 @@ class BaseWorker:
         self._slot_free = asyncio.Event()
         self._stopping = asyncio.Event()
         self.draining = False
+        self.reconfiguring = False  # restarting its backend for a changed models-file entry: takes no job
         self.redis = connect(settings, max_connections=32)
         accounting = Accounting(self.keys, model.name, device, self.id, settings)
         self.publisher = Publisher(self.redis, self.keys, self.stream, settings.job_ttl_s, accounting,
@@ -113,12 +115,23 @@ class BaseWorker:
             self.intake = AffineIntake(self.redis, self.id, *(s for _, s in self.levels),
                                        aging_s=settings.priority_aging_s, fair=fair, affinity=self.affinity)
         self.heartbeat = Heartbeat(self.redis, self.keys, settings, self.member, self.vitals, self.fence)
-        self.reclaimer = Reclaimer(self.redis, self.keys, settings, self.member, self.room, self.resumable,
+        self.reclaimer = Reclaimer(self.redis, self.keys, settings, self.member, self._room, self.resumable,
                                    self.heartbeat.steady, self._affinity_streams)
         self.health = HealthServer(self.member, self.vitals, settings.heartbeat_s, settings.worker_host,
                                    settings.worker_port) if settings.worker_port is not None else None
 
     # ---- what a kind of worker provides -----------------------------------------------------------------
+    def configure(self, model: ModelConfig) -> None:
+        """Build what the model's options decide (card, capacity, the backend's settings): at start, and again
+        when a reload changed them (`reconfigure`)."""
+        raise NotImplementedError
+
+    def carry_on(self, left: list[Any]) -> None:
+        """Jobs still running when the backend was replaced (they outlasted the grace period): ended with an error
+        that says why (a 503: the client may retry); a text worker continues them instead."""
+        self._fail_jobs([s for s in left if s.job.id in self.running], 503,
+                        "the model's configuration changed while this job ran; retry it", "model_reconfigured")
+
     async def start_backend(self) -> None:
         raise NotImplementedError
 
@@ -188,6 +201,10 @@ class BaseWorker:
             asyncio.create_task(self._reclaim_loop(), name="reclaim"),
             asyncio.create_task(self._deferred_loop(), name="deferred"),
         ]
+        follower = Follower(self.redis, self.keys, self.settings, self.id, self.model, self.device, self.reconfigure,
+                            self._idle, self.stop)
+        if follower.enabled:
+            tasks.append(asyncio.create_task(follower.run(), name="config"))
         stopper = asyncio.create_task(self._stopping.wait())
         done, _ = await asyncio.wait([stopper, *tasks], return_when=asyncio.FIRST_COMPLETED)
         for task in done:
@@ -271,10 +288,54 @@ class BaseWorker:
         log.warning("worker %s stopped: %d jobs handed back to the stream", self.id, len(handed))
 
     # ---- reading jobs ----------------------------------------------------------------------------------
+    async def _idle(self) -> bool:
+        """Nothing runs here and nothing waits in its streams (what a removed model's worker waits for)."""
+        if self.running:
+            return False
+        pipe = self.redis.pipeline(transaction=False)
+        for stream in (*self.streams, *self._affinity_streams()[:1]):
+            pipe.xlen(stream)
+        return not any(await pipe.execute()) and not self.running
+
+    def _room(self) -> int:
+        return 0 if self.reconfiguring else self.room()
+
+    async def reconfigure(self, model: ModelConfig) -> None:
+        """A changed models-file entry (workers/reload.py): take no new job, let the running ones finish (up to the
+        grace period), then replace the backend with one built from `model`; one that does not start gives way
+        to the last configuration again. Waiting jobs wait in the stream meanwhile: none is lost."""
+        old = self.model
+        self.reconfiguring = True
+        try:
+            deadline = time.monotonic() + self.settings.shutdown_grace_s
+            while self.running and time.monotonic() < deadline and not self._stopping.is_set():
+                await asyncio.sleep(0.05)
+            if self._stopping.is_set():
+                return
+            log.warning("worker %s: %s changed in the models file; restarting its engine (%d jobs carried over)",
+                        self.id, model.name, len(self.running))
+            left = list(self.running.values())
+            await self.stop_backend()
+            try:
+                self.model = model
+                self.configure(model)
+                await self.start_backend()
+            except Exception as exc:  # a path that is not there, a device that does not open: keep serving
+                log.error("worker %s: the changed configuration of %s does not start (%s); going on with the last "
+                          "one", self.id, model.name, exc)
+                self.model = old
+                self.configure(old)
+                await self.start_backend()
+            self.carry_on(left)
+            log.warning("worker %s: engine restarted with the new configuration of %s", self.id, model.name)
+        finally:
+            self.reconfiguring = False
+            self._slot_free.set()
+
     async def _read_loop(self) -> None:
         backoff = Backoff()
         while True:
-            free = self.room()
+            free = self._room()
             if free <= 0:
                 self._slot_free.clear()
                 await self._slot_free.wait()
@@ -554,9 +615,18 @@ class BaseWorker:
                                               (used - share.cost) / share.weight, self.settings.job_ttl_s))
 
     def _fail_all(self, status: int, message: str) -> None:
+        self._fail_jobs(list(self.running.values()), status, message)
+        self.running.clear()
+        self._orphaned.clear()
+        self._overdue.clear()
+        self._slot_free.set()
+
+    def _fail_jobs(self, states: list[Any], status: int, message: str, code: str | None = None) -> None:
+        """One error event each; their stream entries acked."""
         outbox = Outbox()
-        for state in list(self.running.values()):
-            error = OvqError(message, status, "server_error" if status >= 500 else "invalid_request_error")
+        for state in states:
+            self.running.pop(state.job.id, None)
+            error = OvqError(message, status, "server_error" if status >= 500 else "invalid_request_error", code=code)
             outbox.publish(state.job.reply_to, Error(job=state.job.id, seq=state.next_seq(), status=status,
                                                      error=error.body))
             outbox.set_status(state.job.id, status=JobStatus.ERROR, error=error.body.model_dump(),
@@ -564,10 +634,6 @@ class BaseWorker:
             outbox.ack(state.entry_id, self.stream_of(state.job))
             if state.streamed:
                 outbox.forget(state.job.id)
-        self.running.clear()
-        self._orphaned.clear()
-        self._overdue.clear()
-        self._slot_free.set()
         self.publisher.put(outbox)
 
     # ---- cancellation ----------------------------------------------------------------------------------
