@@ -295,10 +295,10 @@ class Follow:
             return
         self.next_at = now + self.settings.config_poll_s
         try:
-            value = self.client.get(self.keys.config_generation)
+            value = int(self.client.get(self.keys.config_generation) or 0)
         except Exception:  # Redis away: the file's stat still counts
             value = None
-        force = value is not None and self.watch.heard(int(value))
+        force = self.watch.heard(value)
         if self.watch.poll(force):
             self.apply()
 

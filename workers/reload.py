@@ -50,7 +50,7 @@ class Follower:
         while True:
             await asyncio.sleep(self.settings.config_poll_s)
             generation = await self._generation()
-            self.watch.poll(generation is not None and self.watch.heard(generation))
+            self.watch.poll(self.watch.heard(generation))
             wanted = self.watch.catalog.model(self.model.name)
             if wanted is None or self.device not in [d.upper() for d in wanted.devices]:
                 await self._drain()
@@ -67,7 +67,7 @@ class Follower:
             value = await self.redis.get(self.keys.config_generation)
         except UNAVAILABLE:
             return None
-        return int(value) if value is not None else None
+        return int(value) if value is not None else 0
 
     async def _lock(self) -> bool:
         try:

@@ -56,14 +56,14 @@ class ConfigFollower:
             value = await self.redis.get(self.keys.config_generation)
         except UNAVAILABLE:  # Redis away: the file's own stat still counts; the generation is read next time
             return None
-        return int(value) if value is not None else None
+        return int(value) if value is not None else 0
 
     async def _follow(self) -> None:
         assert self.watch is not None
         while True:
             await asyncio.sleep(self.settings.config_poll_s)
             generation = await self._generation()
-            force = generation is not None and self.watch.heard(generation)
+            force = self.watch.heard(generation)
             self.apply(self.watch.poll(force))
 
     def apply(self, change: Change) -> None:

@@ -60,8 +60,11 @@ class ConfigWatch:
         self._generation: int | None = None
 
     def heard(self, generation: int | None) -> bool:
-        """Whether the fleet's reload generation (`Keys.config_generation`) moved since the last call: then the
-        file is read regardless of its stat (`poll(force=True)`). The first value heard only sets the mark."""
+        """Whether the fleet's reload generation (`Keys.config_generation`; 0 while nobody reloaded) moved since
+        the last value heard: then the file is read regardless of its stat (`poll(force=True)`). The first value
+        only sets the mark; None (Redis out of reach) changes nothing."""
+        if generation is None:
+            return False
         moved = self._generation is not None and generation != self._generation
         self._generation = generation
         return moved
