@@ -14,6 +14,7 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -80,17 +81,34 @@ def _wait(what: str, until: Callable[[], bool], timeout: float = 120) -> None:
         time.sleep(0.2)
 
 
+def _restarts(log: str) -> tuple[datetime, datetime, int]:
+    """When a worker began and ended its engine restart (its log's timestamps), and how many jobs it carried over."""
+    began = re.search(r"^(\S+ \S+) .*restarting its engine \((\d+) jobs carried over\)", log, re.M)
+    ended = re.search(r"^(\S+ \S+) .*engine restarted with the new configuration", log, re.M)
+    assert began and ended, log[-3000:]
+    stamp = "%Y-%m-%d %H:%M:%S,%f"
+    return datetime.strptime(began[1], stamp), datetime.strptime(ended[1], stamp), int(began[2])
+
+
 def test_a_reload_under_load_adds_drains_and_restarts_without_losing_a_request(tiers: Callable[..., Tiers],
                                                                                model_dir: Path) -> None:
     path = str(model_dir)
     t = tiers({"keep": {"path": path, "max_num_seqs": 4}, "gone": {"path": path, "max_num_seqs": 4}}, **POLL)
     t.api()
-    keep = t.worker("keep", name="keep")
+    # No grace for keep's running jobs: whatever runs when its engine restarts is carried over to the new one.
+    keeps = [t.worker("keep", name=f"keep{i}", OVQ_SHUTDOWN_GRACE_S="0") for i in (1, 2)]
     gone = t.worker("gone", name="gone")
-    t.wait_served("keep", "gone")
+    t.wait_served("keep", "gone", timeout=600)  # three workers loading at once on a busy machine
+    t.wait_served("keep", workers=2, timeout=600)
     transcript = []
+    long: list[httpx.Response] = []
     with Load(t, ["keep", "gone"]) as load:
         _wait("some answers under load", lambda: len(load.results) >= 8)
+        # A long answer, running when the reload comes: it goes on on its worker's new engine.
+        started = threading.Event()
+        runner = threading.Thread(target=lambda: long.append(_long(t, started)))
+        runner.start()
+        assert started.wait(120)
         _rewrite(t, {"keep": {"path": path, "max_num_seqs": 4, "max_tokens_default": 3}, "added": {"path": path}})
         reloaded = httpx.post(f"{t.base_url.rsplit('/v3', 1)[0]}/v1/config/reload", timeout=30)
         at = time.monotonic()
@@ -105,27 +123,56 @@ def test_a_reload_under_load_adds_drains_and_restarts_without_losing_a_request(t
         assert "added" in [m["id"] for m in httpx.get(f"{t.base_url}/models").json()["data"]]
         gone.wait(120)  # it drained what was queued for it, then stopped by itself
         assert gone.returncode == 0, t.log(gone)[-3000:]
-        _wait("keep's rolling engine restart", lambda: "engine restarted with the new configuration" in t.log(keep))
+        for keep in keeps:
+            _wait("keep's engine restarts", lambda keep=keep: "engine restarted with the new" in t.log(keep))
         t.worker("added", name="added")
         answered = _chat(t, "added")
         assert answered.status_code == 200, answered.text
         settled = len(load.results)
-        _wait("answers after the restart", lambda: len(load.results) >= settled + 4)
+        _wait("answers after the restarts", lambda: len(load.results) >= settled + 4)
+        runner.join(300)
     lost = [r for r in load.results if r[2] != 200 and not (r[0] == "gone" and r[2] == 404)]
     assert not lost, lost[:5]
     late = [r for r in load.results if r[0] == "gone" and r[2] == 200 and r[1] > at]
     assert not late, "a removed model answered a request sent after the reload"
     served = Counter(r[0] for r in load.results if r[2] == 200)
     assert served["keep"] >= 8 and served["gone"] >= 1, served
-    after = _chat(t, "keep", max_tokens=None)  # the changed option reached the worker: max_tokens_default 3
+    (first_begin, first_end, carried), (second_begin, second_end, carried2) = sorted(_restarts(t.log(k))
+                                                                                     for k in keeps)
+    assert first_end <= second_begin, "both of keep's engines restarted at once: not a rolling restart"
+    assert long and long[0] == ("length", LONG), long  # it went on to its whole length on the new engine
+    after = _chat(t, "keep", max_tokens=None)  # the changed option reached the workers: max_tokens_default 3
     assert after.status_code == 200 and after.json()["usage"]["completion_tokens"] <= 3, after.text
-    for proc, name in ((keep, "keep"), (gone, "gone")):
+    for proc, name in ((keeps[0], "keep1"), (keeps[1], "keep2"), (gone, "gone")):
         transcript += [f"{line[11:19]} [{name}] {line.split(' ovq.', 1)[-1]}" for line in t.log(proc).splitlines()
-                       if re.search(r"models file|engine restarted|configuration|stopping|stopped", line)]
+                       if re.search(r"models file|engine restarted|configuration|stopping|stopped|continu", line)]
     transcript.append(f"requests under load: {dict(served)} answered, "
-                      f"{sum(1 for r in load.results if r[2] == 404)} refused 404 (gone, after the reload), "
-                      f"0 lost")
-    print("\n".join(transcript))
+                      f"{sum(1 for r in load.results if r[2] == 404)} refused 404 (gone, after the reload), 0 lost; "
+                      f"the long answer: {long[0]}; carried over to a new engine: {carried + carried2}")
+    print("\n".join(sorted(transcript, key=lambda line: line[:8])))
+
+
+LONG = 400
+
+
+def _long(t: Tiers, started: threading.Event) -> tuple[str, int] | str:
+    """A streamed answer of LONG tokens (no EOS: ignore_eos): its finish reason and token count."""
+    body = {"model": "keep", "prompt": "Once upon a time", "max_tokens": LONG, "ignore_eos": True, "stream": True,
+            "stream_options": {"include_usage": True}}
+    finish, tokens = None, 0
+    with httpx.stream("POST", f"{t.base_url}/completions", json=body, timeout=300) as response:
+        if response.status_code != 200:
+            return f"{response.status_code} {response.read().decode()}"
+        for line in response.iter_lines():
+            if not line.startswith("data: {"):
+                continue
+            chunk = json.loads(line[6:])
+            started.set()
+            for choice in chunk.get("choices", []):
+                finish = choice.get("finish_reason") or finish
+            if chunk.get("usage"):
+                tokens = chunk["usage"]["completion_tokens"]
+    return finish or "none", tokens
 
 
 def _alias_models(path: str) -> dict[str, dict]:
@@ -139,7 +186,7 @@ def test_an_alias_routes_by_weight_sticky_per_conversation_and_follows_a_reload(
     t.api()
     t.worker("model-a", name="a")
     t.worker("model-b", name="b")
-    t.wait_served("model-a", "model-b")
+    t.wait_served("model-a", "model-b", timeout=600)
     assert "chat" in [m["id"] for m in httpx.get(f"{t.base_url}/models").json()["data"]]
 
     keyless = Counter(_chat(t, "chat", max_tokens=1).json()["model"] for _ in range(8))
