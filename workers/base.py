@@ -126,11 +126,12 @@ class BaseWorker:
         when a reload changed them (`reconfigure`)."""
         raise NotImplementedError
 
+    def can_carry(self, state: Any) -> bool:
+        """Whether a running job can go on on a replaced backend (`reconfigure` waits for those that cannot)."""
+        return False
+
     def carry_on(self, left: list[Any]) -> None:
-        """Jobs still running when the backend was replaced (they outlasted the grace period): ended with an error
-        that says why (a 503: the client may retry); a text worker continues them instead."""
-        self._fail_jobs([s for s in left if s.job.id in self.running], 503,
-                        "the model's configuration changed while this job ran; retry it", "model_reconfigured")
+        """Go on with jobs that were running when the backend was replaced (`can_carry` said they could)."""
 
     async def start_backend(self) -> None:
         raise NotImplementedError
@@ -301,20 +302,25 @@ class BaseWorker:
         return 0 if self.reconfiguring else self.room()
 
     async def reconfigure(self, model: ModelConfig) -> None:
-        """A changed models-file entry (workers/reload.py): take no new job, let the running ones finish (up to the
-        grace period), then replace the backend with one built from `model`; one that does not start gives way
-        to the last configuration again. Waiting jobs wait in the stream meanwhile: none is lost."""
+        """A changed models-file entry (workers/reload.py): take no new job, let the running ones finish, then
+        replace the backend with one built from `model`; one that does not start gives way to the last
+        configuration again. Waiting jobs wait in the stream meanwhile. Jobs the new backend can go on with
+        (`can_carry`: a text job, from the tokens it has generated) get the grace period to finish, then are carried
+        over; the others are waited for (none is failed)."""
         old = self.model
         self.reconfiguring = True
         try:
             deadline = time.monotonic() + self.settings.shutdown_grace_s
-            while self.running and time.monotonic() < deadline and not self._stopping.is_set():
+            while self.running and not self._stopping.is_set() and (
+                    time.monotonic() < deadline or not all(self.can_carry(s) for s in self.running.values())):
                 await asyncio.sleep(0.05)
             if self._stopping.is_set():
                 return
-            log.warning("worker %s: %s changed in the models file; restarting its engine (%d jobs carried over)",
-                        self.id, model.name, len(self.running))
             left = list(self.running.values())
+            log.warning("worker %s: %s changed in the models file; restarting its engine (%d jobs carried over)",
+                        self.id, model.name, len(left))
+            for state in left:  # the old backend's last words about them (its stop cancels them) go nowhere
+                del self.running[state.job.id]
             await self.stop_backend()
             try:
                 self.model = model
@@ -326,6 +332,7 @@ class BaseWorker:
                 self.model = old
                 self.configure(old)
                 await self.start_backend()
+            self.running.update((state.job.id, state) for state in left)
             self.carry_on(left)
             log.warning("worker %s: engine restarted with the new configuration of %s", self.id, model.name)
         finally:
@@ -615,18 +622,9 @@ class BaseWorker:
                                               (used - share.cost) / share.weight, self.settings.job_ttl_s))
 
     def _fail_all(self, status: int, message: str) -> None:
-        self._fail_jobs(list(self.running.values()), status, message)
-        self.running.clear()
-        self._orphaned.clear()
-        self._overdue.clear()
-        self._slot_free.set()
-
-    def _fail_jobs(self, states: list[Any], status: int, message: str, code: str | None = None) -> None:
-        """One error event each; their stream entries acked."""
         outbox = Outbox()
-        for state in states:
-            self.running.pop(state.job.id, None)
-            error = OvqError(message, status, "server_error" if status >= 500 else "invalid_request_error", code=code)
+        for state in list(self.running.values()):
+            error = OvqError(message, status, "server_error" if status >= 500 else "invalid_request_error")
             outbox.publish(state.job.reply_to, Error(job=state.job.id, seq=state.next_seq(), status=status,
                                                      error=error.body))
             outbox.set_status(state.job.id, status=JobStatus.ERROR, error=error.body.model_dump(),
@@ -634,6 +632,10 @@ class BaseWorker:
             outbox.ack(state.entry_id, self.stream_of(state.job))
             if state.streamed:
                 outbox.forget(state.job.id)
+        self.running.clear()
+        self._orphaned.clear()
+        self._overdue.clear()
+        self._slot_free.set()
         self.publisher.put(outbox)
 
     # ---- cancellation ----------------------------------------------------------------------------------

@@ -20,11 +20,14 @@ from typing import Any
 
 import httpx
 import psutil
+import pytest
 
 from tests.conftest import ROOT, Tiers, _wait_ready, free_port
 from tests.ovms_repository import llm_graph, write_repository
 from tests.precision import models_at_run_precision
 
+# Several SmolLM2 workers loading and restarting on a shared two-core machine: past the suite's default 300 s there.
+pytestmark = pytest.mark.timeout(900)
 POLL = {"OVQ_CONFIG_POLL_S": "0.5"}
 
 
@@ -56,7 +59,7 @@ class Load:
             sent = time.monotonic()
             try:
                 response = _chat(self.t, model, max_tokens=16)
-                self.results.append((model, sent, response.status_code, response.json()))
+                self.results.append((model, sent, response.status_code, _body(response)))
             except httpx.HTTPError as exc:
                 self.results.append((model, sent, 0, {"error": str(exc)}))
                 continue
@@ -72,6 +75,13 @@ class Load:
         self._stop.set()
         for thread in self._threads:
             thread.join(200)
+
+
+def _body(response: httpx.Response) -> dict[str, Any]:
+    try:
+        return response.json()
+    except ValueError:
+        return {"text": response.text}
 
 
 def _wait(what: str, until: Callable[[], bool], timeout: float = 120) -> None:
@@ -114,7 +124,8 @@ def test_a_reload_under_load_adds_drains_and_restarts_without_losing_a_request(t
         at = time.monotonic()
         transcript.append(f"{time.strftime('%H:%M:%S')} POST /v1/config/reload -> {reloaded.status_code} "
                           f"{reloaded.text}")
-        assert reloaded.status_code == 201, reloaded.text
+        # 201, or 200 when this API process's own poll of the file got there first (OVMS's "already applied")
+        assert reloaded.status_code in (200, 201), reloaded.text
         states = {name: v["model_version_status"][0]["state"] for name, v in reloaded.json().items()}
         assert states["keep"] == "AVAILABLE" and states["added"] == "LOADING"
         assert states["gone"] in ("UNLOADING", "END")

@@ -110,20 +110,17 @@ class TextWorker(BaseWorker):
                                    self._on_message, self._on_engine_exit, lambda: bool(self.running),
                                    settings.engine_watchdog_s, settings.engine_start_timeout_s, self._on_engine_idle)
 
+    def can_carry(self, state: RunningJob) -> bool:
+        """Nothing generated yet (it starts afresh), or it can go on from its tokens (not structured output, images,
+        best_of), as after a crash."""
+        return self._resume(state) is None or self.resumable(state.job)
+
     def carry_on(self, left: list[RunningJob]) -> None:
-        """Jobs that outlasted the grace period go on on the new engine from what they had generated, as after a
-        crash; those that cannot (structured output, images, best_of) end with the base class's error."""
-        cannot = []
+        """Jobs still running when the engine was replaced go on on the new one from what they had generated."""
         for state in left:
-            if state.job.id not in self.running:
-                continue
-            if self._resume(state) is not None and not self.resumable(state.job):
-                cannot.append(state)
-                continue
             if self.admission is not None:
                 self.admission.sent(state.job.id, state.job.prompt)
             self._add(state, self._resume(state))
-        super().carry_on(cannot)
 
     @staticmethod
     def _knee(settings: Settings, model: ModelConfig) -> Knee | None:
