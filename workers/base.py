@@ -324,13 +324,15 @@ class BaseWorker:
             await self.stop_backend()
             try:
                 self.model = model
-                self.configure(model)
+                # In a thread: a tokenizer loads for seconds, and the heartbeats must go on meanwhile (a worker
+                # silent past the worker TTL is dead to the others, who would take its jobs over).
+                await asyncio.to_thread(self.configure, model)
                 await self.start_backend()
             except Exception as exc:  # a path that is not there, a device that does not open: keep serving
                 log.error("worker %s: the changed configuration of %s does not start (%s); going on with the last "
                           "one", self.id, model.name, exc)
                 self.model = old
-                self.configure(old)
+                await asyncio.to_thread(self.configure, old)
                 await self.start_backend()
             self.running.update((state.job.id, state) for state in left)
             self.carry_on(left)

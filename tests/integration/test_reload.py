@@ -151,6 +151,8 @@ def test_a_reload_under_load_adds_drains_and_restarts_without_losing_a_request(t
     (first_begin, first_end, carried), (second_begin, second_end, carried2) = sorted(_restarts(t.log(k))
                                                                                      for k in keeps)
     assert first_end <= second_begin, "both of keep's engines restarted at once: not a rolling restart"
+    for keep in keeps:  # a restarting worker stays alive to the others: none of its jobs is taken over
+        assert "of dead workers" not in t.log(keep), t.log(keep)[-3000:]
     assert long and long[0] == ("length", LONG), long  # it went on to its whole length on the new engine
     after = _chat(t, "keep", max_tokens=None)  # the changed option reached the workers: max_tokens_default 3
     assert after.status_code == 200 and after.json()["usage"]["completion_tokens"] <= 3, after.text

@@ -116,8 +116,14 @@ class TextWorker(BaseWorker):
         return self._resume(state) is None or self.resumable(state.job)
 
     def carry_on(self, left: list[RunningJob]) -> None:
-        """Jobs still running when the engine was replaced go on on the new one from what they had generated."""
+        """Jobs still running when the engine was replaced go on on the new one from what they had generated (one
+        whose client left meanwhile ends as cancelled)."""
         for state in left:
+            if self._cancelled_early.pop(state.job.id, None) is not None:
+                outbox = Outbox()
+                self._end(state, JobStatus.CANCELLED, outbox)
+                self.publisher.put(outbox)
+                continue
             if self.admission is not None:
                 self.admission.sent(state.job.id, state.job.prompt)
             self._add(state, self._resume(state))
