@@ -21,8 +21,11 @@ from api.http.body import BodyGuard
 from api.http.front import Endpoint, Front
 from api.http.hosts import HostGuard
 from api.http.status import CLIENT_CLOSED
+from api.openai import config as config_routes
 from api.openai import tokenize
 from api.openai.adapters import adapter_names
+from api.openai.aliases import AliasRoutes
+from api.openai.config import ConfigFollower
 from api.openai.docs import install_docs
 from api.openai.encoders import EncoderServing
 from api.openai.images import ImageServing
@@ -46,7 +49,8 @@ from api.queue.hub import EventHub
 from api.queue.registry import Registry
 from common import heap, tracing
 from common.errors import ErrorBody, OvqError, not_found, unavailable
-from common.models.sources import configured_models, has_models
+from common.models.sources import has_models
+from common.models.watch import ConfigWatch
 from common.redis.client import UNAVAILABLE, connect, keys_for, redis_url
 from common.settings import Settings, get_settings
 
@@ -55,17 +59,6 @@ log = logging.getLogger("ovq.api")
 
 def error_response(status: int, body: ErrorBody, headers: dict[str, str] | None = None) -> JSONResponse:
     return JSONResponse({"error": body.model_dump()}, status_code=status, headers=headers)
-
-
-def expected_models(settings: Settings) -> list[str]:
-    if settings.models:
-        return settings.models
-    return [m.name for m in configured_models(settings)] if has_models(settings) else []
-
-
-def expected_devices(settings: Settings) -> dict[str, list[str]]:
-    """Each model of the models file (or OVMS config): its devices, in preference order."""
-    return {m.name: m.devices for m in configured_models(settings)} if has_models(settings) else {}
 
 
 def create_app(settings: Settings | None = None) -> FastAPI:
@@ -79,10 +72,16 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         await hub.start()
         heartbeat = await ApiHeartbeat(redis, keys, hub.reply_to, settings).start()
         tracing.setup("api", hub.reply_to, settings.tracing)
-        registry = Registry(redis, keys, settings, expected_models(settings), expected_devices(settings))
+        watch = ConfigWatch(settings) if has_models(settings) else None
+        models = watch.catalog.models if watch is not None else []
+        # OVQ_MODELS pins the expected models; else the models file says which exist, and follows its reloads.
+        registry = Registry(redis, keys, settings, settings.models or [m.name for m in models],
+                            {m.name: m.devices for m in models}, configured=watch is not None and not settings.models)
         refusals = Refusals(redis, keys, settings.stats_ttl_s)
         metrics = Metrics(redis, keys, settings.worker_ttl_s, settings.access_log, refusals)
         app.state.registry, app.state.metrics = registry, metrics
+        app.state.aliases = AliasRoutes(watch.catalog.aliases if watch is not None else [], metrics.aliased)
+        app.state.config = await ConfigFollower(watch, registry, app.state.aliases, redis, keys, settings).start()
         jobs = JobClient(redis, keys, hub, registry, settings, metrics)
         app.state.serving = Serving(jobs, registry, metrics)
         app.state.images = ImageServing(jobs, registry, settings)
@@ -95,6 +94,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         yield
         await app.state.responses.background.stop()
         await app.state.videos.stop()
+        await app.state.config.stop()
         await heartbeat.stop()
         await refusals.stop()
         await hub.stop()
@@ -221,6 +221,7 @@ def _install_routes(app: FastAPI) -> dict[str, Endpoint]:
         data = [_model_object(name, card) for name, card in listed.items()]
         data += [_model_object(adapter, card) for name, card in listed.items() if card is not None
                  for adapter in adapter_names(name, card.adapters)]
+        data += [ModelObject(id=alias, created=0) for alias in request.app.state.aliases.names]
         return ModelList(data=data)
 
     async def get_model(request: Request, model: str) -> ModelObject:
@@ -230,6 +231,8 @@ def _install_routes(app: FastAPI) -> dict[str, Endpoint]:
         for name, card in listed.items():
             if card is not None and model in adapter_names(name, card.adapters):
                 return _model_object(model, card)
+        if model in request.app.state.aliases.names:
+            return ModelObject(id=model, created=0)
         raise not_found(f"The model `{model}` does not exist")
 
     async def ready(request: Request) -> JSONResponse:
@@ -265,6 +268,7 @@ def _install_routes(app: FastAPI) -> dict[str, Endpoint]:
         app.include_router(tokenize.router, prefix=prefix)
         app.include_router(videos.router, prefix=prefix)
         app.add_api_route(f"{prefix}/videos/{{video_id}}/remix", remix_video, methods=["POST"])
+        app.include_router(config_routes.router, prefix=prefix)
 
     @app.get("/v2/health/live")
     async def live() -> dict[str, bool]:

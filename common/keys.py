@@ -132,6 +132,20 @@ class Keys:
         than the card TTL are trimmed by the heartbeats, so retired models leave the list."""
         return f"{self.prefix}:models:seen"
 
+    @property
+    def config_generation(self) -> str:
+        """Integer: the fleet's configuration reload generation. `POST /v1/config/reload` increments it; every API
+        process, worker and `ovq serve` that sees it change re-reads its own models file at once (docs/how-to/
+        reload.md). One key per prefix, never more: no TTL (losing it only makes each process re-read once)."""
+        return f"{self.prefix}:config:generation"
+
+    def reload_lock(self, model: str) -> str:
+        """String (a worker id) with TTL: the one worker of a model restarting its engine for a changed models-file
+        entry right now, so the model's workers restart one at a time (a rolling restart). Owner: that worker,
+        which deletes it when its engine is back; the TTL (grace period + engine start timeout + 30 s) frees it
+        if the worker dies meanwhile."""
+        return f"{self.prefix}:reload:{{m:{model}}}" if self.cluster else f"{self.prefix}:reload:{model}"
+
     def blob(self, job_id: str, name: str, model: str = "") -> str:
         """Bytes a job needs or made (uploads, PNGs), with a short TTL: never in the stream or on pub/sub."""
         if self.cluster:

@@ -49,6 +49,11 @@ class Settings(BaseSettings):
     config: Path | None = None
     # An OVMS repository's config.json (or its directory), served as is; excludes `config`.
     ovms_config: Path | None = None
+    # Every API process, worker and `ovq serve` checks the models file (or OVMS config.json) this often: its stat
+    # (mtime, size, inode: a ConfigMap's symlink swap too), and the fleet's reload generation in Redis that
+    # `POST /v1/config/reload` bumps. A change is applied without a restart (docs/how-to/reload.md); 0: never
+    # (OVMS's --file_system_poll_wait_seconds 0).
+    config_poll_s: float = Field(1.0, ge=0)
     # Where the embedded Redis keeps its data and `ovq models prepare` its models (`models/`).
     cache_dir: Path = Field(default_factory=_default_cache_dir)
     # The API's bind address; not loopback needs an API key (protected mode) or allow_unauthenticated.

@@ -2,7 +2,7 @@
 
 - Every route but the health probes and the operator routes (so `/v1/*`, `/v3/*`, and any path that does not
   exist) needs an API key (`OVQ_API_KEYS`, `OVQ_API_KEY_FILE`) when any is configured.
-- Operator routes (`/metrics`, `/docs`, `/openapi.json`, `/ops`) need an admin key (`OVQ_ADMIN_KEYS`,
+- Operator routes (`/metrics`, `/docs`, `/openapi.json`, `/ops`, `/v1/config`) need an admin key (`OVQ_ADMIN_KEYS`,
   `OVQ_ADMIN_KEY_FILE`), as a Bearer token or as the password of HTTP Basic auth (so a browser can open them).
   With no admin key they are open only while no API key is configured either: a server with API keys never
   shows its operator routes to anyone without an admin key (fail closed).
@@ -41,7 +41,7 @@ from common.owner import NOBODY, OPERATOR, Caller
 from common.settings import Settings
 
 OPEN = re.compile(r"(/v1|/v3)?/health|/v2/health/(live|ready)|/v2/models/.+/ready")
-ADMIN_PREFIXES = ("/metrics", "/docs", "/openapi.json", "/ops")
+ADMIN_PREFIXES = ("/metrics", "/docs", "/openapi.json", "/ops", "/v1/config", "/v3/config")
 KEY_STATE = "api_key"  # request.state's attribute holding the presented key's `KeyAttributes`
 CALLER_STATE = "caller"  # request.state's attribute holding the `Caller`: whose objects it sees (common/owner.py)
 

@@ -134,6 +134,9 @@ class Metrics:
         self.refusals = Counter("ovq_refusals", "Requests refused before a worker saw them, by reason: deadline "
                                 "(the queue's wait estimate passes it), quota (the tenant's token rate), queue_full",
                                 ("model", "reason"), registry=r)
+        self.alias_requests = Counter("ovq_alias_requests", "Requests that named an alias of the models file, by the "
+                                      "target its weights sent them to (their other metrics are the target's)",
+                                      ("alias", "target"), registry=r)
         self._labelled = (self.outcomes, self.prompt_tokens, self.generation_tokens, self.ttft, self.itl,
                           self.duration, self.queue_time, self.waiting, self.in_flight, self.workers,
                           self.waiting_by_priority, self.waiting_by_tenant)
@@ -179,6 +182,9 @@ class Metrics:
                 "prompt_tokens": record.prompt_tokens, "completion_tokens": record.completion_tokens,
                 "queue_ms": record.queue_ms, "ttft_ms": record.ttft_ms,
                 "total_ms": round((time.monotonic() - record.started) * 1000, 1)}).decode())
+
+    def aliased(self, alias: str, target: str) -> None:
+        self.alias_requests.labels(alias, target).inc()
 
     def refused(self, model: str, reason: str, device: str = "") -> None:
         """`device`: the model's first device, whose stats windows count the fleet's refusals."""
