@@ -14,6 +14,12 @@ Counts (commands, keys) are exact; CPU times are as noisy as the machine (a shar
 one run). The figures of one run go to stdout as a table, and with --out as JSON.
 
   python benchmarks/fleet_scale.py --sizes 1,10,50 [--apis 1] [--per-host 25] [--profile smollm2]
+
+Churn (`--churn N`): one worker serves; a load phase, then N hollow workers start and stop (`--at-once` at a time,
+each until its first heartbeat), then the same load phase: Redis memory, key count, consumers in the streams'
+groups and commands per job, before and after.
+
+  python benchmarks/fleet_scale.py --churn 1000 [--at-once 10]
 """
 from __future__ import annotations
 
@@ -110,6 +116,7 @@ class Snapshot:
     def __init__(self, stack: Stack) -> None:
         stats = stack.redis.info("commandstats")
         self.calls = {name.removeprefix("cmdstat_"): int(v["calls"]) for name, v in stats.items()}
+        self.usec = {name.removeprefix("cmdstat_"): int(v["usec"]) for name, v in stats.items()}
         cpu = stack.redis.info("cpu")
         self.redis_cpu = float(cpu["used_cpu_sys"]) + float(cpu["used_cpu_user"])
         self.cpu = {tier: sum(_cpu(p) for p in procs) for tier, procs in stack.tiers().items()}
@@ -118,7 +125,8 @@ class Snapshot:
     def delta(self, before: Snapshot) -> dict[str, object]:
         calls = {k: v - before.calls.get(k, 0) for k, v in self.calls.items()}
         calls = {k: v for k, v in calls.items() if v and k != "info"}
-        return {"seconds": self.at - before.at, "calls": calls, "commands": sum(calls.values()),
+        usec = {k: self.usec[k] - before.usec.get(k, 0) for k in calls}
+        return {"seconds": self.at - before.at, "calls": calls, "commands": sum(calls.values()), "usec": usec,
                 "redis_cpu": self.redis_cpu - before.redis_cpu,
                 **{f"{tier}_cpu": self.cpu[tier] - before.cpu.get(tier, 0.0) for tier in self.cpu}}
 
@@ -158,6 +166,45 @@ def measure(size: int, args: argparse.Namespace) -> dict[str, object]:
             "tokens": sum(r.tokens for r in results if r.ok), "wall": wall, "idle": idle, "load": load, "keys": keys}
 
 
+def state(stack: Stack) -> dict[str, int]:
+    """Redis memory, keys, and the consumers of every stream's groups (a dead worker's consumer is state left)."""
+    r = stack.redis
+    consumers = 0
+    for key in r.scan_iter(match=f"{PREFIX}:*", count=1000, _type="stream"):
+        consumers += sum(int(g["consumers"]) for g in r.xinfo_groups(key))
+    return {"used_memory": int(r.info("memory")["used_memory"]), "keys": int(r.dbsize()), "consumers": consumers}
+
+
+def load(stack: Stack, args: argparse.Namespace) -> dict[str, object]:
+    before = Snapshot(stack)
+    results, wall = asyncio.run(closed_loop("127.0.0.1", stack.port, bodies(args.tokens), args.streams,
+                                            args.duration))
+    delta = Snapshot(stack).delta(before)
+    jobs = max(1, sum(1 for r in results if r.ok))
+    return {"jobs": jobs, "commands_per_job": delta["commands"] / jobs,
+            "redis_cpu_us_per_job": delta["redis_cpu"] / jobs * 1e6}
+
+
+def churn(args: argparse.Namespace) -> dict[str, object]:
+    with tempfile.TemporaryDirectory() as tmp:
+        stack = Stack(Path(tmp), 1, args.apis, 1, args.profile, args.seqs)
+        try:
+            time.sleep(args.settle)
+            asyncio.run(closed_loop("127.0.0.1", stack.port, bodies(args.tokens), args.streams, 2.0))  # warm-up
+            before = {**state(stack), **load(stack, args)}
+            print("before churn", json.dumps(before), flush=True)
+            started = time.monotonic()
+            subprocess.run([sys.executable, str(HOLLOW), "--model", MODEL, "--churn", str(args.churn),
+                            "--at-once", str(args.at_once)], env=stack.env, cwd=ROOT, check=True, timeout=3600)
+            took = time.monotonic() - started
+            time.sleep(args.settle)
+            after = {**state(stack), **load(stack, args)}
+            print(f"after {args.churn} starts and stops ({took:.0f}s)", json.dumps(after), flush=True)
+        finally:
+            stack.stop()
+    return {"churn": args.churn, "seconds": took, "before": before, "after": after}
+
+
 def row(m: dict) -> str:
     idle, load, jobs, n = m["idle"], m["load"], max(1, m["jobs"]), m["workers"]
     per_s = idle["seconds"] * n
@@ -186,6 +233,12 @@ def by_command(measured: list[dict]) -> str:
            for k in names}
     lines.append("idle commands per worker per second, by name")
     lines += [f"  {k:<22}" + "".join(f"{v:>9.3f}" for v in per[k]) for k in sorted(per, key=lambda k: -max(per[k]))]
+    names = {k for m in measured for k in m["idle"]["usec"]}
+    per = {k: [m["idle"]["usec"].get(k, 0) / (m["idle"]["seconds"] * m["workers"]) for m in measured]
+           for k in names}
+    lines.append("idle Redis µs per worker per second, by command (INFO commandstats usec; a script's commands count "
+                 "in evalsha too)")
+    lines += [f"  {k:<22}" + "".join(f"{v:>9.1f}" for v in per[k]) for k in sorted(per, key=lambda k: -max(per[k]))]
     return "\n".join(lines)
 
 
@@ -201,8 +254,15 @@ def main() -> int:
     parser.add_argument("--duration", type=float, default=20.0)
     parser.add_argument("--idle", type=float, default=10.0)
     parser.add_argument("--settle", type=float, default=6.0)
+    parser.add_argument("--churn", type=int, default=0, help="measure N worker starts and stops instead")
+    parser.add_argument("--at-once", type=int, default=10, help="churn: workers started and stopped together")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
+    if args.churn:
+        result = churn(args)
+        if args.out:
+            args.out.write_text(json.dumps(result, indent=1))
+        return 0
     measured = []
     for size in (int(s) for s in args.sizes.split(",")):
         measured.append(measure(size, args))
