@@ -169,10 +169,14 @@ def measure(size: int, args: argparse.Namespace) -> dict[str, object]:
 def state(stack: Stack) -> dict[str, int]:
     """Redis memory, keys, and the consumers of every stream's groups (a dead worker's consumer is state left)."""
     r = stack.redis
-    consumers = 0
+    consumers, kinds = 0, {}
+    for key in r.scan_iter(match=f"{PREFIX}:*", count=1000):
+        kind = key.decode().split(":")[1]
+        kinds[kind] = kinds.get(kind, 0) + 1
     for key in r.scan_iter(match=f"{PREFIX}:*", count=1000, _type="stream"):
         consumers += sum(int(g["consumers"]) for g in r.xinfo_groups(key))
-    return {"used_memory": int(r.info("memory")["used_memory"]), "keys": int(r.dbsize()), "consumers": consumers}
+    return {"used_memory": int(r.info("memory")["used_memory"]), "keys": int(r.dbsize()), "consumers": consumers,
+            "keys_by_kind": dict(sorted(kinds.items()))}
 
 
 def load(stack: Stack, args: argparse.Namespace) -> dict[str, object]:
@@ -191,14 +195,15 @@ def churn(args: argparse.Namespace) -> dict[str, object]:
         try:
             time.sleep(args.settle)
             asyncio.run(closed_loop("127.0.0.1", stack.port, bodies(args.tokens), args.streams, 2.0))  # warm-up
-            before = {**state(stack), **load(stack, args)}
+            before = load(stack, args)
+            before.update(state(stack))  # right before the churn: what the load left is in both
             print("before churn", json.dumps(before), flush=True)
             started = time.monotonic()
             subprocess.run([sys.executable, str(HOLLOW), "--model", MODEL, "--churn", str(args.churn),
                             "--at-once", str(args.at_once)], env=stack.env, cwd=ROOT, check=True, timeout=3600)
             took = time.monotonic() - started
-            time.sleep(args.settle)
-            after = {**state(stack), **load(stack, args)}
+            after = state(stack)
+            after.update(load(stack, args))
             print(f"after {args.churn} starts and stops ({took:.0f}s)", json.dumps(after), flush=True)
         finally:
             stack.stop()

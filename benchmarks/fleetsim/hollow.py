@@ -116,12 +116,12 @@ async def churn(settings: Settings, model: Any, total: int, at_once: int) -> Non
     """`total` workers started and stopped, `at_once` at a time: each runs until its first heartbeat is in."""
     async def one() -> None:
         worker = HollowWorker(settings, model, "CPU")
-        FLEET.remove(worker)  # its stop is its own
+        FLEET.remove(worker)
         task = asyncio.create_task(worker.run())
         beat = time.monotonic() + 60
         while not worker.heartbeat.rate.samples and time.monotonic() < beat:
             await asyncio.sleep(0.05)
-        worker.stop("churn")
+        text_worker.TextWorker.stop(worker, "churn")  # itself alone (`HollowWorker.stop` stops the host)
         await asyncio.wait_for(task, 60)
 
     started = time.monotonic()
