@@ -200,7 +200,8 @@ def churn(args: argparse.Namespace) -> dict[str, object]:
             print("before churn", json.dumps(before), flush=True)
             started = time.monotonic()
             subprocess.run([sys.executable, str(HOLLOW), "--model", MODEL, "--churn", str(args.churn),
-                            "--at-once", str(args.at_once)], env=stack.env, cwd=ROOT, check=True, timeout=3600)
+                            "--at-once", str(args.at_once), "--hold", str(args.hold)],
+                           env=stack.env, cwd=ROOT, check=True, timeout=3600)
             took = time.monotonic() - started
             after = state(stack)
             after.update(load(stack, args))
@@ -261,6 +262,8 @@ def main() -> int:
     parser.add_argument("--settle", type=float, default=6.0)
     parser.add_argument("--churn", type=int, default=0, help="measure N worker starts and stops instead")
     parser.add_argument("--at-once", type=int, default=10, help="churn: workers started and stopped together")
+    parser.add_argument("--hold", type=float, default=0.0, help="churn: seconds each worker runs after its first "
+                        "heartbeat (0: stopped while that beat may be in flight)")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
     if args.churn:

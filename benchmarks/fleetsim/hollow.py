@@ -8,8 +8,8 @@ Nothing in the product is changed: the text worker is handed `simengine.run` as 
 directory's tokenizer and card are loaded once and shared (`ServableInfo.load`, memoised here).
 
   python benchmarks/fleetsim/hollow.py --model NAME --count K            # K workers until SIGTERM / SIGINT
-  python benchmarks/fleetsim/hollow.py --model NAME --churn N [--at-once M]
-      N starts and stops, M at a time: each worker starts, heartbeats once, then drains and stops.
+  python benchmarks/fleetsim/hollow.py --model NAME --churn N [--at-once M] [--hold S]
+      N starts and stops, M at a time: each worker starts, heartbeats once, runs S seconds more, drains and stops.
 The environment is a worker's (REDIS_URL, OVQ_CONFIG, OVQ_KEY_PREFIX, ...); OVQ_SIM_PROFILE picks the profile.
 """
 from __future__ import annotations
@@ -112,8 +112,9 @@ async def fleet(settings: Settings, model: Any, count: int) -> None:
     await asyncio.gather(*(w.run() for w in workers))
 
 
-async def churn(settings: Settings, model: Any, total: int, at_once: int) -> None:
-    """`total` workers started and stopped, `at_once` at a time: each runs until its first heartbeat is in."""
+async def churn(settings: Settings, model: Any, total: int, at_once: int, hold_s: float) -> None:
+    """`total` workers started and stopped, `at_once` at a time: each runs until its first heartbeat is sent, and
+    `hold_s` more (0: stopped while that beat may be in flight)."""
     async def one() -> None:
         worker = HollowWorker(settings, model, "CPU")
         FLEET.remove(worker)
@@ -121,6 +122,7 @@ async def churn(settings: Settings, model: Any, total: int, at_once: int) -> Non
         beat = time.monotonic() + 60
         while not worker.heartbeat.rate.samples and time.monotonic() < beat:
             await asyncio.sleep(0.05)
+        await asyncio.sleep(hold_s)
         text_worker.TextWorker.stop(worker, "churn")  # itself alone (`HollowWorker.stop` stops the host)
         await asyncio.wait_for(task, 60)
 
@@ -137,13 +139,14 @@ def main() -> int:
     parser.add_argument("--count", type=int, default=1)
     parser.add_argument("--churn", type=int, default=0)
     parser.add_argument("--at-once", type=int, default=10)
+    parser.add_argument("--hold", type=float, default=0.0, help="churn: seconds each runs after its first beat")
     args = parser.parse_args()
     settings = Settings()
     logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
     model = find_model(settings, args.model)
     patch()
     if args.churn:
-        uvloop.run(churn(settings, model, args.churn, args.at_once))
+        uvloop.run(churn(settings, model, args.churn, args.at_once, args.hold))
     else:
         uvloop.run(fleet(settings, model, args.count))
     return 0
