@@ -39,6 +39,7 @@ from api.queue.client import ClientGone, JobClient
 from api.queue.heartbeat import ApiHeartbeat
 from api.queue.hub import EventHub
 from api.queue.registry import Registry
+from api.webhooks.delivery import Deliverer, endpoints_by_tenant
 from common import heap, tracing
 from common.errors import ErrorBody, OvqError, not_found, unavailable
 from common.models.sources import configured_models, has_models
@@ -65,6 +66,7 @@ def expected_devices(settings: Settings) -> dict[str, list[str]]:
 
 def create_app(settings: Settings | None = None) -> FastAPI:
     settings = settings or get_settings()
+    api_keys = load_keys(settings)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -84,9 +86,12 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         app.state.speech = SpeechServing(jobs, registry, settings)
         app.state.encoders = EncoderServing(jobs, registry, settings)
         app.state.responses = ResponsesServing(app.state.serving, ResponseStore(redis, keys, settings))
+        deliverer = await Deliverer(redis, keys, settings, endpoints_by_tenant(api_keys[0]), hub.reply_to,
+                                    metrics.webhook_counted).start()
         _log_stop_signals(settings)
         heap.settle()
         yield
+        await deliverer.stop()
         await app.state.responses.background.stop()
         await heartbeat.stop()
         await refusals.stop()
@@ -100,7 +105,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     hot = _install_routes(app)
     install_docs(app)
     app.include_router(ops_router)
-    keys = load_keys(settings)
+    keys = api_keys
     app.add_middleware(BodyGuard, settings=settings)
     app.add_middleware(BatchLines, api_keys=keys[0])  # a batch line runs as its batch's owner's
     app.add_middleware(ApiKeyMiddleware, keys=keys)  # refuses before any body is read
