@@ -284,7 +284,7 @@ class Settings(BaseSettings):
     # An event not delivered this long after its first attempt is given up (counted and listed as such).
     webhook_retry_for_s: float = 24 * 3600.0
     # A delivery an API process took and has not finished for this long is taken over by another (its process
-    # died); keep it above webhook_timeout_s. The receiver may then see the same webhook-id twice.
+    # died); more than webhook_timeout_s. The receiver may then see the same webhook-id twice.
     webhook_claim_idle_s: float = 60.0
     # Deliveries one API process makes at once.
     webhook_max_in_flight: int = 16
@@ -300,6 +300,14 @@ class Settings(BaseSettings):
     def _files_dir_for_directory_backend(self) -> Settings:
         if self.files_backend == "directory" and self.files_dir is None:
             raise ValueError("OVQ_FILES_BACKEND=directory needs OVQ_FILES_DIR (a volume every tier mounts)")
+        return self
+
+    @model_validator(mode="after")
+    def _claim_after_timeout(self) -> Settings:
+        """A delivery still being attempted must not look abandoned: it would be sent twice by live processes."""
+        if self.webhook_claim_idle_s <= self.webhook_timeout_s:
+            raise ValueError("OVQ_WEBHOOK_CLAIM_IDLE_S must exceed OVQ_WEBHOOK_TIMEOUT_S (a delivery under way would "
+                             "be taken over)")
         return self
 
     @property

@@ -96,7 +96,7 @@ async def test_a_failing_receiver_is_retried_with_backoff_under_one_webhook_id(r
     assert len({r.id for r in got}) == 1  # one event, one webhook-id, however many attempts
     log = list(reversed((await summary(redis, keys)).recent))
     assert [a.attempt for a in log] == [1, 2, 3, 4] and [a.outcome for a in log][-1] == "delivered"
-    for attempt, after in zip(log, log[1:]):  # each wait doubles (jittered: half to all of it), and was kept
+    for attempt, after in zip(log, log[1:], strict=False):  # each wait doubles (jittered: half to all), was kept
         ceiling = min(1.0, 0.2 * 2 ** (attempt.attempt - 1))
         assert attempt.next_s is not None and ceiling / 2 <= attempt.next_s <= ceiling
         assert after.at >= attempt.at + attempt.next_s
