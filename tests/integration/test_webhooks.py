@@ -5,23 +5,26 @@ API process, under the same webhook-id."""
 from __future__ import annotations
 
 import io
+import re
 import signal
 import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from typing import Any
 
+import httpx
 import orjson
 import pytest
 from openai import OpenAI
 
-from tests.conftest import MODELS, Tiers
+from tests.conftest import MODELS, ROOT, Tiers
 from tests.webhook_receiver import Receiver
 
 pytestmark = pytest.mark.e2e
 
 TINY = "tiny-llama"
-ALPHA, BETA, RUNNER = "sk-alpha-hooks", "sk-beta-hooks", "sk-runner-hooks"
+ALPHA, BETA, RUNNER, ADMIN = "sk-alpha-hooks", "sk-beta-hooks", "sk-runner-hooks", "adm-hooks"
 RESPONSE: dict[str, Any] = {"model": TINY, "input": "Say hi", "max_output_tokens": 16, "background": True}
 
 
@@ -41,7 +44,8 @@ def tiers(redis_url: str, tmp_path_factory: pytest.TempPathFactory, receiver: Re
                      {"key": BETA, "tenant": "beta"}, {"key": RUNNER, "tenant": "runner"}]}
     (work / "keys.json").write_text(orjson.dumps(keys).decode())
     t = Tiers(redis_url, work, {TINY: {"path": str(MODELS / TINY), "cache_size": 0}},
-              OVQ_API_KEY_FILE=str(work / "keys.json"), OVQ_WEBHOOK_ALLOW_PRIVATE="1", OVQ_WEBHOOK_CLAIM_IDLE_S="3",
+              OVQ_API_KEY_FILE=str(work / "keys.json"), OVQ_ADMIN_KEYS=ADMIN, OVQ_WEBHOOK_ALLOW_PRIVATE="1",
+              OVQ_WEBHOOK_CLAIM_IDLE_S="3",
               OVQ_WEBHOOK_TIMEOUT_S="2", OVQ_WEBHOOK_BACKOFF_S="0.5", OVQ_BATCH_SWEEP_S="0.5",
               OVQ_BATCH_LEASE_S="2")
     t.worker(TINY)
@@ -125,6 +129,16 @@ def test_a_background_response_s_end_arrives_signed_at_its_tenant_s_endpoint(tie
     event = OpenAI(api_key="unused", webhook_secret=receiver.secret).webhooks.unwrap(got.body, got.headers)
     # The tiny model runs into max_output_tokens: `incomplete`, stored before its event went.
     assert event.type == "response." + alpha.responses.retrieve(created.id).status and event.data.id == created.id
+    # Seen by the operator: the ops page, the metrics, `ovq webhooks`.
+    admin = {"Authorization": f"Bearer {ADMIN}"}
+    page = httpx.get(f"http://127.0.0.1:{tiers.port}/ops/panel", headers=admin, timeout=30).text
+    assert f'data-webhook="{got.id}"' in page
+    metrics = httpx.get(f"http://127.0.0.1:{tiers.port}/metrics", headers=admin, timeout=30).text
+    assert re.search(r'^ovq_webhook_deliveries_total\{outcome="delivered"\} [1-9]', metrics, re.M)
+    cli = subprocess.run([sys.executable, "-m", "cli.main", "webhooks", "--json"], env=tiers.env, cwd=ROOT,
+                         capture_output=True, timeout=60, check=True)
+    listed = orjson.loads(cli.stdout)
+    assert listed["counts"]["delivered"] >= 1 and got.id in {a["event"] for a in listed["recent"]}
 
 
 def test_a_batch_s_end_arrives_as_batch_completed(tiers: Tiers, receiver: Receiver) -> None:
