@@ -269,6 +269,7 @@ def _install_routes(app: FastAPI) -> dict[str, Endpoint]:
     async def metrics(request: Request) -> Response:
         registry = request.app.state.registry
         models = {name: list(await registry.cards(name)) for name in await registry.models()}
+        await request.app.state.metrics.read_webhooks()
         body = await request.app.state.metrics.render(models) + await batches.batch_metrics(request)
         return Response(body, media_type=CONTENT_TYPE_LATEST)
 

@@ -256,10 +256,13 @@ class Metrics:
                     self.waiting_by_tenant.remove(*labels)
             for tenant, n in tenants.items():
                 self.waiting_by_tenant.labels(model, device, tenant).set(n)
+        return generate_latest(self.registry)
+
+    async def read_webhooks(self) -> None:
+        """The webhook gauges, from Redis (before `render`)."""
         pipe = self.redis.pipeline(transaction=False)
         pipe.xlen(self.keys.webhooks)
         pipe.zcard(self.keys.webhook_retries)
         stream, retry = await pipe.execute()
         self.webhooks_waiting.labels("stream").set(stream)
         self.webhooks_waiting.labels("retry").set(retry)
-        return generate_latest(self.registry)
