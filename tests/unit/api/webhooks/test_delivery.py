@@ -40,7 +40,7 @@ MADE: list[Deliverer] = []
 
 
 @pytest.fixture(autouse=True)
-async def stopped() -> AsyncIterator[None]:
+async def stopped(redis: aioredis.Redis) -> AsyncIterator[None]:
     """Every deliverer a test made stops with it, whatever became of the test."""
     yield
     while MADE:
@@ -129,7 +129,8 @@ async def test_a_delivery_a_dead_process_held_is_taken_over_with_its_id(redis: a
         task.cancel()
     pending = await redis.xpending(keys.webhooks, GROUP)
     assert pending["pending"] == 1 and pending["consumers"][0]["name"] == b"api-dead"
-    second = await deliverer(redis, keys, urls, receiver.secret, name="api-2", webhook_claim_idle_s=0.5).start()
+    second = await deliverer(redis, keys, urls, receiver.secret, name="api-2", webhook_claim_idle_s=1.0,
+                             webhook_timeout_s=0.9).start()
     got = await asyncio.to_thread(receiver.wait, 1)  # (the receiver's thread; this loop delivers)
     await second.stop()
     assert len(got) == 2 and got[0].id == got[1].id and got[1].verified and got[1].status == 200
