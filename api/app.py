@@ -47,6 +47,7 @@ from api.queue.client import ClientGone, JobClient
 from api.queue.heartbeat import ApiHeartbeat
 from api.queue.hub import EventHub
 from api.queue.registry import Registry
+from api.webhooks.delivery import Deliverer, endpoints_by_tenant
 from common import heap, tracing
 from common.errors import ErrorBody, OvqError, not_found, unavailable
 from common.models.sources import has_models
@@ -63,6 +64,7 @@ def error_response(status: int, body: ErrorBody, headers: dict[str, str] | None 
 
 def create_app(settings: Settings | None = None) -> FastAPI:
     settings = settings or get_settings()
+    api_keys = load_keys(settings)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -89,9 +91,12 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         app.state.encoders = EncoderServing(jobs, registry, settings)
         app.state.videos = VideoServing(jobs, VideoStore(redis, keys, settings))
         app.state.responses = ResponsesServing(app.state.serving, ResponseStore(redis, keys, settings))
+        deliverer = await Deliverer(redis, keys, settings, endpoints_by_tenant(api_keys[0]), hub.reply_to,
+                                    metrics.webhook_counted).start()
         _log_stop_signals(settings)
         heap.settle()
         yield
+        await deliverer.stop()
         await app.state.responses.background.stop()
         await app.state.videos.stop()
         await app.state.config.stop()
@@ -107,7 +112,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     hot = _install_routes(app)
     install_docs(app)
     app.include_router(ops_router)
-    keys = load_keys(settings)
+    keys = api_keys
     app.add_middleware(BodyGuard, settings=settings)
     app.add_middleware(BatchLines, api_keys=keys[0])  # a batch line runs as its batch's owner's
     app.add_middleware(ApiKeyMiddleware, keys=keys)  # refuses before any body is read
@@ -288,6 +293,7 @@ def _install_routes(app: FastAPI) -> dict[str, Endpoint]:
     async def metrics(request: Request) -> Response:
         registry = request.app.state.registry
         models = {name: list(await registry.cards(name)) for name in await registry.models()}
+        await request.app.state.metrics.read_webhooks()
         body = await request.app.state.metrics.render(models) + await batches.batch_metrics(request)
         return Response(body, media_type=CONTENT_TYPE_LATEST)
 

@@ -39,6 +39,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from common.jobs import Priority
 from common.owner import NOBODY, OPERATOR, Caller
 from common.settings import Settings
+from common.webhooks.endpoints import WebhookEndpoint
 
 OPEN = re.compile(r"(/v1|/v3)?/health|/v2/health/(live|ready)|/v2/models/.+/ready")
 ADMIN_PREFIXES = ("/metrics", "/docs", "/openapi.json", "/ops", "/v1/config", "/v3/config")
@@ -53,7 +54,8 @@ class KeyFileError(Exception):
 class KeyAttributes(BaseModel):
     """What a key may do, from a structured key file (YAML or JSON); a plain key has the defaults. `tenant` names
     whose work it is (fair shares, quotas); `max_priority` the highest level it may ask for (`common.jobs.LEVELS`);
-    `weight` its tenant's fair share; `tokens_per_min` its tenant's token-rate quota (None: none)."""
+    `weight` its tenant's fair share; `tokens_per_min` its tenant's token-rate quota (None: none); `webhooks` the
+    endpoints its tenant's webhook events are delivered to (common/webhooks/endpoints.py)."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -63,6 +65,7 @@ class KeyAttributes(BaseModel):
     max_priority: Priority = "interactive"
     weight: float = Field(1.0, gt=0)
     tokens_per_min: int | None = Field(None, gt=0)
+    webhooks: list[WebhookEndpoint] = Field(default_factory=list)  # where its tenant's events go (api/webhooks/)
 
     @property
     def who(self) -> str:
@@ -81,7 +84,7 @@ def read_key_file(path: Path) -> list[str]:
 
 def read_keys(path: Path) -> list[KeyAttributes]:
     """A key file: OVMS's plain format (one key per line), or, named *.yaml, *.yml or *.json, `{keys: [{key, name,
-    tenant, max_priority, weight, tokens_per_min}, ...]}`."""
+    tenant, max_priority, weight, tokens_per_min, webhooks}, ...]}`."""
     try:
         text = path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
