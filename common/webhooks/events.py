@@ -2,9 +2,10 @@
 
 An event is emitted where what it tells of ends, by whichever tier ends it: a batch's end script (common/batch/
 store.py, in the same Lua call that makes the batch terminal, so a batch that ended has its event), the API saving
-a background response (api/openai/responses/background.py; several API processes may see one end, so a marker,
-`Keys.webhook_sent`, lets only the first emit). The event carries its tenant; which endpoints it goes to is read
-by the deliverers from the key file when they take it (workers never hold the keys).
+a background response (api/openai/responses/background.py) or a video's end (api/openai/videos/store.py); several
+API processes may see one end, so a marker, `Keys.webhook_sent`, lets only the first emit. The event carries its
+tenant; which endpoints it goes to is read by the deliverers from the key file when they take it (workers never
+hold the keys).
 """
 from __future__ import annotations
 
@@ -19,11 +20,14 @@ from common.keys import Keys
 from common.settings import Settings
 
 EventType = Literal["response.completed", "response.failed", "response.cancelled", "response.incomplete",
-                    "batch.completed", "batch.failed", "batch.expired", "batch.cancelled"]
+                    "batch.completed", "batch.failed", "batch.expired", "batch.cancelled", "video.completed",
+                    "video.failed"]
 EVENT_TYPES: tuple[str, ...] = EventType.__args__  # type: ignore[attr-defined]
 # A response's status at its end -> its event (`queued` and `in_progress` have none).
 RESPONSE_EVENTS = {"completed": "response.completed", "failed": "response.failed",
                    "cancelled": "response.cancelled", "incomplete": "response.incomplete"}
+# A video's status at its end -> its event (OpenAI's Videos API names these two).
+VIDEO_EVENTS = {"completed": "video.completed", "failed": "video.failed"}
 
 # Lua, put before a script that emits: adds an event to the stream and renews the stream's TTL.
 # emit(stream, payload JSON, tenant, MAXLEN, TTL s)
@@ -42,7 +46,7 @@ return 1
 
 
 class EventData(BaseModel):
-    id: str  # the response's or the batch's id
+    id: str  # the response's, the batch's or the video's id
 
 
 class WebhookEvent(BaseModel):

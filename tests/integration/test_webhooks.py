@@ -24,6 +24,7 @@ from tests.webhook_receiver import Receiver
 pytestmark = pytest.mark.e2e
 
 TINY = "tiny-llama"
+VIDEO = "tiny-ltx"
 ALPHA, BETA, RUNNER, ADMIN = "sk-alpha-hooks", "sk-beta-hooks", "sk-runner-hooks", "adm-hooks"
 RESPONSE: dict[str, Any] = {"model": TINY, "input": "Say hi", "max_output_tokens": 16, "background": True}
 
@@ -43,7 +44,8 @@ def tiers(redis_url: str, tmp_path_factory: pytest.TempPathFactory, receiver: Re
     keys = {"keys": [{"key": ALPHA, "tenant": "alpha", "webhooks": [{"url": receiver.url, "secret": receiver.secret}]},
                      {"key": BETA, "tenant": "beta"}, {"key": RUNNER, "tenant": "runner"}]}
     (work / "keys.json").write_text(orjson.dumps(keys).decode())
-    t = Tiers(redis_url, work, {TINY: {"path": str(MODELS / TINY), "cache_size": 0}},
+    t = Tiers(redis_url, work, {TINY: {"path": str(MODELS / TINY), "cache_size": 0},
+                                VIDEO: {"path": str(MODELS / VIDEO), "default_num_inference_steps": 2}},
               OVQ_API_KEY_FILE=str(work / "keys.json"), OVQ_ADMIN_KEYS=ADMIN, OVQ_WEBHOOK_ALLOW_PRIVATE="1",
               OVQ_WEBHOOK_CLAIM_IDLE_S="3",
               OVQ_WEBHOOK_TIMEOUT_S="2", OVQ_WEBHOOK_BACKOFF_S="0.5", OVQ_BATCH_SWEEP_S="0.5",
@@ -154,3 +156,16 @@ def test_a_batch_s_end_arrives_as_batch_completed(tiers: Tiers, receiver: Receiv
     event = OpenAI(api_key="unused", webhook_secret=receiver.secret).webhooks.unwrap(got.body, got.headers)
     assert event.type == "batch.completed" and event.data.id == batch.id
     assert alpha.batches.retrieve(batch.id).status == "completed"
+
+
+@pytest.mark.filterwarnings("ignore:The Sora API:DeprecationWarning")
+def test_a_video_s_end_arrives_as_video_completed(tiers: Tiers, receiver: Receiver) -> None:
+    live_api(tiers)
+    tiers.worker(VIDEO, name="video")
+    tiers.wait_served(TINY, VIDEO)
+    video = sdk(tiers, ALPHA).videos.create(model=VIDEO, prompt="a cat", seconds="1", size="64x64",  # type: ignore[arg-type]
+                                            extra_body={"frame_rate": 8})
+    (got,) = arrivals(receiver, video.id)
+    assert got.verified  # the standardwebhooks verifier's word
+    assert (got.event["type"], got.event["data"]["id"]) == ("video.completed", video.id)
+    assert sdk(tiers, ALPHA).videos.retrieve(video.id).status == "completed"  # stored before its event
