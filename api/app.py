@@ -21,8 +21,11 @@ from api.http.body import BodyGuard
 from api.http.front import Endpoint, Front
 from api.http.hosts import HostGuard
 from api.http.status import CLIENT_CLOSED
+from api.openai import config as config_routes
 from api.openai import tokenize
 from api.openai.adapters import adapter_names
+from api.openai.aliases import AliasRoutes
+from api.openai.config import ConfigFollower
 from api.openai.conversations import routes as conversations
 from api.openai.conversations.store import ConversationStore
 from api.openai.conversations.turns import ConversationTurns
@@ -47,9 +50,11 @@ from api.queue.client import ClientGone, JobClient
 from api.queue.heartbeat import ApiHeartbeat
 from api.queue.hub import EventHub
 from api.queue.registry import Registry
+from api.webhooks.delivery import Deliverer, endpoints_by_tenant
 from common import heap, tracing
 from common.errors import ErrorBody, OvqError, not_found, unavailable
-from common.models.sources import configured_models, has_models
+from common.models.sources import has_models
+from common.models.watch import ConfigWatch
 from common.redis.client import UNAVAILABLE, connect, keys_for, redis_url
 from common.settings import Settings, get_settings
 
@@ -60,19 +65,9 @@ def error_response(status: int, body: ErrorBody, headers: dict[str, str] | None 
     return JSONResponse({"error": body.model_dump()}, status_code=status, headers=headers)
 
 
-def expected_models(settings: Settings) -> list[str]:
-    if settings.models:
-        return settings.models
-    return [m.name for m in configured_models(settings)] if has_models(settings) else []
-
-
-def expected_devices(settings: Settings) -> dict[str, list[str]]:
-    """Each model of the models file (or OVMS config): its devices, in preference order."""
-    return {m.name: m.devices for m in configured_models(settings)} if has_models(settings) else {}
-
-
 def create_app(settings: Settings | None = None) -> FastAPI:
     settings = settings or get_settings()
+    api_keys = load_keys(settings)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -82,10 +77,16 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         await hub.start()
         heartbeat = await ApiHeartbeat(redis, keys, hub.reply_to, settings).start()
         tracing.setup("api", hub.reply_to, settings.tracing)
-        registry = Registry(redis, keys, settings, expected_models(settings), expected_devices(settings))
+        watch = ConfigWatch(settings) if has_models(settings) else None
+        models = watch.catalog.models if watch is not None else []
+        # OVQ_MODELS pins the expected models; else the models file says which exist, and follows its reloads.
+        registry = Registry(redis, keys, settings, settings.models or [m.name for m in models],
+                            {m.name: m.devices for m in models}, configured=watch is not None and not settings.models)
         refusals = Refusals(redis, keys, settings.stats_ttl_s)
         metrics = Metrics(redis, keys, settings.worker_ttl_s, settings.access_log, refusals)
         app.state.registry, app.state.metrics = registry, metrics
+        app.state.aliases = AliasRoutes(watch.catalog.aliases if watch is not None else [], metrics.aliased)
+        app.state.config = await ConfigFollower(watch, registry, app.state.aliases, redis, keys, settings).start()
         jobs = JobClient(redis, keys, hub, registry, settings, metrics)
         app.state.serving = Serving(jobs, registry, metrics)
         app.state.images = ImageServing(jobs, registry, settings)
@@ -95,11 +96,15 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         app.state.conversations = ConversationStore(redis, keys, settings)
         app.state.responses = ResponsesServing(app.state.serving, ResponseStore(redis, keys, settings),
                                                ConversationTurns(app.state.conversations))
+        deliverer = await Deliverer(redis, keys, settings, endpoints_by_tenant(api_keys[0]), hub.reply_to,
+                                    metrics.webhook_counted).start()
         _log_stop_signals(settings)
         heap.settle()
         yield
+        await deliverer.stop()
         await app.state.responses.background.stop()
         await app.state.videos.stop()
+        await app.state.config.stop()
         await heartbeat.stop()
         await refusals.stop()
         await hub.stop()
@@ -112,7 +117,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     hot = _install_routes(app)
     install_docs(app)
     app.include_router(ops_router)
-    keys = load_keys(settings)
+    keys = api_keys
     app.add_middleware(BodyGuard, settings=settings)
     app.add_middleware(BatchLines, api_keys=keys[0])  # a batch line runs as its batch's owner's
     app.add_middleware(ApiKeyMiddleware, keys=keys)  # refuses before any body is read
@@ -226,6 +231,7 @@ def _install_routes(app: FastAPI) -> dict[str, Endpoint]:
         data = [_model_object(name, card) for name, card in listed.items()]
         data += [_model_object(adapter, card) for name, card in listed.items() if card is not None
                  for adapter in adapter_names(name, card.adapters)]
+        data += [ModelObject(id=alias, created=0) for alias in request.app.state.aliases.names]
         return ModelList(data=data)
 
     async def get_model(request: Request, model: str) -> ModelObject:
@@ -235,6 +241,8 @@ def _install_routes(app: FastAPI) -> dict[str, Endpoint]:
         for name, card in listed.items():
             if card is not None and model in adapter_names(name, card.adapters):
                 return _model_object(model, card)
+        if model in request.app.state.aliases.names:
+            return ModelObject(id=model, created=0)
         raise not_found(f"The model `{model}` does not exist")
 
     async def ready(request: Request) -> JSONResponse:
@@ -271,6 +279,7 @@ def _install_routes(app: FastAPI) -> dict[str, Endpoint]:
         app.include_router(tokenize.router, prefix=prefix)
         app.include_router(videos.router, prefix=prefix)
         app.add_api_route(f"{prefix}/videos/{{video_id}}/remix", remix_video, methods=["POST"])
+        app.include_router(config_routes.router, prefix=prefix)
 
     @app.get("/v2/health/live")
     async def live() -> dict[str, bool]:
@@ -290,6 +299,7 @@ def _install_routes(app: FastAPI) -> dict[str, Endpoint]:
     async def metrics(request: Request) -> Response:
         registry = request.app.state.registry
         models = {name: list(await registry.cards(name)) for name in await registry.models()}
+        await request.app.state.metrics.read_webhooks()
         body = await request.app.state.metrics.render(models) + await batches.batch_metrics(request)
         return Response(body, media_type=CONTENT_TYPE_LATEST)
 

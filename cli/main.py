@@ -16,7 +16,7 @@ def _stopped(signum: int, _frame: object) -> None:
 # a kill. Each command puts its own handlers in place when it has any; `ovq api` and `ovq worker` exec the tier.
 signal.signal(signal.SIGTERM, _stopped)
 
-from cli import batch, dead, drain, jobs, models, redis, serve, status, tiers  # noqa: E402
+from cli import batch, dead, drain, jobs, models, redis, serve, status, tiers, webhooks  # noqa: E402
 
 
 def _version() -> str:
@@ -39,6 +39,7 @@ def parser() -> argparse.ArgumentParser:
     status.add_parsers(sub)
     jobs.add_parsers(sub)
     dead.add_parsers(sub)
+    webhooks.add_parsers(sub)
     return root
 
 

@@ -28,6 +28,8 @@ from cli.progress import Progress, say
 from cli.readiness import Announcements, api_answers, api_bound_s, local_url, worker_bound_s
 from cli.tiers import add_api_arguments, api_env, key_env
 from common.models.config import ModelConfig
+from common.models.sources import has_models
+from common.models.watch import ConfigWatch
 from common.redis.client import RedisURLError, embedded_socket, keys_for, redis_url, sync_client
 from common.redis.server import EmbeddedRedis
 from common.settings import Settings
@@ -61,6 +63,7 @@ class Child:
     quick_exits: int = 0
     restart_at: float | None = None
     given_up: bool = False
+    retired: bool = False  # its model (or device) left the models file: it drains and is not restarted
     delays: list[float] = field(default_factory=list)
 
     def start(self) -> None:
@@ -107,7 +110,7 @@ class Child:
     def check(self) -> None:
         """Restart the child if it exited, after a backoff; give up on one that keeps failing to start."""
         now = time.monotonic()
-        if self.given_up or self.running:
+        if self.given_up or self.running or self.retired:
             return
         if self.restart_at is None:
             code = self.process.returncode if self.process else None
@@ -255,15 +258,66 @@ def _wait_until_serving(workers: list[Child], api: Child, batch: Child, stopper:
         announcements.close()
 
 
+def _worker(model: ModelConfig, device: str, env: dict[str, str]) -> Child:
+    return Child(f"worker {model.name} on {device}", _module("workers", "--model", model.name, "--device", device),
+                 env, model=model.name, device=device.upper())
+
+
 def _children(models: list[ModelConfig], env: dict[str, str],
               keys: dict[str, str]) -> tuple[list[Child], Child, Child]:
     """A worker per model and device, the API, the batch worker."""
-    workers = [Child(f"worker {m.name} on {d}", _module("workers", "--model", m.name, "--device", d), env,
-                     model=m.name, device=d.upper()) for m in models for d in m.devices]
-    api = Child("api", _module("api"), {**env, **keys, "OVQ_MODELS": json.dumps([m.name for m in models])})
+    workers = [_worker(m, d, env) for m in models for d in m.devices]
+    # With a models file the API follows it (its reloads too); the default model is named for it.
+    named = {} if env.get("OVQ_CONFIG") or env.get("OVQ_OVMS_CONFIG") else {
+        "OVQ_MODELS": json.dumps([m.name for m in models])}
+    api = Child("api", _module("api"), {**env, **keys, **named})
     # Lines go to this API (OVQ_PORT), with one of its keys.
     batch = Child("batch worker", _module("cli.main", "batch-worker"), {**env, **_batch_key(env, keys)})
     return workers, api, batch
+
+
+class Follow:
+    """`ovq serve`'s side of a reload (docs/how-to/reload.md): a worker for each model and device the models file
+    gained (prepared first), none restarted for one it lost (that worker drains and stops by itself); a changed
+    model's workers restart their own engines."""
+
+    def __init__(self, settings: Settings, url: str, env: dict[str, str], workers: list[Child]) -> None:
+        self.settings, self.env, self.workers = settings, env, workers
+        self.watch = ConfigWatch(settings)
+        self.keys = keys_for(settings)
+        self.client = sync_client(url, socket_connect_timeout=settings.redis_timeout_s,
+                                  socket_timeout=settings.redis_timeout_s)
+        self.next_at = 0.0
+
+    def tick(self) -> None:
+        now = time.monotonic()
+        if now < self.next_at:
+            return
+        self.next_at = now + self.settings.config_poll_s
+        try:
+            value = int(self.client.get(self.keys.config_generation) or 0)
+        except Exception:  # Redis away: the file's stat still counts
+            value = None
+        force = self.watch.heard(value)
+        if self.watch.poll(force):
+            self.apply()
+
+    def apply(self) -> None:
+        wanted = {(m.name, d.upper()): (m, d) for m in self.watch.catalog.models for d in m.devices}
+        for child in self.workers:
+            if (child.model, child.device) not in wanted and not child.retired:
+                child.retired = True
+                log(f"{child.name}: no longer in the models file; it finishes its jobs and stops")
+        have = {(c.model, c.device) for c in self.workers if not c.retired}
+        for key, (model, device) in wanted.items():
+            if key not in have and _prepare(model):
+                child = _worker(model, device, self.env)
+                self.workers.append(child)
+                child.start()
+                log(f"{child.name}: added to the models file; starting it")
+
+    def close(self) -> None:
+        self.client.close()
 
 
 def _stop_in_order(why: str, workers: list[Child], api: Child, batch: Child, redis: EmbeddedRedis | None,
@@ -323,7 +377,7 @@ def serve(args: argparse.Namespace) -> int:
         return 0
     workers, api, batch = _children(models, env, keys)
     children = [*workers, api, batch]
-    failure = None
+    failure, follow = None, None
     try:
         for child in children:
             child.start()
@@ -335,11 +389,16 @@ def serve(args: argparse.Namespace) -> int:
             log(f"serving {', '.join(m.name for m in models)} on http://{settings.host}:{settings.port}/v3 "
                 f"(Redis: {'embedded, ' + str(embedded_socket(settings)) if redis else settings.redis_url}); "
                 "Ctrl-C stops")
-        while not failure and not stopper.why and not all(c.given_up for c in children):
-            for child in children:
+        follow = Follow(settings, url, env, workers) if has_models(settings) and settings.config_poll_s > 0 else None
+        while not failure and not stopper.why and not all(c.given_up or c.retired for c in [*workers, api, batch]):
+            if follow is not None:
+                follow.tick()
+            for child in [*workers, api, batch]:
                 child.check()
             time.sleep(0.2)
     finally:
+        if follow is not None:
+            follow.close()
         progress.close()
         _stop_in_order(stopper.why or ("not serving" if failure else "every child failed"), workers, api, batch,
                        redis, settings)

@@ -132,6 +132,20 @@ class Keys:
         than the card TTL are trimmed by the heartbeats, so retired models leave the list."""
         return f"{self.prefix}:models:seen"
 
+    @property
+    def config_generation(self) -> str:
+        """Integer: the fleet's configuration reload generation. `POST /v1/config/reload` increments it; every API
+        process, worker and `ovq serve` that sees it change re-reads its own models file at once (docs/how-to/
+        reload.md). One key per prefix, never more: no TTL (losing it only makes each process re-read once)."""
+        return f"{self.prefix}:config:generation"
+
+    def reload_lock(self, model: str) -> str:
+        """String (a worker id) with TTL: the one worker of a model restarting its engine for a changed models-file
+        entry right now, so the model's workers restart one at a time (a rolling restart). Owner: that worker,
+        which deletes it when its engine is back; the TTL (grace period + engine start timeout + 30 s) frees it
+        if the worker dies meanwhile."""
+        return f"{self.prefix}:reload:{{m:{model}}}" if self.cluster else f"{self.prefix}:reload:{model}"
+
     def blob(self, job_id: str, name: str, model: str = "") -> str:
         """Bytes a job needs or made (uploads, PNGs), with a short TTL: never in the stream or on pub/sub."""
         if self.cluster:
@@ -374,3 +388,44 @@ class Keys:
         """Hash: a tenant's token bucket (`tokens`, `at`: ms), for its key's tokens_per_min. Owner: the API's
         enqueue (api/queue/quota.py); TTL two minutes from the last request (a full bucket needs no state)."""
         return f"{self.prefix}:quota:{tenant}"
+
+    # ---- Webhooks (common/webhooks/, api/webhooks/delivery.py) -------------------------------------------------
+    # On a Cluster every webhook key shares the Batch API's slot: a batch's end emits its event in the same script.
+
+    @property
+    def webhooks(self) -> str:
+        """Stream, consumer group `workers` (read by every API process's deliverer): webhook events and their
+        deliveries. An event (`e`: the payload, `t`: its tenant) is added by whoever ends what it tells of (a
+        batch's end script, the API saving a background response); a deliverer replaces it by one entry per
+        endpoint of the tenant (`u`: the URL, `n`: attempts so far, `f`: first attempt, unix ms), then acks and
+        deletes each entry once delivered, given up, or moved to `webhook_retries`. An entry a dead API process
+        held is claimed by another after OVQ_WEBHOOK_CLAIM_IDLE_S. Capped: MAXLEN ~ OVQ_WEBHOOK_MAX_EVENTS; TTL
+        2 x OVQ_WEBHOOK_RETRY_FOR_S, renewed by every addition."""
+        return f"{self.prefix}:{self._b()}webhooks"
+
+    @property
+    def webhook_retries(self) -> str:
+        """Sorted set: deliveries waiting to be retried (member: the delivery's stream fields, JSON), scored by
+        when they are due (unix ms). Owner: the deliverers, which move due ones back to `webhooks` in one script;
+        a delivery is never older than OVQ_WEBHOOK_RETRY_FOR_S, so the set's TTL is 2 x that, renewed by every
+        addition."""
+        return f"{self.prefix}:{self._b()}webhooks:retries"
+
+    def webhook_sent(self, source_id: str) -> str:
+        """String: marks that the event of a background response (by its id) was emitted, so that of the API
+        processes that see it end (its keeper, a reader, a retrieve) only the first emits it. TTL 2 x
+        OVQ_JOURNAL_TTL_S (past its record's life nobody can see it end again)."""
+        return f"{self.prefix}:{self._b()}webhooks:sent:{source_id}"
+
+    @property
+    def webhook_log(self) -> str:
+        """List: the most recent delivery attempts and their outcomes, newest first, JSON each (for /ops and `ovq
+        webhooks`). Capped: OVQ_WEBHOOK_LOG_KEPT (LTRIM with every push); TTL 2 x OVQ_WEBHOOK_RETRY_FOR_S."""
+        return f"{self.prefix}:{self._b()}webhooks:log"
+
+    @property
+    def webhook_counts(self) -> str:
+        """Hash: delivery outcomes counted since the key was made (`delivered`, `failed`: an attempt that failed,
+        `gave_up`, `refused`: an address not allowed), for /ops and `ovq webhooks`. Owner: the deliverers; TTL 2 x
+        OVQ_WEBHOOK_RETRY_FOR_S, renewed by every increment."""
+        return f"{self.prefix}:{self._b()}webhooks:counts"

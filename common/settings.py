@@ -49,6 +49,11 @@ class Settings(BaseSettings):
     config: Path | None = None
     # An OVMS repository's config.json (or its directory), served as is; excludes `config`.
     ovms_config: Path | None = None
+    # Every API process, worker and `ovq serve` checks the models file (or OVMS config.json) this often: its stat
+    # (mtime, size, inode: a ConfigMap's symlink swap too), and the fleet's reload generation in Redis that
+    # `POST /v1/config/reload` bumps. A change is applied without a restart (docs/how-to/reload.md); 0: never
+    # (OVMS's --file_system_poll_wait_seconds 0).
+    config_poll_s: float = Field(1.0, ge=0)
     # Where the embedded Redis keeps its data and `ovq models prepare` its models (`models/`).
     cache_dir: Path = Field(default_factory=_default_cache_dir)
     # The API's bind address; not loopback needs an API key (protected mode) or allow_unauthenticated.
@@ -298,10 +303,41 @@ class Settings(BaseSettings):
     # few dozen digests, not hundreds).
     affinity_block_chars: int = 256
 
+    # ---- Webhooks (docs/how-to/webhooks.md): endpoints per key in the key file, delivered by every API process ----
+    # One delivery attempt, connection to answer; a receiver slower than this is a failed attempt.
+    webhook_timeout_s: float = 10.0
+    # The first retry waits about this long, each next one twice as long (jittered: half to all of it), at most
+    # webhook_backoff_max_s.
+    webhook_backoff_s: float = 5.0
+    # The longest wait between two attempts.
+    webhook_backoff_max_s: float = 3600.0
+    # An event not delivered this long after its first attempt is given up (counted and listed as such).
+    webhook_retry_for_s: float = 24 * 3600.0
+    # A delivery an API process took and has not finished for this long is taken over by another (its process
+    # died); more than webhook_timeout_s. The receiver may then see the same webhook-id twice.
+    webhook_claim_idle_s: float = 60.0
+    # Deliveries one API process makes at once.
+    webhook_max_in_flight: int = 16
+    # Events and deliveries waiting in Redis at most (MAXLEN ~): the oldest beyond are dropped.
+    webhook_max_events: int = 100_000
+    # How many recent delivery attempts /ops and `ovq webhooks` show.
+    webhook_log_kept: int = 200
+    # SSRF defence: webhooks go only to public addresses (every address the host resolves to is checked, at
+    # connect time). On: loopback, private, link-local and other non-public addresses are allowed too.
+    webhook_allow_private: bool = False
+
     @model_validator(mode="after")
     def _files_dir_for_directory_backend(self) -> Settings:
         if self.files_backend == "directory" and self.files_dir is None:
             raise ValueError("OVQ_FILES_BACKEND=directory needs OVQ_FILES_DIR (a volume every tier mounts)")
+        return self
+
+    @model_validator(mode="after")
+    def _claim_after_timeout(self) -> Settings:
+        """A delivery still being attempted must not look abandoned: it would be sent twice by live processes."""
+        if self.webhook_claim_idle_s <= self.webhook_timeout_s:
+            raise ValueError("OVQ_WEBHOOK_CLAIM_IDLE_S must exceed OVQ_WEBHOOK_TIMEOUT_S (a delivery under way would "
+                             "be taken over)")
         return self
 
     @property

@@ -218,7 +218,7 @@ def metrics_page() -> str:
 EXAMPLE = {"model": "MODEL", "device": "DEVICE", "worker": "WORKER", "level": "LEVEL", "digest": "DIGEST",
            "reply_to": "API", "job_id": "JOB", "worker_id": "WORKER", "name": "NAME", "window": "WINDOW",
            "response_id": "RESP", "file_id": "FILE", "batch_id": "BATCH", "tenant": "TENANT", "video_id": "VIDEO",
-           "owner": "TENANT", "variant": "VARIANT",
+           "owner": "TENANT", "variant": "VARIANT", "source_id": "SOURCE",
            "conversation_id": "CONV"}
 
 

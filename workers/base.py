@@ -42,6 +42,7 @@ from workers.queue.intake import FairKeys, Intake
 from workers.queue.publisher import Outbox, Publisher
 from workers.queue.reclaim import Continued, Reclaimer, Takeover
 from workers.queue.share import correction
+from workers.reload import Follower
 from workers.vitals import Member, Vitals
 
 log = logging.getLogger("ovq.worker")
@@ -83,6 +84,7 @@ class BaseWorker:
         self._slot_free = asyncio.Event()
         self._stopping = asyncio.Event()
         self.draining = False
+        self.reconfiguring = False  # restarting its backend for a changed models-file entry: takes no job
         self.redis = connect(settings, max_connections=32)
         accounting = Accounting(self.keys, model.name, device, self.id, settings)
         self.publisher = Publisher(self.redis, self.keys, self.stream, settings.job_ttl_s, accounting,
@@ -113,12 +115,24 @@ class BaseWorker:
             self.intake = AffineIntake(self.redis, self.id, *(s for _, s in self.levels),
                                        aging_s=settings.priority_aging_s, fair=fair, affinity=self.affinity)
         self.heartbeat = Heartbeat(self.redis, self.keys, settings, self.member, self.vitals, self.fence)
-        self.reclaimer = Reclaimer(self.redis, self.keys, settings, self.member, self.room, self.resumable,
+        self.reclaimer = Reclaimer(self.redis, self.keys, settings, self.member, self._room, self.resumable,
                                    self.heartbeat.steady, self._affinity_streams)
         self.health = HealthServer(self.member, self.vitals, settings.heartbeat_s, settings.worker_host,
                                    settings.worker_port) if settings.worker_port is not None else None
 
     # ---- what a kind of worker provides -----------------------------------------------------------------
+    def configure(self, model: ModelConfig) -> None:
+        """Build what the model's options decide (card, capacity, the backend's settings): at start, and again
+        when a reload changed them (`reconfigure`)."""
+        raise NotImplementedError
+
+    def can_carry(self, state: Any) -> bool:
+        """Whether a running job can go on on a replaced backend (`reconfigure` waits for those that cannot)."""
+        return False
+
+    def carry_on(self, left: list[Any]) -> None:
+        """Go on with jobs that were running when the backend was replaced (`can_carry` said they could)."""
+
     async def start_backend(self) -> None:
         raise NotImplementedError
 
@@ -188,6 +202,10 @@ class BaseWorker:
             asyncio.create_task(self._reclaim_loop(), name="reclaim"),
             asyncio.create_task(self._deferred_loop(), name="deferred"),
         ]
+        follower = Follower(self.redis, self.keys, self.settings, self.id, self.model, self.device, self.reconfigure,
+                            self._idle, self.stop)
+        if follower.enabled:
+            tasks.append(asyncio.create_task(follower.run(), name="config"))
         stopper = asyncio.create_task(self._stopping.wait())
         done, _ = await asyncio.wait([stopper, *tasks], return_when=asyncio.FIRST_COMPLETED)
         for task in done:
@@ -271,10 +289,62 @@ class BaseWorker:
         log.warning("worker %s stopped: %d jobs handed back to the stream", self.id, len(handed))
 
     # ---- reading jobs ----------------------------------------------------------------------------------
+    async def _idle(self) -> bool:
+        """Nothing runs here and nothing waits in its streams (what a removed model's worker waits for)."""
+        if self.running:
+            return False
+        pipe = self.redis.pipeline(transaction=False)
+        for stream in (*self.streams, *self._affinity_streams()[:1]):
+            pipe.xlen(stream)
+        return not any(await pipe.execute()) and not self.running
+
+    def _room(self) -> int:
+        return 0 if self.reconfiguring else self.room()
+
+    async def reconfigure(self, model: ModelConfig) -> None:
+        """A changed models-file entry (workers/reload.py): take no new job, let the running ones finish, then
+        replace the backend with one built from `model`; one that does not start gives way to the last
+        configuration again. Waiting jobs wait in the stream meanwhile. Jobs the new backend can go on with
+        (`can_carry`: a text job, from the tokens it has generated) get the grace period to finish, then are carried
+        over; the others are waited for (none is failed)."""
+        old = self.model
+        self.reconfiguring = True
+        try:
+            deadline = time.monotonic() + self.settings.shutdown_grace_s
+            while self.running and not self._stopping.is_set() and (
+                    time.monotonic() < deadline or not all(self.can_carry(s) for s in self.running.values())):
+                await asyncio.sleep(0.05)
+            if self._stopping.is_set():
+                return
+            left = list(self.running.values())
+            log.warning("worker %s: %s changed in the models file; restarting its engine (%d jobs carried over)",
+                        self.id, model.name, len(left))
+            for state in left:  # the old backend's last words about them (its stop cancels them) go nowhere
+                del self.running[state.job.id]
+            await self.stop_backend()
+            try:
+                self.model = model
+                # In a thread: a tokenizer loads for seconds, and the heartbeats must go on meanwhile (a worker
+                # silent past the worker TTL is dead to the others, who would take its jobs over).
+                await asyncio.to_thread(self.configure, model)
+                await self.start_backend()
+            except Exception as exc:  # a path that is not there, a device that does not open: keep serving
+                log.error("worker %s: the changed configuration of %s does not start (%s); going on with the last "
+                          "one", self.id, model.name, exc)
+                self.model = old
+                await asyncio.to_thread(self.configure, old)
+                await self.start_backend()
+            self.running.update((state.job.id, state) for state in left)
+            self.carry_on(left)
+            log.warning("worker %s: engine restarted with the new configuration of %s", self.id, model.name)
+        finally:
+            self.reconfiguring = False
+            self._slot_free.set()
+
     async def _read_loop(self) -> None:
         backoff = Backoff()
         while True:
-            free = self.room()
+            free = self._room()
             if free <= 0:
                 self._slot_free.clear()
                 await self._slot_free.wait()

@@ -2,7 +2,7 @@
 
 - Every route but the health probes and the operator routes (so `/v1/*`, `/v3/*`, and any path that does not
   exist) needs an API key (`OVQ_API_KEYS`, `OVQ_API_KEY_FILE`) when any is configured.
-- Operator routes (`/metrics`, `/docs`, `/openapi.json`, `/ops`) need an admin key (`OVQ_ADMIN_KEYS`,
+- Operator routes (`/metrics`, `/docs`, `/openapi.json`, `/ops`, `/v1/config`) need an admin key (`OVQ_ADMIN_KEYS`,
   `OVQ_ADMIN_KEY_FILE`), as a Bearer token or as the password of HTTP Basic auth (so a browser can open them).
   With no admin key they are open only while no API key is configured either: a server with API keys never
   shows its operator routes to anyone without an admin key (fail closed).
@@ -39,9 +39,10 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from common.jobs import Priority
 from common.owner import NOBODY, OPERATOR, Caller
 from common.settings import Settings
+from common.webhooks.endpoints import WebhookEndpoint
 
 OPEN = re.compile(r"(/v1|/v3)?/health|/v2/health/(live|ready)|/v2/models/.+/ready")
-ADMIN_PREFIXES = ("/metrics", "/docs", "/openapi.json", "/ops")
+ADMIN_PREFIXES = ("/metrics", "/docs", "/openapi.json", "/ops", "/v1/config", "/v3/config")
 KEY_STATE = "api_key"  # request.state's attribute holding the presented key's `KeyAttributes`
 CALLER_STATE = "caller"  # request.state's attribute holding the `Caller`: whose objects it sees (common/owner.py)
 
@@ -53,7 +54,8 @@ class KeyFileError(Exception):
 class KeyAttributes(BaseModel):
     """What a key may do, from a structured key file (YAML or JSON); a plain key has the defaults. `tenant` names
     whose work it is (fair shares, quotas); `max_priority` the highest level it may ask for (`common.jobs.LEVELS`);
-    `weight` its tenant's fair share; `tokens_per_min` its tenant's token-rate quota (None: none)."""
+    `weight` its tenant's fair share; `tokens_per_min` its tenant's token-rate quota (None: none); `webhooks` the
+    endpoints its tenant's webhook events are delivered to (common/webhooks/endpoints.py)."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -63,6 +65,7 @@ class KeyAttributes(BaseModel):
     max_priority: Priority = "interactive"
     weight: float = Field(1.0, gt=0)
     tokens_per_min: int | None = Field(None, gt=0)
+    webhooks: list[WebhookEndpoint] = Field(default_factory=list)  # where its tenant's events go (api/webhooks/)
 
     @property
     def who(self) -> str:
@@ -81,7 +84,7 @@ def read_key_file(path: Path) -> list[str]:
 
 def read_keys(path: Path) -> list[KeyAttributes]:
     """A key file: OVMS's plain format (one key per line), or, named *.yaml, *.yml or *.json, `{keys: [{key, name,
-    tenant, max_priority, weight, tokens_per_min}, ...]}`."""
+    tenant, max_priority, weight, tokens_per_min, webhooks}, ...]}`."""
     try:
         text = path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:

@@ -16,6 +16,7 @@ from api.http.sse import DONE as END
 from api.http.sse import PING, Last, SSEResponse, Write
 from api.http.status import CLIENT_CLOSED
 from api.openai.adapters import resolve
+from api.openai.aliases import conversation_key
 from api.openai.checks import check_for_model
 from api.openai.choices import ChoiceState
 from api.openai.formats import ChatFormat, CompletionFormat, Format
@@ -55,9 +56,15 @@ async def parse_body(request: Request, model: type[M]) -> M:
     request.state.priority_field, request.state.user_field = data.get("priority"), data.get("user")
     request.state.tier_field = data.get("service_tier")
     try:
-        return model.model_validate(data)
+        body = model.model_validate(data)
     except ValidationError as exc:
         raise validation_error(exc) from exc
+    routes = getattr(request.app.state, "aliases", None)
+    if routes and isinstance(getattr(body, "model", None), str):  # an alias: from here on the request names its target
+        target = routes.route(body.model, conversation_key(data))
+        if target is not None:
+            body.model = target  # type: ignore[attr-defined]
+    return body
 
 
 def validation_error(exc: ValidationError) -> OvqError:

@@ -134,6 +134,15 @@ class Metrics:
         self.refusals = Counter("ovq_refusals", "Requests refused before a worker saw them, by reason: deadline "
                                 "(the queue's wait estimate passes it), quota (the tenant's token rate), queue_full",
                                 ("model", "reason"), registry=r)
+        self.alias_requests = Counter("ovq_alias_requests", "Requests that named an alias of the models file, by the "
+                                      "target its weights sent them to (their other metrics are the target's)",
+                                      ("alias", "target"), registry=r)
+        self.webhooks = Counter("ovq_webhook_deliveries", "Webhook delivery attempts this process made, by outcome: "
+                                "delivered (2xx), failed (retried later), gave_up (past OVQ_WEBHOOK_RETRY_FOR_S), "
+                                "refused (an address webhooks may not go to)", ("outcome",), registry=r)
+        self.webhooks_waiting = Gauge("ovq_webhooks_waiting", "Webhook events and deliveries in Redis: `stream` "
+                                      "(new, or being delivered), `retry` (waiting for their next attempt); the same "
+                                      "on every process", ("state",), registry=r)
         self._labelled = (self.outcomes, self.prompt_tokens, self.generation_tokens, self.ttft, self.itl,
                           self.duration, self.queue_time, self.waiting, self.in_flight, self.workers,
                           self.waiting_by_priority, self.waiting_by_tenant)
@@ -179,6 +188,11 @@ class Metrics:
                 "prompt_tokens": record.prompt_tokens, "completion_tokens": record.completion_tokens,
                 "queue_ms": record.queue_ms, "ttft_ms": record.ttft_ms,
                 "total_ms": round((time.monotonic() - record.started) * 1000, 1)}).decode())
+
+    def aliased(self, alias: str, target: str) -> None:
+        self.alias_requests.labels(alias, target).inc()
+    def webhook_counted(self, outcome: str) -> None:
+        self.webhooks.labels(outcome).inc()
 
     def refused(self, model: str, reason: str, device: str = "") -> None:
         """`device`: the model's first device, whose stats windows count the fleet's refusals."""
@@ -248,3 +262,12 @@ class Metrics:
             for tenant, n in tenants.items():
                 self.waiting_by_tenant.labels(model, device, tenant).set(n)
         return generate_latest(self.registry)
+
+    async def read_webhooks(self) -> None:
+        """The webhook gauges, from Redis (before `render`)."""
+        pipe = self.redis.pipeline(transaction=False)
+        pipe.xlen(self.keys.webhooks)
+        pipe.zcard(self.keys.webhook_retries)
+        stream, retry = await pipe.execute()
+        self.webhooks_waiting.labels("stream").set(stream)
+        self.webhooks_waiting.labels("retry").set(retry)

@@ -17,6 +17,7 @@ from starlette.templating import Jinja2Templates
 from api.ops import view
 from common.errors import OvqError
 from common.ops import cluster, control, owned
+from common.webhooks import log as webhook_log
 
 HERE = Path(__file__).parent
 STATIC = {p.name: p for p in (HERE / "static").iterdir() if p.is_file()}
@@ -48,6 +49,7 @@ async def _context(request: Request) -> dict[str, Any]:
     return {"o": overview, "backgrounds": await control.background_responses(redis, keys),
             "batches": await owned.batches(redis, keys, settings, limit=20),
             "files": await owned.files(redis, keys, settings, limit=20),
+            "webhooks": await webhook_log.summary(redis, keys, limit=20),
             "base": _base(request), "refresh_ms": REFRESH_MS,
             "card_minutes": round(settings.model_card_ttl_s / 60)}
 

@@ -147,10 +147,13 @@ class Servable:
 
 class Registry:
     def __init__(self, redis: aioredis.Redis, keys: Keys, settings: Settings, expected: list[str],
-                 devices: dict[str, list[str]] | None = None) -> None:
+                 devices: dict[str, list[str]] | None = None, configured: bool = False) -> None:
         self.redis, self.keys, self.settings = redis, keys, settings
         self.expected = expected
         self.devices = devices or {}  # an expected model's devices in the models file, in preference order
+        # The models file says which models exist: one it does not name is a 404 even while its workers still
+        # announce it (a removed model's workers drain). Without one, every announced model is served.
+        self.configured = configured
         self._cards: dict[str, tuple[float, dict[str, ModelCard]]] = {}
         self._loading: dict[str, asyncio.Future[dict[str, ModelCard]]] = {}
         self._estimates: dict[tuple[str, str, str | None], tuple[float, float | None]] = {}
@@ -185,6 +188,16 @@ class Registry:
             self._cards[model] = (time.monotonic(), cards)
         return cards
 
+    def apply(self, expected: list[str], devices: dict[str, list[str]]) -> None:
+        """A reloaded models file: these models exist now, on these devices (api/ops/config.py)."""
+        for gone in set(self.expected) - set(expected):
+            self._cards.pop(gone, None)
+        self.expected, self.devices = expected, devices
+
+    def exists(self, model: str) -> bool:
+        """Not known to be gone: named by the models file, or announced where no models file decides."""
+        return not self.configured or model in self.expected
+
     async def announced(self) -> list[str]:
         """Models with a worker heard within the card TTL."""
         since = time.time() - self.settings.model_card_ttl_s
@@ -193,7 +206,7 @@ class Registry:
     async def models(self) -> dict[str, ModelCard | None]:
         names = set(await self.announced()) | set(self.expected)
         listed: dict[str, ModelCard | None] = {}
-        for name in sorted(names):
+        for name in sorted(n for n in names if self.exists(n)):
             cards = await self.cards(name)
             if cards or name in self.expected:
                 listed[name] = next(iter(cards.values()), None)
@@ -212,6 +225,8 @@ class Registry:
         An expected model with no card yet (its workers have never announced, or not within the card TTL) waits
         for one, up to `queue_timeout_s` after `since` (time.monotonic(), the request's start: the same bound
         its job's wait for a worker has), then 503: requests are validated and rendered with the card."""
+        if not self.exists(model):
+            raise not_found(f"The model `{model}` does not exist")
         cards = await self.cards(model)
         if cards:
             return Servable(model, cards)
@@ -415,11 +430,13 @@ class Registry:
 
     async def ready(self) -> dict[str, bool]:
         """Each known model (expected or announced): whether a live worker serves it now."""
-        names = sorted(set(self.expected) | set(await self.announced()))
+        names = sorted(n for n in set(self.expected) | set(await self.announced()) if self.exists(n))
         return {name: bool(await self.served(name)) for name in names}
 
     async def served(self, model: str) -> bool | None:
         """Whether a live worker serves the model; None for a model nobody announced and nobody expects."""
+        if not self.exists(model):
+            return None
         devices = list(await self.cards(model))
         if not devices:
             return False if model in self.expected else None

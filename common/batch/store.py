@@ -26,6 +26,7 @@ from common.batch.rq_keys import use_rq_prefix
 from common.keys import Keys
 from common.owner import OWNER_FIELD, Caller
 from common.settings import Settings
+from common.webhooks.events import EMIT_FUNCTION, emit_args, new_event
 
 Status = Literal["validating", "failed", "in_progress", "finalizing", "completed", "expired", "cancelling",
                  "cancelled"]
@@ -138,20 +139,24 @@ redis.call('ZREMRANGEBYSCORE', KEYS[5], '-inf', ARGV[7] - ARGV[8])
 redis.call('EXPIRE', KEYS[5], ARGV[8])
 return 1
 """
-# KEYS: lease, batch, checkpoint, active set. ARGV: token, batch TTL (s), batch id, then field, value pairs.
-END = """
+# KEYS: lease, batch, checkpoint, active set, webhook events. ARGV: token, batch TTL (s), batch id, the webhook
+# event's payload, MAXLEN and TTL of the events, then field, value pairs. The event goes to the batch's owner.
+END = EMIT_FUNCTION + """
 if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
-for i = 4, #ARGV, 2 do redis.call('HSET', KEYS[2], ARGV[i], ARGV[i + 1]) end
+for i = 7, #ARGV, 2 do redis.call('HSET', KEYS[2], ARGV[i], ARGV[i + 1]) end
 redis.call('HSET', KEYS[2], 'in_flight', 0)
 redis.call('EXPIRE', KEYS[2], ARGV[2])
 redis.call('DEL', KEYS[3], KEYS[1])
 redis.call('ZREM', KEYS[4], ARGV[3])
+emit_webhook(KEYS[5], ARGV[4], redis.call('HGET', KEYS[2], 'owner') or '', ARGV[5], ARGV[6])
 return 1
 """
-# KEYS: batch, lease, checkpoint, active set. ARGV: now, batch TTL (s).
-# A batch nobody runs and that has answered nothing ends `cancelled` at once; one being run (or with answers to
-# write) becomes `cancelling` and its runner ends it. Returns the status now, '' for no such batch.
-CANCEL = """
+# KEYS: batch, lease, checkpoint, active set, webhook events. ARGV: now, batch TTL (s), then the `batch.cancelled`
+# event's payload, MAXLEN and TTL of the events.
+# A batch nobody runs and that has answered nothing ends `cancelled` at once (and emits its event); one being run
+# (or with answers to write) becomes `cancelling` and its runner ends it. Returns the status now, '' for no such
+# batch.
+CANCEL = EMIT_FUNCTION + """
 local status = redis.call('HGET', KEYS[1], 'status')
 if not status then return '' end
 if status ~= 'validating' and status ~= 'in_progress' then return status end
@@ -163,6 +168,7 @@ end
 redis.call('HSET', KEYS[1], 'status', 'cancelled', 'cancelled_at', ARGV[1])
 redis.call('EXPIRE', KEYS[1], ARGV[2])
 redis.call('ZREM', KEYS[4], redis.call('HGET', KEYS[1], 'id'))
+emit_webhook(KEYS[5], ARGV[3], redis.call('HGET', KEYS[1], 'owner') or '', ARGV[4], ARGV[5])
 return 'cancelled'
 """
 
@@ -265,9 +271,10 @@ class Batches:
         status, owner = await self.redis.hmget(k.batch(batch_id), ["status", OWNER_FIELD])
         if status is None or not caller.sees(owner):
             return ""
+        event = emit_args(new_event("batch.cancelled", batch_id), None, self.settings)
         return (await self._cancel(keys=[k.batch(batch_id), k.batch_lease(batch_id), k.batch_done(batch_id),
-                                         k.active_batches],
-                                   args=[int(time.time()), self.settings.files_ttl_s])).decode()
+                                         k.active_batches, k.webhooks],
+                                   args=[int(time.time()), self.settings.files_ttl_s, event[0], *event[2:]])).decode()
 
     async def set_rq_job(self, batch_id: str, rq_job: str) -> None:
         await self.redis.hset(self.keys.batch(batch_id), "rq_job", rq_job)
@@ -309,13 +316,15 @@ class Batches:
         return await self.redis.hmget(self.keys.batch_done(batch_id), custom_ids) if custom_ids else []
 
     async def end(self, batch_id: str, token: str, status: str, **fields: Any) -> bool:
-        """Make the batch terminal: its fields, the file TTL, its checkpoint and lease gone, no longer active."""
-        args: list[Any] = [token, self.settings.files_ttl_s, batch_id, "status", status]
+        """Make the batch terminal: its fields, the file TTL, its checkpoint and lease gone, no longer active; its
+        webhook event (`batch.STATUS`) emitted in the same call."""
+        event = emit_args(new_event(f"batch.{status}", batch_id), None, self.settings)
+        args: list[Any] = [token, self.settings.files_ttl_s, batch_id, event[0], *event[2:], "status", status]
         for name, value in fields.items():
             args += [name, orjson.dumps(value).decode() if name in JSON_FIELDS else value]
         k = self.keys
         ended = await self._end(keys=[k.batch_lease(batch_id), k.batch(batch_id), k.batch_done(batch_id),
-                                      k.active_batches], args=args)
+                                      k.active_batches, k.webhooks], args=args)
         return bool(ended)
 
 

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import yaml
 
+from common.models.aliases import Alias, read_aliases
 from common.models.config import ConfigError, ModelConfig
 from common.models.ovms import load_ovms
 from common.settings import Settings
@@ -38,11 +40,41 @@ def default_model(settings: Settings) -> ModelConfig:
     )
 
 
+@dataclass(frozen=True)
+class Catalog:
+    """What a models file (or an OVMS repository, or the default) serves: its models and its aliases."""
+
+    models: list[ModelConfig]
+    aliases: list[Alias] = field(default_factory=list)
+
+    @property
+    def names(self) -> list[str]:
+        return [m.name for m in self.models]
+
+    def model(self, name: str) -> ModelConfig | None:
+        return next((m for m in self.models if m.name == name), None)
+
+
+def _read_file(path: Path) -> dict:
+    text = path.read_text()
+    try:
+        data = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
+    except (json.JSONDecodeError, yaml.YAMLError) as exc:
+        raise ConfigError(f"{path}: {exc}") from None
+    if data is not None and not isinstance(data, dict):
+        raise ConfigError(f"{path}: a models file is a mapping with `models` (and `aliases`)")
+    return data or {}
+
+
 def load_models(path: Path) -> list[ModelConfig]:
     """Read a YAML or JSON models file: `{models: {name: {path, devices, ...options}}}`."""
-    text = path.read_text()
-    data = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
-    entries = (data or {}).get("models", {})
+    return load_catalog(path).models
+
+
+def load_catalog(path: Path) -> Catalog:
+    """A models file's models and its `aliases: {alias: {model: weight}}` (common/models/aliases.py)."""
+    data = _read_file(path)
+    entries = data.get("models", {})
     if isinstance(entries, list):
         entries = {e["name"]: e for e in entries}
     base = path.parent
@@ -58,7 +90,7 @@ def load_models(path: Path) -> list[ModelConfig]:
                 given = Path(adapter["path"]).expanduser()
                 adapter["path"] = given if given.is_absolute() else base / given
         models.append(ModelConfig.model_validate(options))
-    return models
+    return Catalog(models, read_aliases(data.get("aliases"), models, str(path)))
 
 
 def dump_models(models: list[ModelConfig]) -> str:
@@ -73,6 +105,11 @@ def dump_models(models: list[ModelConfig]) -> str:
 def configured_models(settings: Settings, warn: Callable[[str], None] | None = None) -> list[ModelConfig]:
     """The models file, or the OVMS repository (one or the other), else the default model. `warn` gets the
     OVMS import's warnings (the command a user runs shows them; the tiers it starts stay quiet)."""
+    return configured_catalog(settings, warn).models
+
+
+def configured_catalog(settings: Settings, warn: Callable[[str], None] | None = None) -> Catalog:
+    """`configured_models`, with the models file's aliases (an OVMS repository has none)."""
     if settings.config and settings.ovms_config:
         raise ConfigError(f"both a models file ({settings.config}) and an OVMS config ({settings.ovms_config}) are "
                           "set (OVQ_CONFIG / OVQ_OVMS_CONFIG, --config / --ovms-config): use one")
@@ -81,8 +118,8 @@ def configured_models(settings: Settings, warn: Callable[[str], None] | None = N
         for warning in imported.warnings:
             if warn:
                 warn(warning)
-        return imported.models
-    return load_models(settings.config) if settings.config else [default_model(settings)]
+        return Catalog(imported.models)
+    return load_catalog(settings.config) if settings.config else Catalog([default_model(settings)])
 
 
 def has_models(settings: Settings) -> bool:

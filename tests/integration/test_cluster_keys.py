@@ -102,10 +102,11 @@ def test_batch_scripts_touch_one_slot(client: redis.RedisCluster) -> None:
     assert client.register_script(RECORD)(
         keys=[lease, done, batch, KEYS.batch_stats("m"), KEYS.batch_stats_models],
         args=["token", "line-1", "{}", "completed", 1, 2, time.time(), 3600, "m"]) == 1
-    assert client.register_script(CANCEL)(keys=[batch, lease, done, KEYS.active_batches], args=[time.time(), 600]) \
-        == b"cancelling"
-    assert client.register_script(END)(keys=[lease, batch, done, KEYS.active_batches],
-                                       args=["token", 600, "b1", "status", "cancelled"]) == 1
+    assert client.register_script(CANCEL)(keys=[batch, lease, done, KEYS.active_batches, KEYS.webhooks],
+                                          args=[time.time(), 600, "{}", 100, 600]) == b"cancelling"
+    assert client.register_script(END)(keys=[lease, batch, done, KEYS.active_batches, KEYS.webhooks],
+                                       args=["token", 600, "b1", "{}", 100, 600, "status", "cancelled"]) == 1
+    assert client.xlen(KEYS.webhooks) == 1  # its webhook event, emitted in the same script
 
 
 def test_a_script_across_models_is_refused(client: redis.RedisCluster) -> None:

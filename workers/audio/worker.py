@@ -63,7 +63,10 @@ class SpeechWorker(PipelineWorker):
     def __init__(self, settings: Settings, model: ModelConfig, device: str) -> None:
         super().__init__(settings, model, device)
         self.capacity = 1
-        path = Path(model.path)
+        self.configure(model)
+
+    def configure(self, model: ModelConfig) -> None:
+        device, path = self.device, Path(model.path)
         self.kind = infer_servable(path, device)
         self.card = ModelCard(
             name=model.name, device=device, servable_type=self.kind, speech=speech_info(model, self.kind),

@@ -91,16 +91,19 @@ def encode_vectors(vectors: np.ndarray) -> list[str]:
 class EncoderWorker(PipelineWorker):
     def __init__(self, settings: Settings, model: ModelConfig, device: str) -> None:
         super().__init__(settings, model, device)
-        self.capacity = model.max_num_seqs
-        self.kind = infer_servable(Path(model.path), device, model.pipeline_type)
-        self.limits = encoder_limits(model, self.kind, settings.embed_max_inputs)
-        self.pipes = EncoderPipelines(model, self.kind, self.limits, device)
         self.budget = settings.embed_batch_tokens
         self.waiting: deque[EncoderJob] = deque()
         self._wake = asyncio.Event()
         self._batcher: asyncio.Task[None] | None = None
         self.batches = 0
-        path = Path(model.path)
+        self.configure(model)
+
+    def configure(self, model: ModelConfig) -> None:
+        device, path = self.device, Path(model.path)
+        self.capacity = model.max_num_seqs
+        self.kind = infer_servable(path, device, model.pipeline_type)
+        self.limits = encoder_limits(model, self.kind, self.settings.embed_max_inputs)
+        self.pipes = EncoderPipelines(model, self.kind, self.limits, device)
         self.card = ModelCard(
             name=model.name, device=device, servable_type=self.kind, context_length=self.limits.max_length,
             vocab_size=vocab_size(path), encoder=self.limits, created=int(path.stat().st_mtime),

@@ -110,19 +110,34 @@ class Reclaimer:
         """Claim what dead workers left pending on either stream (as much as there is room for), then forget
         the dead consumers that hold nothing any more."""
         live = await self._live_workers()
+        sweep = self.sweeps(live, time.time())
         taken = []
         for stream in self.member.streams:
             if takeover := await self._take_over(stream, live):
                 taken.append(takeover)
-            await self.forget_dead_consumers(stream, live)
+            if sweep:
+                await self.forget_dead_consumers(stream, live)
         for stream in self.extra():
             try:
                 if takeover := await self._take_over(stream, live):
                     taken.append(takeover)
-                await self.forget_dead_consumers(stream, live)
+                if sweep:
+                    await self.forget_dead_consumers(stream, live)
             except ResponseError:
                 continue  # expired, or without its group yet: nothing of it to take over
         return taken
+
+    def sweeps(self, live: set[str], now: float) -> bool:
+        """Whether this pass looks for dead consumers. The look reads a group's whole consumer list (XINFO CONSUMERS,
+        one entry per worker that ever read the stream), so if every worker looked on every pass the fleet would
+        read O(workers²) entries per interval (benchmarks/fleet_scale.py). The live workers take turns instead, one
+        per reclaim interval by rank in the live set: about one look per interval, fleet-wide. A worker not (yet)
+        in the live set looks on every pass, as all did before; a turn missed (clocks apart, a pass late) only
+        delays a dead consumer's removal to a later turn, and removal is safe to repeat."""
+        if self.member.id not in live:
+            return True
+        turn = int(now / self.settings.reclaim_interval_s) % len(live)
+        return sorted(live)[turn] == self.member.id
 
     async def leave(self, streams: tuple[str, ...]) -> int:
         """The worker is leaving: its own consumer goes from each group where it holds nothing pending, so a fleet

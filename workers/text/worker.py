@@ -85,6 +85,19 @@ class TextWorker(BaseWorker):
 
     def __init__(self, settings: Settings, model: ModelConfig, device: str) -> None:
         super().__init__(settings, model, device)
+        self._pending: set[asyncio.Task[None]] = set()
+        self.configure(model)
+        self._restarting = False
+        # After a failed step with several suspects: re-added one per step, so a failure names its culprit.
+        self._probation: deque[RunningJob] = deque()
+        self._probing: str | None = None
+        # After a crash nothing names the culprit: a job that has made tokens on the engine since it was added there
+        # went through a step, so it is no suspect. Tokens at its add; crashes it was in (two: dead-lettered).
+        self._tokens_at_add: dict[str, int] = {}
+        self._crashes: dict[str, int] = {}
+
+    def configure(self, model: ModelConfig) -> None:
+        settings, device = self.settings, self.device
         self.info = ServableInfo.load(Path(model.path), model, device)
         self.card = self.info.card
         stateful = self.card.servable_type in (ServableType.LM, ServableType.VLM)
@@ -95,18 +108,27 @@ class TextWorker(BaseWorker):
         if ignored:
             log.warning("%s is a stateful servable: ignoring %s", model.name, ", ".join(ignored))
         self.detokenizer = Detokenizer(self.info.decode, ByteTable.build(self.info.tokenizer), self.info.end_ids())
-        self._pending: set[asyncio.Task[None]] = set()
         self.engine = EngineClient(engine_spec(model, device, self.info), engine_target(self.card.servable_type),
                                    self._on_message, self._on_engine_exit, lambda: bool(self.running),
                                    settings.engine_watchdog_s, settings.engine_start_timeout_s, self._on_engine_idle)
-        self._restarting = False
-        # After a failed step with several suspects: re-added one per step, so a failure names its culprit.
-        self._probation: deque[RunningJob] = deque()
-        self._probing: str | None = None
-        # After a crash nothing names the culprit: a job that has made tokens on the engine since it was added there
-        # went through a step, so it is no suspect. Tokens at its add; crashes it was in (two: dead-lettered).
-        self._tokens_at_add: dict[str, int] = {}
-        self._crashes: dict[str, int] = {}
+
+    def can_carry(self, state: RunningJob) -> bool:
+        """Nothing generated yet (it starts afresh), or it can go on from its tokens (not structured output, images,
+        best_of), as after a crash."""
+        return self._resume(state) is None or self.resumable(state.job)
+
+    def carry_on(self, left: list[RunningJob]) -> None:
+        """Jobs still running when the engine was replaced go on on the new one from what they had generated (one
+        whose client left meanwhile ends as cancelled)."""
+        for state in left:
+            if self._cancelled_early.pop(state.job.id, None) is not None:
+                outbox = Outbox()
+                self._end(state, JobStatus.CANCELLED, outbox)
+                self.publisher.put(outbox)
+                continue
+            if self.admission is not None:
+                self.admission.sent(state.job.id, state.job.prompt)
+            self._add(state, self._resume(state))
 
     @staticmethod
     def _knee(settings: Settings, model: ModelConfig) -> Knee | None:

@@ -67,7 +67,10 @@ class VideoWorker(PipelineWorker):
     def __init__(self, settings: Settings, model: ModelConfig, device: str) -> None:
         super().__init__(settings, model, device)
         self.capacity = 1
-        path = Path(model.path)
+        self.configure(model)
+
+    def configure(self, model: ModelConfig) -> None:
+        device, path = self.device, Path(model.path)
         self.card = ModelCard(
             name=model.name, device=device, servable_type=ServableType.VIDEO, video=video_limits(model, path),
             created=int(path.stat().st_mtime),

@@ -8,7 +8,8 @@ ids counted from the response's id, gives the same events with the same `sequenc
 what lets a stream resume (`GET /responses/{id}?stream=true&starting_after=N`) on any API process.
 
 The ended response is stored (store.py) by whoever sees its end first: the creating API process's keeper task, a
-stream reading it, `GET` or `cancel`. A response whose journal gains nothing for `background_stall_s` (no worker
+stream reading it, `GET` or `cancel`; the first also emits its webhook event (`response.completed`, ...:
+common/webhooks/events.py). A response whose journal gains nothing for `background_stall_s` (no worker
 took it, or Redis restarted without its events) ends `failed` with that reason, and its job is cancelled.
 """
 from __future__ import annotations
@@ -48,6 +49,7 @@ from common.jobs import Job, JobHash, JobStatus
 from common.keys import Keys
 from common.owner import OWNER_FIELD, Caller
 from common.redis.client import UNAVAILABLE
+from common.webhooks.events import RESPONSE_EVENTS, Emitter
 
 log = logging.getLogger("ovq.api.responses")
 # The reply channel of background jobs: no API process subscribes to it or announces it (so no worker takes it for
@@ -137,6 +139,7 @@ class BackgroundResponses:
         self.keys: Keys = jobs.keys
         self.journal = Journal(self.redis, self.keys)
         self.settings = jobs.settings
+        self.webhooks = Emitter(self.redis, self.keys, self.settings)  # its end's event, once whoever saves it
         self._keepers: set[asyncio.Task[None]] = set()
 
     # ---- creating one ----
@@ -307,6 +310,9 @@ class BackgroundResponses:
             await self.store.save(response, items, len(items) - len(response.output), fold.record.chain,
                                   fold.record.owner, tokens)
             await self.turns.append(body, response, input_ids(response.id), items)
+            kind = RESPONSE_EVENTS.get(response.status or "")
+            if kind is not None:  # stored first: a receiver that retrieves it on the event finds it
+                await self.webhooks.once(kind, response.id, fold.record.owner)
         except UNAVAILABLE as exc:
             log.warning("background response %s not stored yet: Redis is unavailable (%s)", response.id, exc)
 

@@ -21,6 +21,7 @@ from common.jobs import VideoParams
 from common.keys import Keys
 from common.owner import OWNER_FIELD, Caller
 from common.settings import Settings
+from common.webhooks.events import VIDEO_EVENTS, Emitter
 
 log = logging.getLogger("ovq.api.videos")
 ENDED = ("completed", "failed")
@@ -121,6 +122,7 @@ class VideoStore:
     def __init__(self, redis: aioredis.Redis, keys: Keys, settings: Settings) -> None:
         self.redis, self.keys, self.settings = redis, keys, settings
         self.journal = Journal(redis, keys)
+        self.webhooks = Emitter(redis, keys, settings)
 
     async def create(self, record: VideoRecord) -> None:
         ttl, now = self.settings.video_ttl_s, time.time()
@@ -161,7 +163,8 @@ class VideoStore:
         return fold
 
     async def settle(self, fold: Fold) -> None:
-        """Write the state it ended in to its record (idempotent: every settler writes the same)."""
+        """Write the state it ended in to its record (idempotent: every settler writes the same), then its
+        webhook event, once whoever settles it (stored first: a receiver that retrieves it on the event finds it)."""
         key = self.keys.video(fold.record.id)
         pipe = self.redis.pipeline(transaction=False)
         pipe.exists(key)
@@ -169,6 +172,8 @@ class VideoStore:
         exists, _ = await pipe.execute()
         if not exists:  # deleted meanwhile: the HSET made a record without its creation's fields
             await self.redis.delete(key)
+            return
+        await self.webhooks.once(VIDEO_EVENTS[fold.video.status], fold.record.id, fold.record.owner)
 
     async def page(self, caller: Caller, limit: int, order: str, after: str | None) -> tuple[list[str], bool]:
         """Ids of the caller's videos, newest first (`desc`) or oldest first, after `after`."""

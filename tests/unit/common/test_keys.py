@@ -69,7 +69,10 @@ def test_event_channels_are_tagged_by_api() -> None:
 def test_the_batch_api_lives_in_one_slot() -> None:
     keys = [CLUSTER.rq_prefix + ":queue:x", CLUSTER.files, CLUSTER.file_data("f1"), CLUSTER.batch("b1"),
             CLUSTER.batches, CLUSTER.active_batches, CLUSTER.batch_done("b1"), CLUSTER.batch_lease("b1"),
-            CLUSTER.batch_requeue("b1"), CLUSTER.batch_stats("m"), CLUSTER.batch_stats_models]
+            CLUSTER.batch_requeue("b1"), CLUSTER.batch_stats("m"), CLUSTER.batch_stats_models,
+            # webhooks: a batch's end emits its event in its script; the deliverers' scripts touch all of these
+            CLUSTER.webhooks, CLUSTER.webhook_retries, CLUSTER.webhook_sent("resp_1"), CLUSTER.webhook_log,
+            CLUSTER.webhook_counts]
     assert len({slot(k) for k in keys}) == 1
     assert slot(CLUSTER.batch("b1")) != slot(Keys("other", cluster=True).batch("b1"))
 

@@ -127,3 +127,34 @@ async def test_another_tenants_batch_is_a_missing_one(batches: Batches) -> None:
     assert await batches.cancel("batch_b", a) == ""  # as for no such batch, and nothing changed
     assert (await batches.get("batch_b", b)).status == "validating"
     assert {s.id for s in (await batches.page(None, 10, OPERATOR))[0]} == {"batch_a", "batch_b", "batch_old"}
+
+
+async def _events(batches: Batches) -> list[tuple[str, str, str]]:
+    """(type, batch id, tenant) of each webhook event emitted so far."""
+    out = []
+    for _, fields in await batches.redis.xrange(batches.keys.webhooks):
+        event = json.loads(fields[b"e"])
+        out.append((event["type"], event["data"]["id"], fields[b"t"].decode()))
+    return out
+
+
+async def test_a_batch_s_end_emits_its_webhook_event_once_to_its_owner(batches: Batches) -> None:
+    """In the script that ends it: a batch that ended has its event; a runner that lost its lease emits none."""
+    await batches.create(state("batch_w").model_copy(update={"owner": "alpha"}))
+    await batches.acquire("batch_w", "a")
+    assert not await batches.end("batch_w", "b", "completed")  # not the holder: no end, no event
+    assert await _events(batches) == []
+    assert await batches.end("batch_w", "a", "expired", expired_at=1)
+    assert not await batches.end("batch_w", "a", "expired")  # the lease went with the end
+    assert await _events(batches) == [("batch.expired", "batch_w", "alpha")]
+    assert 0 < await batches.redis.ttl(batches.keys.webhooks)
+
+
+async def test_a_cancel_that_ends_an_idle_batch_emits_batch_cancelled(batches: Batches) -> None:
+    await batches.create(state("batch_idle").model_copy(update={"owner": "beta"}))
+    await batches.create(state("batch_run"))
+    await batches.acquire("batch_run", "a")
+    assert await batches.cancel("batch_run", OPERATOR) == "cancelling"  # its runner ends it (and emits then)
+    assert await batches.cancel("batch_idle", OPERATOR) == "cancelled"
+    assert await batches.cancel("batch_idle", OPERATOR) == "cancelled"  # already: nothing more
+    assert await _events(batches) == [("batch.cancelled", "batch_idle", "beta")]

@@ -134,3 +134,23 @@ async def test_parked_jobs_wait_they_are_not_a_dead_workers_and_do_not_hide_one(
     pending = await redis.xpending_range(member.stream, GROUP, "-", "+", count=500, consumername=PARK)
     assert [p["message_id"] for p in pending] == parked
     assert PARK.encode() in [c["name"] for c in await redis.xinfo_consumers(member.stream, GROUP)]
+
+
+async def test_live_workers_take_turns_looking_for_dead_consumers(dead_worker) -> None:
+    """One live worker per reclaim interval reads the groups' consumer lists, not every worker on every pass: the
+    dead consumer (nothing pending) stays through the other's pass and goes in the one whose turn it is."""
+    redis, keys, member, _, ids = dead_worker
+    await redis.xack(member.stream, GROUP, *ids)  # the dead worker holds nothing: only its consumer is left
+    other = Member("w2", "m", "CPU", member.stream, member.batch_stream, started=time.time())
+    await redis.zadd(keys.workers("m", "CPU"), {"w1": time.time() + 3600, "w2": time.time() + 3600})
+    settings = Settings(worker_ttl_s=TTL_S, reclaim_interval_s=3600)  # one turn for the whole test
+    w1, w2 = (Reclaimer(redis, keys, settings, m, lambda: 10) for m in (member, other))
+    await asyncio.sleep(TTL_S * 3)
+    live, now = {"w1", "w2"}, time.time()
+    assert [w1.sweeps(live, now), w2.sweeps(live, now)].count(True) == 1
+    assert w1.sweeps(live, now + 3600) != w1.sweeps(live, now)  # the next interval, the other's turn
+    idle, looking = (w2, w1) if w1.sweeps(live, now) else (w1, w2)
+    await idle.reclaim_once()
+    assert b"dead" in {c["name"] for c in await redis.xinfo_consumers(member.stream, GROUP)}
+    await looking.reclaim_once()
+    assert b"dead" not in {c["name"] for c in await redis.xinfo_consumers(member.stream, GROUP)}
