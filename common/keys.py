@@ -122,6 +122,18 @@ class Keys:
             return f"{self.prefix}:workers:{{m:{model}}}:{device}"
         return f"{self.prefix}:workers:{model}:{device}"
 
+    def pool(self, pool_id: str) -> str:
+        """Hash announcing one pool worker (`ovq worker --pool`, workers/pool/): device, memory budget and use, the
+        models it hosts (JSON: model, state, footprint, since), its swap counters and times. Owner: that pool, which
+        refreshes it each tick with a TTL of OVQ_WORKER_TTL_S and deletes it when it stops."""
+        return f"{self.prefix}:pool:{pool_id}"
+
+    @property
+    def pools(self) -> str:
+        """Sorted set: the ids of pool workers, scored by their last tick (unix s). Owner: the pools, which trim
+        entries older than ten worker TTLs and give it an hour's TTL on every tick."""
+        return f"{self.prefix}:pools"
+
     def model(self, model: str) -> str:
         """Hash: device -> JSON model card, written by that device's workers."""
         return f"{self.prefix}:model:{{m:{model}}}" if self.cluster else f"{self.prefix}:model:{model}"

@@ -273,6 +273,16 @@ class Settings(BaseSettings):
     # few dozen digests, not hundreds).
     affinity_block_chars: int = 256
 
+    # ---- Pool workers (`ovq worker --pool`, workers/pool/) ------------------------------------------------------
+    # How long a pool worker keeps an idle model loaded (Ollama's `keep_alive`, which a request may set for itself:
+    # seconds, or "5m"); negative: for good; 0: unloaded as soon as it is idle.
+    model_keep_alive_s: float = 300.0
+    # The memory a pool worker's resident models may take together (MiB), each estimated from its IR files' sizes
+    # and its KV cache (`cache_size`) before it loads.
+    pool_memory_mb: int = Field(4096, ge=1)
+    # A model a pool worker loaded stays at least this long before another model's waiting work may swap it out.
+    pool_min_residency_s: float = 10.0
+
     @model_validator(mode="after")
     def _files_dir_for_directory_backend(self) -> Settings:
         if self.files_backend == "directory" and self.files_dir is None:

@@ -73,6 +73,9 @@ class BaseWorker:
         self.levels = tuple((level, self.keys.level_jobs(model.name, device, level)) for level in LEVELS)
         self.running: dict[str, Any] = {}
         self.jobs_taken = 0
+        self.keep_alive_s: float | None = None  # the last started job's `keep_alive` (None: the setting's)
+        self.pool = ""  # the pool worker hosting this one (workers/pool/), shown with its heartbeat
+        self.serving = asyncio.Event()  # set once it reads jobs: its backend is up
         self.tokens_generated = 0
         self.engine_restarts = 0
         self.started = time.time()
@@ -167,10 +170,11 @@ class BaseWorker:
             followed=frozenset(s.job.id for s in self.running.values() if s.job.journal and not s.job.background),
             admission_knee=knee, admission_limit=limit,
             affinity_hits=self.affinity.hits if self.affinity is not None else 0,
-            affinity_steals=self.affinity.steals if self.affinity is not None else 0)
+            affinity_steals=self.affinity.steals if self.affinity is not None else 0, pool=self.pool)
 
     # ---- lifecycle -------------------------------------------------------------------------------------
-    async def run(self) -> None:
+    async def run(self, signals: bool = True) -> None:
+        """`signals`: SIGTERM and SIGINT drain it (off for a worker a pool hosts: the pool stops its workers)."""
         await self.ensure_group()
         await self.start_backend()
         if self.health is not None:
@@ -178,7 +182,7 @@ class BaseWorker:
         self.publisher.start()
         heap.settle()
         loop = asyncio.get_running_loop()
-        for sig in (signal.SIGTERM, signal.SIGINT):
+        for sig in (signal.SIGTERM, signal.SIGINT) if signals else ():
             loop.add_signal_handler(sig, self.stop, sig.name)
         log.info("worker %s serving %s on %s (%s)", self.id, self.model.name, self.device, self.describe())
         tasks = [
@@ -189,6 +193,7 @@ class BaseWorker:
             asyncio.create_task(self._deferred_loop(), name="deferred"),
         ]
         stopper = asyncio.create_task(self._stopping.wait())
+        self.serving.set()
         done, _ = await asyncio.wait([stopper, *tasks], return_when=asyncio.FIRST_COMPLETED)
         for task in done:
             if task is not stopper and task.exception():
@@ -347,6 +352,7 @@ class BaseWorker:
                 continue
             self._deferred.pop(job.id, None)
             self.jobs_taken += 1
+            self.keep_alive_s = job.keep_alive  # Ollama's rule: each request sets how long the model stays after it
             started.append(job)
             # Its stream entry (Redis time it was queued) and when it left the stream: the queue order, visible.
             outbox.set_status(job.id, entry=entry_id.decode(), taken=taken)

@@ -79,6 +79,7 @@ class Heartbeat:
             "tokens_generated": v.tokens_generated, "port": v.port,
             "tokens_per_s": round(self.rate.update(now, v.tokens_generated), 2),
             "admission_knee": v.admission_knee, "admission_limit": v.admission_limit,
+            "pool": v.pool, "state": v.state,
         })
         pipe.pexpire(keys.worker(m.id), ttl_ms)
         pipe.zadd(keys.workers(m.model, m.device), {m.id: now})
