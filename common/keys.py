@@ -171,6 +171,11 @@ class Keys:
         """String set by an operator (TTL): the worker reads it each heartbeat, stops taking jobs, finishes, exits."""
         return f"{self.prefix}:drain:{worker_id}"
 
+    def steer(self, worker_id: str) -> str:
+        """String set by an operator (`ovq worker sleep|wake ID`, the ops page), TTL 10 min: `sleep` or `wake`. The
+        worker takes it (GETDEL) at its next heartbeat and acts on it."""
+        return f"{self.prefix}:steer:{worker_id}"
+
     def api(self, reply_to: str) -> str:
         """Hash announcing one API process (host, pid, started, heartbeat), named by its `reply_to`; short TTL."""
         return f"{self.prefix}:api:{reply_to}"

@@ -273,6 +273,10 @@ class Settings(BaseSettings):
     # few dozen digests, not hundreds).
     affinity_block_chars: int = 256
 
+    # A dedicated worker idle this long goes to sleep (its engine released, its process kept; a job wakes it, faster
+    # than a cold start: docs/how-to/pool-workers.md); unset: never by itself (`ovq worker sleep ID` still does).
+    worker_sleep_after_s: float | None = None
+
     # ---- Pool workers (`ovq worker --pool`, workers/pool/) ------------------------------------------------------
     # How long a pool worker keeps an idle model loaded (Ollama's `keep_alive`, which a request may set for itself:
     # seconds, or "5m"); negative: for good; 0: unloaded as soon as it is idle.

@@ -25,6 +25,7 @@ from redis.exceptions import ResponseError
 from common import heap, tracing
 from common.errors import ErrorBody, OvqError
 from common.events import Cancelled, Error
+from common.fairness import in_flight
 from common.jobs import ENTRY_JOB, ENTRY_REASON, ENTRY_WORKER, LEVELS, Job, JobStatus
 from common.keys import GROUP
 from common.modelcard import ModelCard
@@ -76,6 +77,11 @@ class BaseWorker:
         self.keep_alive_s: float | None = None  # the last started job's `keep_alive` (None: the setting's)
         self.pool = ""  # the pool worker hosting this one (workers/pool/), shown with its heartbeat
         self.serving = asyncio.Event()  # set once it reads jobs: its backend is up
+        # Sleep and wake (`sleep`, `wake`): awake, sleeping (no new job; its backend stops once idle), asleep (the
+        # backend released: weights and KV cache), waking. The last wake's seconds, for the ops page and `ovq status`.
+        self.state = "awake"
+        self.woke_in_s: float | None = None
+        self._idle_since = time.monotonic()
         self.tokens_generated = 0
         self.engine_restarts = 0
         self.started = time.time()
@@ -116,7 +122,7 @@ class BaseWorker:
             self.intake = AffineIntake(self.redis, self.id, *(s for _, s in self.levels),
                                        aging_s=settings.priority_aging_s, fair=fair, affinity=self.affinity)
         self.heartbeat = Heartbeat(self.redis, self.keys, settings, self.member, self.vitals, self.fence)
-        self.reclaimer = Reclaimer(self.redis, self.keys, settings, self.member, self.room, self.resumable,
+        self.reclaimer = Reclaimer(self.redis, self.keys, settings, self.member, self._room, self.resumable,
                                    self.heartbeat.steady, self._affinity_streams)
         self.health = HealthServer(self.member, self.vitals, settings.heartbeat_s, settings.worker_host,
                                    settings.worker_port) if settings.worker_port is not None else None
@@ -135,6 +141,15 @@ class BaseWorker:
     def room(self) -> int:
         """How many more jobs to take from the stream now."""
         return max(0, self.capacity - len(self.running))
+
+    def _room(self) -> int:
+        """`room`, and none while it is not awake (its jobs wait in the stream, where a job wakes it)."""
+        return self.room() if self.state == "awake" else 0
+
+    @property
+    def can_sleep(self) -> bool:
+        """Whether its backend can be released and started again in this process (`sleep`)."""
+        return False
 
     def resumable(self, job: Job) -> bool:
         """Whether this worker can continue `job` from what another worker had streamed of it (none can here)."""
@@ -170,7 +185,8 @@ class BaseWorker:
             followed=frozenset(s.job.id for s in self.running.values() if s.job.journal and not s.job.background),
             admission_knee=knee, admission_limit=limit,
             affinity_hits=self.affinity.hits if self.affinity is not None else 0,
-            affinity_steals=self.affinity.steals if self.affinity is not None else 0, pool=self.pool)
+            affinity_steals=self.affinity.steals if self.affinity is not None else 0, pool=self.pool,
+            state=self.state, woke_in_s=self.woke_in_s, can_sleep=self.can_sleep)
 
     # ---- lifecycle -------------------------------------------------------------------------------------
     async def run(self, signals: bool = True) -> None:
@@ -191,6 +207,7 @@ class BaseWorker:
             asyncio.create_task(self._heartbeat_loop(), name="heartbeat"),
             asyncio.create_task(self._reclaim_loop(), name="reclaim"),
             asyncio.create_task(self._deferred_loop(), name="deferred"),
+            asyncio.create_task(self._sleep_loop(), name="sleep"),
         ]
         stopper = asyncio.create_task(self._stopping.wait())
         self.serving.set()
@@ -279,7 +296,7 @@ class BaseWorker:
     async def _read_loop(self) -> None:
         backoff = Backoff()
         while True:
-            free = self.room()
+            free = self._room()
             if free <= 0:
                 self._slot_free.clear()
                 await self._slot_free.wait()
@@ -399,7 +416,7 @@ class BaseWorker:
                     outbox.set_status(job_id, status=JobStatus.CANCELLED)
                     outbox.ack(entry_id, self.stream_of(job))
             self.publisher.put(outbox)
-            waiting = [(e, j) for e, j, _ in self._deferred.values()][: self.room()]
+            waiting = [(e, j) for e, j, _ in self._deferred.values()][: self._room()]
             try:
                 if waiting:
                     await self.admit_jobs(waiting)
@@ -472,6 +489,81 @@ class BaseWorker:
         self.cancel_unread(steering.unread)
         if steering.drain and not self.draining:
             self.stop("an operator asked it to drain")
+        if steering.command == "sleep":
+            self.sleep("an operator asked it to")
+        elif steering.command == "wake":
+            self.wake("an operator asked it to")
+
+    # ---- sleep and wake --------------------------------------------------------------------------------
+    def sleep(self, why: str) -> None:
+        """Release the backend (its weights and KV cache) while the process, its Redis connections, its heartbeat
+        and its card stay: no new job; once the running ones end, the backend stops (`_sleep_loop`)."""
+        if not self.can_sleep:
+            log.warning("worker %s cannot sleep (%s): ignored", self.id, self.describe())
+        elif self.state == "awake":
+            log.info("worker %s going to sleep (%s): %d running finish first", self.id, why, len(self.running))
+            self.state = "sleeping"
+
+    def wake(self, why: str) -> None:
+        if self.state == "sleeping":  # not yet asleep: it simply goes on
+            self.state = "awake"
+            self._slot_free.set()
+        elif self.state == "asleep":
+            log.info("worker %s waking (%s)", self.id, why)
+            self.state = "waking"
+
+    async def _sleep_loop(self) -> None:
+        """Carry sleep and wake out: stop the backend once a sleeping worker is idle; start it again when asked, or
+        when a job waits in its streams (or a request waits for its model's card); after
+        OVQ_WORKER_SLEEP_AFTER_S idle, fall asleep by itself."""
+        after = self.settings.worker_sleep_after_s
+        while True:
+            await asyncio.sleep(0.25)
+            if self.running or self._deferred:
+                self._idle_since = time.monotonic()
+            elif self.state == "awake" and after is not None and time.monotonic() - self._idle_since >= after:
+                self.sleep(f"idle for {after:g}s (OVQ_WORKER_SLEEP_AFTER_S)")
+            if self.state == "sleeping" and not self.running and not self._deferred:
+                began = time.monotonic()
+                await self.stop_backend()
+                self.state = "asleep"
+                log.info("worker %s asleep: its engine released in %.2fs", self.id, time.monotonic() - began)
+            elif self.state == "asleep":
+                try:
+                    if await self._work_waits():
+                        self.wake("a job waits")
+                except UNAVAILABLE:
+                    pass
+            if self.state == "waking":
+                await self._wake_backend()
+
+    async def _wake_backend(self) -> None:
+        began = time.monotonic()
+        try:
+            await self.start_backend()
+        except Exception as exc:
+            log.error("worker %s could not wake its engine (%s); stopping", self.id, exc)
+            self.state = "asleep"
+            self.stop("its engine could not be started again")
+            return
+        self.woke_in_s = time.monotonic() - began
+        self.state, self._idle_since = "awake", time.monotonic()
+        self._slot_free.set()
+        log.info("worker %s awake: its engine started again in %.2fs", self.id, self.woke_in_s)
+
+    async def _work_waits(self) -> bool:
+        """A job waits in one of its streams (XLEN - in flight: acked entries are deleted), or a request waits for
+        its model's card."""
+        pipe = self.redis.pipeline(transaction=False)
+        for stream in self.streams:
+            pipe.xlen(stream)
+            pipe.xpending(stream, GROUP)
+        pipe.llen(self.keys.awaiting(self.model.name, self.device))
+        replies = await pipe.execute(raise_on_error=False)
+        *pairs, awaiting = replies
+        waiting = sum(max(int(n) - in_flight(p), 0) for n, p in zip(pairs[::2], pairs[1::2], strict=True)
+                      if isinstance(n, int) and isinstance(p, dict))
+        return waiting > 0 or (isinstance(awaiting, int) and awaiting > 0)
 
     async def _reclaim_loop(self) -> None:
         async for takeover in self.reclaimer.passes():

@@ -66,6 +66,8 @@ class Vitals:
     pool: str = ""
     # "awake", "asleep" (its engine released: weights and KV cache), "waking" or "sleeping".
     state: str = "awake"
+    woke_in_s: float | None = None  # the last wake's seconds (its engine started again)
+    can_sleep: bool = False
 
     @property
     def kv_cache_usage(self) -> float:
