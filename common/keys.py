@@ -128,6 +128,14 @@ class Keys:
         refreshes it each tick with a TTL of OVQ_WORKER_TTL_S and deletes it when it stops."""
         return f"{self.prefix}:pool:{pool_id}"
 
+    def pool_claim(self, model: str, device: str) -> str:
+        """String: the id of the pool worker loading a model on a device, so that other pools load something else
+        meanwhile. Owner: that pool, which sets it (NX) when its load begins, renews it each tick while it loads
+        (TTL 60 s: a pool that dies mid-load holds it no longer) and deletes it once the model serves or failed."""
+        if self.cluster:
+            return f"{self.prefix}:poolclaim:{{m:{model}}}:{device}"
+        return f"{self.prefix}:poolclaim:{model}:{device}"
+
     @property
     def pools(self) -> str:
         """Sorted set: the ids of pool workers, scored by their last tick (unix s). Owner: the pools, which trim

@@ -41,9 +41,10 @@ def _ms(entry_id: Any) -> int:
 
 
 async def read(redis: aioredis.Redis, keys: Keys, models: list[str], device: str, worker_ttl_s: float,
-               first_devices: dict[str, str] | None = None) -> dict[str, Demand]:
+               first_devices: dict[str, str] | None = None, me: str = "") -> dict[str, Demand]:
     """Each model's demand on `device`. `first_devices`: the models file's first device of each model, where the API
-    counts requests waiting for a card (elsewhere none wait)."""
+    counts requests waiting for a card (elsewhere none wait). `me`: the reading pool, whose own claims are not
+    another's."""
     now = time.time()
     first_devices = first_devices or {}
     pipe = redis.pipeline(transaction=False)
@@ -58,8 +59,9 @@ async def read(redis: aioredis.Redis, keys: Keys, models: list[str], device: str
         else:
             pipe.echo(0)  # keeps the replies in step
         pipe.zcount(keys.workers(model, device), now - worker_ttl_s, "+inf")
+        pipe.get(keys.pool_claim(model, device))
     replies = iter(await pipe.execute(raise_on_error=False))
-    counts: dict[str, tuple[int, int, bool]] = {}
+    counts: dict[str, tuple[int, int, bool, bool]] = {}
     sampled: Sampled = []
     for model in models:
         waiting_jobs, oldest_ms = 0, 0
@@ -76,18 +78,19 @@ async def read(redis: aioredis.Redis, keys: Keys, models: list[str], device: str
             sampled.append((model, keys.level_jobs(model, device, level), delivered, waiting))
             if isinstance(pending, dict) and pending.get("pending") and held < int(pending["pending"]):
                 oldest_ms = min(filter(None, (oldest_ms, _ms(pending["min"]))))  # parked jobs wait too
-        awaiting, live = next(replies), next(replies)
+        awaiting, live, claim = next(replies), next(replies), next(replies)
         awaiting = int(awaiting) if isinstance(awaiting, int) else 0
-        counts[model] = (waiting_jobs + awaiting, oldest_ms, isinstance(live, int) and live > 0)
+        claimed = isinstance(claim, bytes) and claim.decode() != me
+        counts[model] = (waiting_jobs + awaiting, oldest_ms, isinstance(live, int) and live > 0, claimed)
     samples = await _sample(redis, sampled)
     found: dict[str, Demand] = {}
     for model in models:
-        waiting, oldest_ms, served = counts[model]
+        waiting, oldest_ms, served, claimed = counts[model]
         tokens, first = samples.get(model, (0, 0))
         oldest = min(filter(None, (oldest_ms, first)), default=0)
         if waiting and not tokens:  # only requests awaiting a card: no job to read yet
             tokens = waiting * OUTPUT_GUESS
-        found[model] = Demand(waiting=waiting, tokens=tokens, served=served,
+        found[model] = Demand(waiting=waiting, tokens=tokens, served=served, claimed=claimed,
                               oldest_s=max(now - oldest / 1000, 0.0) if oldest else 0.0)
     return found
 

@@ -20,7 +20,10 @@ def ir_bytes(directory: Path) -> int:
     """The model files under a model directory (weights and graphs, of every sub-model such as a VLM's)."""
     if not directory.exists():
         return 0
-    return sum(p.stat().st_size for p in directory.rglob("*") if p.is_file() and p.suffix in IR_SUFFIXES)
+    files = [p for p in directory.rglob("*") if p.is_file() and p.suffix in IR_SUFFIXES]
+    if any(p.suffix == ".xml" for p in files):  # converted: the GGUF it came from is not what loads
+        files = [p for p in files if p.suffix != ".gguf"]
+    return sum(p.stat().st_size for p in files)
 
 
 def footprint(model: ModelConfig) -> int:

@@ -10,7 +10,8 @@ Rules, in order, each tick:
    `min_residency_s` (so two models with waiting work do not swap back and forth on every tick) and whose own
    score is below the newcomer's; idle ones first, then the least waited-for. A model larger than the whole budget
    is never loaded.
-Work for a model that other workers serve counts once it has waited `served_grace_s`: they likely take it first.
+Work for a model that other workers serve counts once it has waited `served_grace_s`: they likely take it first;
+a model another pool is loading (its claim, `Keys.pool_claim`) is left to it.
 """
 from __future__ import annotations
 
@@ -26,6 +27,7 @@ class Demand:
     tokens: int = 0  # their estimated tokens (prompt + expected output)
     oldest_s: float = 0.0  # how long the oldest of them has waited
     served: bool = False  # some worker outside this pool serves the model now
+    claimed: bool = False  # another pool is loading it now
 
     def score(self, age_doubling_s: float) -> float:
         if self.waiting <= 0:
@@ -75,7 +77,7 @@ def rank(candidates: dict[str, Demand], limits: Limits) -> list[str]:
         return (0, -d.oldest_s) if starving else (1, -d.score(limits.age_doubling_s))
 
     wanted = (m for m, d in candidates.items()
-              if d.waiting > 0 and (not d.served or d.oldest_s >= limits.served_grace_s))
+              if d.waiting > 0 and not d.claimed and (not d.served or d.oldest_s >= limits.served_grace_s))
     return sorted(wanted, key=lambda m: (*key(m), m))
 
 

@@ -33,6 +33,7 @@ from workers.pool.policy import Limits, Plan, Resident, decide
 log = logging.getLogger("ovq.pool")
 
 TICK_S = 0.5
+CLAIM_TTL_S = 60  # a load's claim (Keys.pool_claim), renewed each tick while it loads
 FAILED_BACKOFF_S = 60.0  # a model whose load failed is not tried again for this long
 
 
@@ -112,10 +113,10 @@ class Pool:
                 h.idle_since = None if busy else (h.idle_since or now)
         wanted = [m for m in self.models if now - self.failed_at.get(m, -FAILED_BACKOFF_S) >= FAILED_BACKOFF_S]
         found = await demand.read(self.redis, self.keys, wanted, self.device, self.settings.worker_ttl_s,
-                                  self.first_devices)
+                                  self.first_devices, self.id)
         plan = decide(self.residents(), found, {m: self.footprints[m] for m in wanted}, self._limits(), now,
                       loading=any(h.state != "serving" for h in self.hosted.values()))
-        self.act(plan)
+        await self.act(plan)
         await self.announce()
 
     def residents(self) -> list[Resident]:
@@ -134,13 +135,29 @@ class Pool:
         held = sum(h.footprint for h in self.hosted.values() if h.state == "unloading")
         return Limits(**{**self.limits.__dict__, "budget": self.limits.budget - held})
 
-    def act(self, plan: Plan) -> None:
+    async def act(self, plan: Plan) -> None:
         """Unloads at once; a load only once nothing is unloading: the memory it needs is free only then (a swap's
-        load follows its victims' ends, a tick or so later, when the policy still wants it)."""
+        load follows its victims' ends, a tick or so later, when the policy still wants it). A load claims its model
+        first (`Keys.pool_claim`): two pools that see the same waiting work load different models."""
         for name in plan.unload:
             self.unload(name, plan.why)
         if plan.load is not None and not any(h.state == "unloading" for h in self.hosted.values()):
-            self.load(plan.load, plan.why)
+            claim = self.keys.pool_claim(plan.load, self.device)
+            if await self.redis.set(claim, self.id, nx=True, ex=CLAIM_TTL_S):
+                self.load(plan.load, plan.why)
+        loading = [self.keys.pool_claim(n, self.device) for n, h in self.hosted.items() if h.state == "loading"]
+        if loading:
+            pipe = self.redis.pipeline(transaction=False)
+            for claim in loading:
+                pipe.expire(claim, CLAIM_TTL_S)
+            await pipe.execute()
+
+    async def _release(self, name: str) -> None:
+        """Its load ended (serving, or failed): other pools may load the model too, as its demand says."""
+        try:
+            await self.redis.delete(self.keys.pool_claim(name, self.device))
+        except UNAVAILABLE:
+            pass  # its TTL ends it
 
     # ---- loading and unloading -------------------------------------------------------------------------
     def load(self, name: str, why: str) -> None:
@@ -152,13 +169,18 @@ class Pool:
     async def _host(self, hosted: Hosted) -> None:
         """Prepare the model (off the loop: it may convert a GGUF), start its worker, run it until it stops."""
         model = hosted.model
-        await asyncio.get_running_loop().run_in_executor(None, prepare, model)
-        worker = worker_class(model, self.device)(self.hosted_settings, model, self.device)
+        try:
+            await asyncio.get_running_loop().run_in_executor(None, prepare, model)
+            worker = worker_class(model, self.device)(self.hosted_settings, model, self.device)
+        except BaseException:
+            await asyncio.shield(self._release(model.name))
+            raise
         worker.pool = self.id
         hosted.worker = worker
         serving = asyncio.create_task(worker.serving.wait())
         running = asyncio.create_task(worker.run(signals=False))
         await asyncio.wait([serving, running], return_when=asyncio.FIRST_COMPLETED)
+        await self._release(model.name)
         if serving.done() and hosted.state == "loading":
             hosted.state, hosted.load_s = "serving", time.monotonic() - hosted.began
             hosted.idle_since = time.monotonic()

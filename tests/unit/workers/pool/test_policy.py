@@ -96,3 +96,8 @@ def test_work_other_workers_serve_counts_only_past_the_grace() -> None:
 
 def test_models_the_pool_does_not_know_are_never_loaded() -> None:
     assert decide([], {"elsewhere": Demand(5, 500, 50)}, SIZES, LIMITS, now=100).load is None
+
+
+def test_a_model_another_pool_is_loading_is_left_to_it() -> None:
+    demand = {"a": Demand(9, 900, 30, claimed=True), "b": Demand(1, 10, 1)}
+    assert decide([], demand, SIZES, LIMITS, now=100).load == "b"
