@@ -286,6 +286,9 @@ class Settings(BaseSettings):
     pool_memory_mb: int = Field(4096, ge=1)
     # A model a pool worker loaded stays at least this long before another model's waiting work may swap it out.
     pool_min_residency_s: float = 10.0
+    # A model whose oldest waiting job has waited this long (at most half of queue_timeout_s) is loaded first, even
+    # if a model at work must be swapped out for it: the longest a pool lets a model's requests wait for a slot.
+    pool_max_wait_s: float = 30.0
 
     @model_validator(mode="after")
     def _files_dir_for_directory_backend(self) -> Settings:

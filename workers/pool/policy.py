@@ -5,11 +5,12 @@ Rules, in order, each tick:
    `keep_alive`: negative keeps it for good, 0 unloads it as soon as it is idle).
 2. The model with the most waiting work that is not resident is loaded, one load at a time (loads compete for the
    same cores). Waiting work scores its tokens, doubled for every `age_doubling_s` its oldest job has waited; a model
-   whose oldest job has waited `starve_s` comes first whatever its tokens (its requests would soon time out).
+   whose oldest job has waited `starve_s` comes first whatever its tokens, and may swap out a model at work.
 3. When it does not fit the memory budget, residents are unloaded to make room: only those resident for at least
-   `min_residency_s` (so two models with waiting work do not swap back and forth on every tick) and whose own
-   score is below the newcomer's; idle ones first, then the least waited-for. A model larger than the whole budget
-   is never loaded.
+   `min_residency_s` (so two models with waiting work do not swap back and forth on every tick), whose own score is
+   below the newcomer's, and that run nothing (a model at work is swapped out only for a starving one: its stream
+   of requests would wait for its reload); idle ones first, then the least waited-for. A model larger than the whole
+   budget is never loaded.
 Work for a model that other workers serve counts once it has waited `served_grace_s`: they likely take it first;
 a model another pool is loading (its claim, `Keys.pool_claim`) is left to it.
 """
@@ -44,6 +45,7 @@ class Resident:
     loaded_at: float  # when its load began (monotonic s)
     idle_since: float | None  # when its last job ended, nothing running since; None: busy or loading
     keep_alive_s: float  # the last request's `keep_alive`, else the setting's
+    running: int = 0  # jobs it runs now
 
 
 @dataclass(frozen=True)
@@ -115,7 +117,8 @@ def _victims(kept: list[Resident], demand: dict[str, Demand], limits: Limits, no
     those that may go (resident long enough, less deserving than the newcomer) do not free enough."""
     none = Demand()
     eligible = [r for r in kept if now - r.loaded_at >= limits.min_residency_s
-                and _priority(demand.get(r.model, none), limits) < newcomer]
+                and _priority(demand.get(r.model, none), limits) < newcomer
+                and (not r.running or newcomer == math.inf)]
     eligible.sort(key=lambda r: (r.idle_since is None, demand.get(r.model, none).score(limits.age_doubling_s),
                                  -(now - (r.idle_since or now)), r.model))
     chosen, freed = [], 0

@@ -69,7 +69,7 @@ class Pool:
         self.first_devices = {m.name: m.devices[0].upper() for m in models if m.devices}
         self.footprints = {name: footprint(m) for name, m in self.models.items()}
         self.limits = Limits(budget=settings.pool_memory_mb << 20, min_residency_s=settings.pool_min_residency_s,
-                             starve_s=settings.queue_timeout_s / 2)
+                             starve_s=min(settings.pool_max_wait_s, settings.queue_timeout_s / 2))
         # Hosted workers need no probe port of their own (they would share one), nor a pool's signals.
         self.hosted_settings = settings.model_copy(update={"worker_port": None})
         self.hosted: dict[str, Hosted] = {}
@@ -127,7 +127,9 @@ class Pool:
             if h.state == "unloading":
                 continue
             keep = h.worker.keep_alive_s if h.worker is not None and h.worker.keep_alive_s is not None else default
-            out.append(Resident(name, h.footprint, h.began, h.idle_since if h.state == "serving" else None, keep))
+            running = len(h.worker.running) if h.worker is not None else 0
+            out.append(Resident(name, h.footprint, h.began, h.idle_since if h.state == "serving" else None, keep,
+                                running))
         return out
 
     def _limits(self) -> Limits:
@@ -167,11 +169,11 @@ class Pool:
         hosted.task = asyncio.create_task(self._host(hosted), name=f"pool-{name}")
 
     async def _host(self, hosted: Hosted) -> None:
-        """Prepare the model (off the loop: it may convert a GGUF), start its worker, run it until it stops."""
+        """Prepare the model and build its worker (off the loop), start it, run it until it stops."""
         model = hosted.model
         try:
-            await asyncio.get_running_loop().run_in_executor(None, prepare, model)
-            worker = worker_class(model, self.device)(self.hosted_settings, model, self.device)
+            # Off the loop, which runs the other resident models' I/O: a GGUF's conversion, the tokenizer's load.
+            worker = await asyncio.get_running_loop().run_in_executor(None, self._build, model)
         except BaseException:
             await asyncio.shield(self._release(model.name))
             raise
@@ -189,6 +191,11 @@ class Pool:
             log.info("pool %s: %s serving after %.2fs", self.id, model.name, hosted.load_s)
         serving.cancel()
         await running
+
+    def _build(self, model: ModelConfig) -> BaseWorker:
+        prepare(model)
+        worker: BaseWorker = worker_class(model, self.device)(self.hosted_settings, model, self.device)
+        return worker
 
     def unload(self, name: str, why: str) -> None:
         hosted = self.hosted.get(name)

@@ -9,8 +9,9 @@ SIZES = {"a": 40 * MB, "b": 40 * MB, "c": 40 * MB, "huge": 200 * MB}
 
 
 def resident(model: str, loaded_at: float = 0.0, idle_since: float | None = None, keep_alive_s: float = 300.0,
-             footprint: int | None = None) -> Resident:
-    return Resident(model, SIZES[model] if footprint is None else footprint, loaded_at, idle_since, keep_alive_s)
+             footprint: int | None = None, running: int = 0) -> Resident:
+    return Resident(model, SIZES[model] if footprint is None else footprint, loaded_at, idle_since, keep_alive_s,
+                    running)
 
 
 def test_nothing_waits_nothing_loads() -> None:
@@ -101,3 +102,11 @@ def test_models_the_pool_does_not_know_are_never_loaded() -> None:
 def test_a_model_another_pool_is_loading_is_left_to_it() -> None:
     demand = {"a": Demand(9, 900, 30, claimed=True), "b": Demand(1, 10, 1)}
     assert decide([], demand, SIZES, LIMITS, now=100).load == "b"
+
+
+def test_a_model_at_work_is_swapped_out_only_for_a_starving_one() -> None:
+    """Both residents run jobs (none waits: they keep up); a third model's job waits. It waits until it starves."""
+    residents = [resident("a", running=2), resident("b", running=1)]
+    assert decide(residents, {"c": Demand(1, 50, 100)}, SIZES, LIMITS, now=1000).load is None
+    plan = decide(residents, {"c": Demand(1, 50, 151)}, SIZES, LIMITS, now=1000)
+    assert plan.load == "c" and len(plan.unload) == 1
