@@ -11,7 +11,8 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 import redis
 
-from common.keys import Keys
+from common.jobs import Job, SamplingParams
+from common.keys import GROUP, Keys
 from tests.conftest import MODELS, Tiers
 
 A, B = "tiny-a", "tiny-b"
@@ -118,3 +119,22 @@ def _up(t: Tiers) -> bool:
         return httpx.get(f"http://127.0.0.1:{t.port}/v2/health/live", timeout=2).status_code == 200
     except httpx.HTTPError:
         return False
+
+
+
+def test_a_pool_loads_a_model_whose_jobs_a_dead_worker_held(tiers: Callable[..., Tiers]) -> None:
+    """A job of A is pending under a consumer that is dead (taken by a worker that died before it ran it), and no
+    worker of A is live to reclaim it. The pool counts it as waiting, loads A, and A's hosted worker takes it over."""
+    t = tiers(TWO, OVQ_POOL_MEMORY_MB=BOTH_FIT)
+    r, keys = t.redis(), t.keys
+    stream = keys.jobs(A, "CPU")
+    r.xgroup_create(stream, GROUP, id="0", mkstream=True)
+    job = Job(model=A, device="CPU", kind="completion", prompt="a b", params=SamplingParams(max_tokens=3),
+              reply_to="nobody")
+    tx = r.pipeline(transaction=True)  # queued and taken at once: no worker could have had it
+    tx.xadd(stream, job.to_fields())
+    tx.xreadgroup(GROUP, "ghost", {stream: ">"}, count=1)
+    tx.execute()
+    t.start("worker", "--pool", name="pool")
+    wait_for(lambda: r.hget(keys.job(job.id, A), "status") == b"done", 120, "the dead worker's job ran")
+    assert pool_record(r, keys)["models"] == {A: "serving"}

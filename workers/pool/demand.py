@@ -1,8 +1,8 @@
 """The fleet's waiting work per model, read from Redis the way the API's and KEDA's counts read it: per priority
-level stream, waiting = XLEN - in flight (acked entries are deleted; parked jobs count as waiting), plus the
-requests that wait for the first card of a model no worker has announced (`Keys.awaiting`). Two round trips for
-any number of models: the counts, then the oldest undelivered entries of the streams where work waits (their age,
-and their tokens as an estimate for the rest)."""
+level stream, waiting = XLEN - what live workers hold (acked entries are deleted; parked jobs, and those a dead
+worker held, count as waiting), plus the requests that wait for the first card of a model no worker has announced
+(`Keys.awaiting`). Two round trips for any number of models: the counts, then the oldest undelivered entries of the
+streams where work waits (their age, and their tokens as an estimate for the rest)."""
 from __future__ import annotations
 
 import time
@@ -12,7 +12,6 @@ import orjson
 import redis.asyncio as aioredis
 from redis.exceptions import ResponseError
 
-from common.fairness import in_flight
 from common.jobs import ENTRY_JOB, LEVELS
 from common.keys import GROUP, Keys
 from workers.pool.policy import Demand
@@ -58,18 +57,20 @@ async def read(redis: aioredis.Redis, keys: Keys, models: list[str], device: str
             pipe.llen(keys.awaiting(model, device))
         else:
             pipe.echo(0)  # keeps the replies in step
-        pipe.zcount(keys.workers(model, device), now - worker_ttl_s, "+inf")
+        pipe.zrangebyscore(keys.workers(model, device), now - worker_ttl_s, "+inf")
         pipe.get(keys.pool_claim(model, device))
     replies = iter(await pipe.execute(raise_on_error=False))
     counts: dict[str, tuple[int, int, bool, bool]] = {}
     sampled: Sampled = []
     for model in models:
         waiting_jobs, oldest_ms = 0, 0
-        for level in LEVELS:
-            length, pending, groups = next(replies), next(replies), next(replies)
+        per_level = [(next(replies), next(replies), next(replies)) for _ in LEVELS]
+        awaiting, members, claim = next(replies), next(replies), next(replies)
+        live = {_text(m) for m in members} if isinstance(members, list) else set()
+        for level, (length, pending, groups) in zip(LEVELS, per_level, strict=True):
             if isinstance(length, ResponseError) or not length:
                 continue
-            held = 0 if isinstance(pending, ResponseError) else in_flight(pending)
+            held = 0 if isinstance(pending, ResponseError) else held_by(pending, live)
             waiting = max(int(length) - held, 0)
             if not waiting:
                 continue
@@ -78,10 +79,9 @@ async def read(redis: aioredis.Redis, keys: Keys, models: list[str], device: str
             sampled.append((model, keys.level_jobs(model, device, level), delivered, waiting))
             if isinstance(pending, dict) and pending.get("pending") and held < int(pending["pending"]):
                 oldest_ms = min(filter(None, (oldest_ms, _ms(pending["min"]))))  # parked jobs wait too
-        awaiting, live, claim = next(replies), next(replies), next(replies)
         awaiting = int(awaiting) if isinstance(awaiting, int) else 0
         claimed = isinstance(claim, bytes) and claim.decode() != me
-        counts[model] = (waiting_jobs + awaiting, oldest_ms, isinstance(live, int) and live > 0, claimed)
+        counts[model] = (waiting_jobs + awaiting, oldest_ms, bool(live), claimed)
     samples = await _sample(redis, sampled)
     found: dict[str, Demand] = {}
     for model in models:
@@ -93,6 +93,16 @@ async def read(redis: aioredis.Redis, keys: Keys, models: list[str], device: str
         found[model] = Demand(waiting=waiting, tokens=tokens, served=served, claimed=claimed,
                               oldest_s=max(now - oldest / 1000, 0.0) if oldest else 0.0)
     return found
+
+
+def _text(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value
+
+
+def held_by(pending: dict[str, Any], live: set[str]) -> int:
+    """Of XPENDING's summary, the jobs live workers hold. Those of dead consumers wait as well: no worker of the
+    model is left to reclaim them until one is loaded (and parked jobs, common/fairness.py's, wait for any)."""
+    return sum(int(c["pending"]) for c in pending.get("consumers") or () if _text(c["name"]) in live)
 
 
 def _last_delivered(groups: Any) -> bytes | str:
