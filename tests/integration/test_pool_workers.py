@@ -106,7 +106,7 @@ def test_an_idle_model_is_unloaded_after_its_keep_alive(tiers: Callable[..., Tie
 
 
 def test_a_bad_keep_alive_is_a_400(tiers: Callable[..., Tiers]) -> None:
-    t = tiers(TWO)
+    t = tiers(TWO, OVQ_QUEUE_TIMEOUT_S="5")  # accepted, it would wait for a worker no pool starts: a 503 soon
     t.api()
     wait_for(lambda: _up(t), 60, "the API is up")
     reply = chat(t, A, keep_alive="5 minutes")
