@@ -17,7 +17,7 @@ import signal
 import socket
 import time
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from common.models.config import ModelConfig
@@ -94,6 +94,8 @@ class Pool:
                 await self.tick()
             except UNAVAILABLE as exc:  # hosted workers ride the outage out on their own; decide again later
                 log.warning("pool %s: Redis unavailable (%s)", self.id, exc)
+            except Exception:  # a tick that fails must not take the hosted workers down with the pool
+                log.exception("pool %s: a tick failed; trying again", self.id)
             try:
                 await asyncio.wait_for(self._stopping.wait(), TICK_S)
             except asyncio.TimeoutError:
@@ -135,7 +137,7 @@ class Pool:
     def _limits(self) -> Limits:
         """The budget less what models still unloading hold."""
         held = sum(h.footprint for h in self.hosted.values() if h.state == "unloading")
-        return Limits(**{**self.limits.__dict__, "budget": self.limits.budget - held})
+        return replace(self.limits, budget=self.limits.budget - held)
 
     async def act(self, plan: Plan) -> None:
         """Unloads at once; a load only once nothing is unloading: the memory it needs is free only then (a swap's
