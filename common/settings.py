@@ -312,6 +312,23 @@ class Settings(BaseSettings):
     # connect time). On: loopback, private, link-local and other non-public addresses are allowed too.
     webhook_allow_private: bool = False
 
+    # A dedicated worker idle this long goes to sleep (its engine released, its process kept; a job wakes it, faster
+    # than a cold start: docs/how-to/pool-workers.md); unset: never by itself (`ovq worker sleep ID` still does).
+    worker_sleep_after_s: float | None = None
+
+    # ---- Pool workers (`ovq worker --pool`, workers/pool/) ------------------------------------------------------
+    # How long a pool worker keeps an idle model loaded (Ollama's `keep_alive`, which a request may set for itself:
+    # seconds, or "5m"); negative: for good; 0: unloaded as soon as it is idle.
+    model_keep_alive_s: float = 300.0
+    # The memory a pool worker's resident models may take together (MiB), each estimated from its IR files' sizes
+    # and its KV cache (`cache_size`) before it loads.
+    pool_memory_mb: int = Field(4096, ge=1)
+    # A model a pool worker loaded stays at least this long before another model's waiting work may swap it out.
+    pool_min_residency_s: float = 10.0
+    # A model whose oldest waiting job has waited this long (at most half of queue_timeout_s) is loaded first, even
+    # if a model at work must be swapped out for it: the longest a pool lets a model's requests wait for a slot.
+    pool_max_wait_s: float = 30.0
+
     @model_validator(mode="after")
     def _files_dir_for_directory_backend(self) -> Settings:
         if self.files_backend == "directory" and self.files_dir is None:

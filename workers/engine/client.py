@@ -60,7 +60,7 @@ class EngineClient:
         outputs_in, outputs_out = self._ctx.Pipe(duplex=False)
         self._process = self._ctx.Process(target=self.target, args=(commands_in, outputs_out, self.spec),
                                           daemon=True, name="ovq-engine")
-        self._report, self._killed = None, False
+        self._report, self._killed, self._stopping = None, False, False  # (started again after a `stop`: a wake)
         self._handshake = loop.create_future()
         self._process.start()
         pipes = EnginePipes()
@@ -77,7 +77,7 @@ class EngineClient:
             raise EngineError(ready.get(protocol.WHY) or "the engine could not start")
         self._ready = True
         self._last_heard = time.monotonic()
-        if self._watchdog is None:
+        if self._watchdog is None or self._watchdog.done():
             self._watchdog = loop.create_task(self._watch(), name="engine-watchdog")
         self._flush()
 
@@ -152,6 +152,7 @@ class EngineClient:
             self._pipes = None
 
     async def stop(self, timeout: float = 10.0) -> None:
+        """End the engine process (its weights and KV cache go with it); `start` may start a new one later."""
         self._stopping = True
         if self._watchdog is not None:
             self._watchdog.cancel()

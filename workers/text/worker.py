@@ -151,6 +151,10 @@ class TextWorker(BaseWorker):
     def backend_alive(self) -> bool:
         return self.engine.alive
 
+    @property
+    def can_sleep(self) -> bool:
+        return True  # the engine process goes; the tokenizer, detokenizer and the rest of the I/O half stay
+
     def describe(self) -> str:
         kind = "byte-table" if self.detokenizer.table else "window"
         return f"{self.card.servable_type.value}, {kind} detokenizer"
