@@ -321,6 +321,9 @@ class Engine:
                 handle.cancel()
                 if not request.handles:
                     self._forget(job)
+                    # The batch may be empty now: nothing else would let a waiting group in (the engine blocks
+                    # for its next command while no job runs).
+                    self._next_adapter(out)
             return
         tokens: list[int] = []
         if request is not None:
