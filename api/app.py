@@ -20,7 +20,7 @@ from api.http.body import BodyGuard
 from api.http.front import Endpoint, Front
 from api.http.hosts import HostGuard
 from api.http.status import CLIENT_CLOSED
-from api.openai import tokenize
+from api.openai import lora, tokenize
 from api.openai.adapters import adapter_names
 from api.openai.docs import install_docs
 from api.openai.encoders import EncoderServing
@@ -201,10 +201,12 @@ def _install_routes(app: FastAPI) -> dict[str, Endpoint]:
         return await _counted(request, "rerank", request.app.state.encoders.rerank)
 
     async def list_models(request: Request) -> ModelList:
-        listed = await request.app.state.registry.models()
+        registry = request.app.state.registry
+        listed = await registry.models()
         data = [_model_object(name, card) for name, card in listed.items()]
-        data += [_model_object(adapter, card) for name, card in listed.items() if card is not None
-                 for adapter in adapter_names(name, card.adapters)]
+        for name, card in listed.items():
+            if card is not None:
+                data += [_model_object(a, card) for a in adapter_names(name, await registry.adapters(name, card))]
         return ModelList(data=data)
 
     async def get_model(request: Request, model: str) -> ModelObject:
@@ -212,7 +214,7 @@ def _install_routes(app: FastAPI) -> dict[str, Endpoint]:
         if model in listed:
             return _model_object(model, listed[model])
         for name, card in listed.items():
-            if card is not None and model in adapter_names(name, card.adapters):
+            if card is not None and model in adapter_names(name, await request.app.state.registry.adapters(name, card)):
                 return _model_object(model, card)
         raise not_found(f"The model `{model}` does not exist")
 
@@ -245,6 +247,7 @@ def _install_routes(app: FastAPI) -> dict[str, Endpoint]:
         app.include_router(files.router, prefix=prefix)
         app.include_router(batches.router, prefix=prefix)
         app.include_router(tokenize.router, prefix=prefix)
+        app.include_router(lora.router, prefix=prefix)
 
     @app.get("/v2/health/live")
     async def live() -> dict[str, bool]:

@@ -140,6 +140,14 @@ class Settings(BaseSettings):
     admission: Literal["knee", "greedy"] = "knee"
     # How long an engine may take to load its model and open its device.
     engine_start_timeout_s: float = 900.0
+    # LoRA adapters loaded at run time (`POST /v1/load_lora_adapter`, docs/how-to/lora.md): at most this many per
+    # model; each text worker of the model reads them every lora_poll_s and, when they changed, rebuilds its engine,
+    # one worker of the model at a time (held for at most lora_rebuild_lock_s), after its running jobs have finished
+    # or lora_drain_s has passed (those still running then go on from their tokens on the rebuilt engine).
+    max_lora_adapters: int = 16
+    lora_poll_s: float = 2.0
+    lora_drain_s: float = 60.0
+    lora_rebuild_lock_s: float = 300.0
     # Security (docs/how-to/tenants.md). API keys (`Authorization: Bearer KEY`) for every route but the health probes,
     # given inline or one per line in a file (OVMS's --api_key_file); admin keys for /metrics, /docs,
     # /openapi.json and /ops. With no admin key those routes are open only while no API key is configured either.

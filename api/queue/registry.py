@@ -152,6 +152,7 @@ class Registry:
         self.expected = expected
         self.devices = devices or {}  # an expected model's devices in the models file, in preference order
         self._cards: dict[str, tuple[float, dict[str, ModelCard]]] = {}
+        self._adapters: dict[str, tuple[float, list[str]]] = {}
         self._loading: dict[str, asyncio.Future[dict[str, ModelCard]]] = {}
         self._estimates: dict[tuple[str, str, str | None], tuple[float, float | None]] = {}
         self._estimating: dict[tuple[str, str, str | None], asyncio.Future[float | None]] = {}
@@ -184,6 +185,24 @@ class Registry:
         if cards:  # no negative caching: a worker that has just started is served at once
             self._cards[model] = (time.monotonic(), cards)
         return cards
+
+    async def runtime_adapters(self, model: str, fresh: bool = False) -> list[str]:
+        """The LoRA adapters loaded onto the model at run time (`Keys.lora`), cached as the cards are."""
+        cached = self._adapters.get(model)
+        if cached and not fresh and time.monotonic() - cached[0] < CARD_CACHE_S:
+            return cached[1]
+        names = sorted(n.decode() if isinstance(n, bytes) else n for n in await self.redis.hkeys(self.keys.lora(model)))
+        self._adapters[model] = (time.monotonic(), names)
+        return names
+
+    def forget_adapters(self, model: str) -> None:
+        """This process changed the model's adapters: its next read goes to Redis."""
+        self._adapters.pop(model, None)
+
+    async def adapters(self, model: str, card: ModelCard | None) -> list[str]:
+        """Every adapter a request may name on the model: the models file's (its card) and those loaded since."""
+        static = card.adapters if card is not None else []
+        return sorted({*static, *await self.runtime_adapters(model)})
 
     async def announced(self) -> list[str]:
         """Models with a worker heard within the card TTL."""

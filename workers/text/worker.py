@@ -13,6 +13,8 @@ import base64
 import logging
 import time
 from collections import deque
+from contextlib import suppress
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +22,7 @@ from common.errors import ErrorBody
 from common.events import Accepted, Cancelled, Error
 from common.jobs import Job, JobStatus
 from common.models.config import ModelConfig
+from common.redis.client import UNAVAILABLE
 from common.servable import ServableType
 from common.settings import Settings
 from workers.base import BaseWorker
@@ -30,6 +33,7 @@ from workers.ops.tracing import JobTimes
 from workers.queue.admission import Admission, Knee
 from workers.queue.publisher import Outbox
 from workers.queue.reclaim import Continued
+from workers.text.adapters import RuntimeAdapters
 from workers.text.detokenizer import ByteTable, Detokenizer
 from workers.text.jobstate import Choice, RunningJob
 from workers.text.progress import Progress
@@ -105,6 +109,17 @@ class TextWorker(BaseWorker):
         # went through a step, so it is no suspect. Tokens at its add; crashes it was in (two: dead-lettered).
         self._tokens_at_add: dict[str, int] = {}
         self._crashes: dict[str, int] = {}
+        # LoRA adapters loaded at run time (docs/how-to/lora.md): the models file's, those applied to the engine,
+        # the jobs held for an adapter this engine has not got yet (job id -> its add's resume), and the rebuild.
+        adaptable = self.card.servable_type == ServableType.LM_CB
+        self.runtime = RuntimeAdapters(self.redis, self.keys, model.name, self.id, settings.lora_rebuild_lock_s) \
+            if adaptable else None
+        self._static_adapters = dict(self.engine.spec.adapters)
+        self._applied: dict[str, dict[str, Any]] = {}
+        self._held: dict[str, dict[str, Any] | None] = {}
+        self._rebuilding = False
+        self._poke = asyncio.Event()
+        self._watcher: asyncio.Task[None] | None = None
 
     @staticmethod
     def _knee(settings: Settings, model: ModelConfig) -> Knee | None:
@@ -118,9 +133,19 @@ class TextWorker(BaseWorker):
         return (knee.knee(), knee.limit()) if knee is not None else (0, 0)
 
     async def start_backend(self) -> None:
+        if self.runtime is not None:  # the adapters loaded before this worker started: in its first engine
+            try:
+                self._applied = await self.runtime.read()
+            except UNAVAILABLE as exc:
+                log.warning("could not read the runtime LoRA adapters (%s): they load at the next poll", exc)
+            self.engine.spec = replace(self.engine.spec, adapters={**self._applied, **self._static_adapters})
         await self.engine.start()
+        if self.runtime is not None:
+            self._watcher = asyncio.get_running_loop().create_task(self._watch_adapters(), name="adapters")
 
     async def stop_backend(self) -> None:
+        if self._watcher is not None:
+            self._watcher.cancel()
         await self.engine.stop()
 
     @property
@@ -135,7 +160,7 @@ class TextWorker(BaseWorker):
         return self.admission.stats if self.admission is not None else None
 
     def room(self) -> int:
-        if self._restarting or self._probation or self._probing:
+        if self._restarting or self._rebuilding or self._probation or self._probing:
             return 0
         if self.admission is None:
             return max(0, self.capacity - len(self.running))
@@ -210,6 +235,11 @@ class TextWorker(BaseWorker):
 
     def _add(self, state: RunningJob, resume: dict[str, Any] | None = None) -> None:
         job = state.job
+        adapter = job.params.adapter
+        if self.runtime is not None and adapter is not None and adapter not in self.engine.spec.adapters:
+            self._held[job.id] = resume  # loaded since this engine was built: wait for the rebuild with it
+            self._poke.set()
+            return
         self._tokens_at_add[job.id] = sum(c.tokens for c in state.choices)
         if job.images:
             task = asyncio.create_task(self._add_with_images(job, resume))
@@ -460,6 +490,78 @@ class TextWorker(BaseWorker):
         if self._probing == state.job.id:
             self._probing = None
             self._next_probation()
+
+    # ---- LoRA adapters loaded at run time ------------------------------------------------------------------
+    async def _watch_adapters(self) -> None:
+        """Every lora_poll_s (at once when a job waits for an adapter): read the model's adapters; when they differ
+        from the engine's, take the model's rebuild turn and rebuild; then let the held jobs in (or end them with
+        a 404 when their adapter is gone)."""
+        assert self.runtime is not None
+        while True:
+            with suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self._poke.wait(), self.settings.lora_poll_s)
+            self._poke.clear()
+            try:
+                wanted = await self.runtime.read()
+                if wanted != self._applied:
+                    if not await self.runtime.lock():
+                        continue  # another worker of the model is rebuilding: this one's turn comes later
+                    try:
+                        await self._rebuild(wanted)
+                    finally:
+                        await self.runtime.unlock()
+            except UNAVAILABLE as exc:
+                log.warning("runtime LoRA adapters not read (%s); trying again", exc)
+                continue
+            self._release_held()
+
+    async def _rebuild(self, wanted: dict[str, dict[str, Any]]) -> None:
+        """Take no new job, let the running ones finish (up to lora_drain_s), then replace the engine with one that
+        has `wanted`; jobs still running go on from their tokens on it, as after a takeover."""
+        log.info("LoRA adapters changed (%s); rebuilding the engine", ", ".join(sorted(wanted)) or "none")
+        self._rebuilding = True
+        try:
+            deadline = time.monotonic() + self.settings.lora_drain_s
+            while any(j not in self._held for j in self.running) and time.monotonic() < deadline:
+                await asyncio.sleep(0.05)
+            self._restarting = True
+            self.engine.drop_pending()
+            previous = self.engine.spec
+            running = [s for s in self.running.values() if s.job.id not in self._held]
+            try:
+                await self.engine.replace(replace(previous, adapters={**wanted, **self._static_adapters}))
+                self._applied = wanted
+            except Exception as exc:  # an adapter GenAI refuses: keep serving with what the engine had
+                log.error("the engine could not be rebuilt with the new LoRA adapters (%s); keeping the old ones",
+                          exc)
+                await self.engine.replace(previous)
+            self.engine_restarts += 1
+            for state in running:
+                if state.job.id not in self.running:
+                    continue
+                if self._resume(state) is not None and not self.resumable(state.job):
+                    self._crashed(state, "the engine was rebuilt for a LoRA adapter change while running this job",
+                                  False)
+                else:
+                    self._add(state, self._resume(state))
+        finally:
+            self._restarting = self._rebuilding = False
+            self._slot_free.set()
+
+    def _release_held(self) -> None:
+        for job_id, resume in list(self._held.items()):
+            state = self.running.get(job_id)
+            del self._held[job_id]
+            if state is None:
+                continue
+            if state.job.params.adapter in self.engine.spec.adapters:
+                self._add(state, resume)
+                continue
+            outbox = Outbox()
+            self._end(state, JobStatus.ERROR, outbox, {
+                "status": 404, "message": f"The LoRA adapter `{state.job.params.adapter}` was unloaded",
+                "type": "invalid_request_error", "param": "model", "code": "model_not_found"})
+            self.publisher.put(outbox)
 
     # ---- engine failures -------------------------------------------------------------------------------
     def _on_engine_exit(self, kind: str, report: dict[str, Any] | None) -> None:
