@@ -505,13 +505,19 @@ class TextWorker(BaseWorker):
                 wanted = await self.runtime.read()
                 if wanted != self._applied:
                     if not await self.runtime.lock():
-                        continue  # another worker of the model is rebuilding: this one's turn comes later
+                        log.debug("another worker of %s is rebuilding; %d jobs held", self.model.name,
+                                  len(self._held))
+                        continue  # this one's turn comes at a later poll
                     try:
                         await self._rebuild(wanted)
                     finally:
                         await self.runtime.unlock()
             except UNAVAILABLE as exc:
                 log.warning("runtime LoRA adapters not read (%s); trying again", exc)
+                await asyncio.sleep(self.settings.lora_poll_s)  # Redis is away: no tighter loop than the poll
+                continue
+            except Exception:  # a rebuild that failed must not end the watcher: held jobs wait on it
+                log.exception("the LoRA adapter rebuild failed; trying again")
                 continue
             self._release_held()
 
@@ -524,6 +530,11 @@ class TextWorker(BaseWorker):
             deadline = time.monotonic() + self.settings.lora_drain_s
             while any(j not in self._held for j in self.running) and time.monotonic() < deadline:
                 await asyncio.sleep(0.05)
+            late = [j for j in self.running if j not in self._held]
+            if late:
+                log.warning("rebuilding with %d jobs still running after %.0fs (they go on from their tokens): %s",
+                            len(late), self.settings.lora_drain_s,
+                            ", ".join(f"{j} ({self.running[j].job.params.adapter})" for j in late[:8]))
             self._restarting = True
             self.engine.drop_pending()
             previous = self.engine.spec
