@@ -146,6 +146,21 @@ class Keys:
         """Hash: device -> JSON model card, written by that device's workers."""
         return f"{self.prefix}:model:{{m:{model}}}" if self.cluster else f"{self.prefix}:model:{model}"
 
+    def lora(self, model: str) -> str:
+        """Hash: LoRA adapter name -> JSON {path, alpha} of the adapters loaded at run time onto a text model
+        (`POST /v1/load_lora_adapter`). Owner: the admin endpoints; `/v1/unload_lora_adapter` deletes a field (the
+        hash goes with its last one); capped at OVQ_MAX_LORA_ADAPTERS fields. No TTL: an adapter stays loaded until
+        unloaded, across restarts. The model's workers read it every OVQ_LORA_POLL_S."""
+        return f"{self.prefix}:lora:{{m:{model}}}" if self.cluster else f"{self.prefix}:lora:{model}"
+
+    def lora_rebuild(self, model: str) -> str:
+        """String: the id of the one worker of the model rebuilding its engine for a changed adapter set, so the
+        model's workers do so one at a time (a rolling restart). TTL OVQ_LORA_REBUILD_LOCK_S; deleted by its
+        holder when done."""
+        if self.cluster:
+            return f"{self.prefix}:lorarebuild:{{m:{model}}}"
+        return f"{self.prefix}:lorarebuild:{model}"
+
     @property
     def models(self) -> str:
         """Sorted set: every model a worker has announced, scored by its last heartbeat (unix s); entries older

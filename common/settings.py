@@ -145,6 +145,15 @@ class Settings(BaseSettings):
     admission: Literal["knee", "greedy"] = "knee"
     # How long an engine may take to load its model and open its device.
     engine_start_timeout_s: float = 900.0
+    # LoRA adapters loaded at run time (`POST /v1/load_lora_adapter`, docs/how-to/lora.md): at most this many per model.
+    max_lora_adapters: int = 16
+    # How often each text worker reads its model's runtime LoRA adapters (at once when a job names one it lacks).
+    lora_poll_s: float = 2.0
+    # A worker rebuilding its engine for changed adapters first lets its running jobs finish, for up to this long;
+    # those still running then go on from their tokens on the rebuilt engine.
+    lora_drain_s: float = 60.0
+    # The longest one worker may hold its model's rebuild turn (the model's workers rebuild one at a time).
+    lora_rebuild_lock_s: float = 300.0
     # Security (docs/how-to/tenants.md). API keys (`Authorization: Bearer KEY`) for every route but the health probes,
     # given inline or one per line in a file (OVMS's --api_key_file); admin keys for /metrics, /docs,
     # /openapi.json and /ops. With no admin key those routes are open only while no API key is configured either.
