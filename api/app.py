@@ -22,7 +22,7 @@ from api.http.front import Endpoint, Front
 from api.http.hosts import HostGuard
 from api.http.status import CLIENT_CLOSED
 from api.openai import config as config_routes
-from api.openai import tokenize
+from api.openai import lora, tokenize
 from api.openai.adapters import adapter_names
 from api.openai.aliases import AliasRoutes
 from api.openai.config import ConfigFollower
@@ -227,10 +227,12 @@ def _install_routes(app: FastAPI) -> dict[str, Endpoint]:
         return await _counted(request, "rerank", request.app.state.encoders.rerank)
 
     async def list_models(request: Request) -> ModelList:
-        listed = await request.app.state.registry.models()
+        registry = request.app.state.registry
+        listed = await registry.models()
         data = [_model_object(name, card) for name, card in listed.items()]
-        data += [_model_object(adapter, card) for name, card in listed.items() if card is not None
-                 for adapter in adapter_names(name, card.adapters)]
+        for name, card in listed.items():
+            if card is not None:
+                data += [_model_object(a, card) for a in adapter_names(name, await registry.adapters(name, card))]
         data += [ModelObject(id=alias, created=0) for alias in request.app.state.aliases.names]
         return ModelList(data=data)
 
@@ -239,7 +241,7 @@ def _install_routes(app: FastAPI) -> dict[str, Endpoint]:
         if model in listed:
             return _model_object(model, listed[model])
         for name, card in listed.items():
-            if card is not None and model in adapter_names(name, card.adapters):
+            if card is not None and model in adapter_names(name, await request.app.state.registry.adapters(name, card)):
                 return _model_object(model, card)
         if model in request.app.state.aliases.names:
             return ModelObject(id=model, created=0)
@@ -280,6 +282,7 @@ def _install_routes(app: FastAPI) -> dict[str, Endpoint]:
         app.include_router(videos.router, prefix=prefix)
         app.add_api_route(f"{prefix}/videos/{{video_id}}/remix", remix_video, methods=["POST"])
         app.include_router(config_routes.router, prefix=prefix)
+        app.include_router(lora.router, prefix=prefix)
 
     @app.get("/v2/health/live")
     async def live() -> dict[str, bool]:

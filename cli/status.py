@@ -44,9 +44,26 @@ def workers_table(overview: cluster.Overview) -> Table:
         table.add_column(name, justify="right")
     table.add_column("state")
     for w in overview.workers:
-        state = "draining" if w.draining else "drain requested" if w.drain_requested else "serving"
+        state = "draining" if w.draining else "drain requested" if w.drain_requested else \
+            "serving" if w.state == "awake" else w.state
+        if w.pool:
+            state += " (pool)"
         table.add_row(w.id, w.model, w.device, w.host, w.servable_type, str(w.running), str(w.capacity),
                       f"{w.kv_cache_usage:.0%}", f"{w.tokens_per_s:.1f}", f"{w.age_s:.1f}s ago", state)
+    return table
+
+
+def pools_table(overview: cluster.Overview) -> Table:
+    table = Table(title="Pool workers", title_justify="left")
+    for name in ("pool", "device", "host", "models (state)"):
+        table.add_column(name)
+    for name in ("memory MiB used/budget", "loads", "unloads", "mean load s", "heartbeat"):
+        table.add_column(name, justify="right")
+    for p in overview.pools:
+        models = ", ".join(f"{m.model} ({m.state})" for m in p.models) or "-"
+        mean = f"{p.load_s / p.loads:.2f}" if p.loads else "-"
+        table.add_row(p.id, p.device, p.host, models, f"{p.used >> 20}/{p.budget >> 20}", str(p.loads),
+                      str(p.unloads), mean, f"{p.age_s:.1f}s ago")
     return table
 
 
@@ -62,6 +79,8 @@ async def _status(redis: aioredis.Redis, keys: Keys, settings: Settings, as_json
         out.print("No model announced by a worker (is a worker running against this Redis and key prefix?)")
     if overview.workers:
         out.print(workers_table(overview))
+    if overview.pools:
+        out.print(pools_table(overview))
     out.print(f"API processes: {len(overview.apis)}    dead letters: {overview.dead_letters}"
               + ("  (ovq dead list)" if overview.dead_letters else ""))
     return 0

@@ -78,10 +78,14 @@ def api(args: argparse.Namespace) -> int:
 
 
 def worker(args: argparse.Namespace) -> int:
-    if not args.model:
-        print("ovq worker: --model is required (or an action: ovq worker drain ID)", file=sys.stderr)
+    if bool(args.model) == bool(args.pool):
+        print("ovq worker: give --model NAME, or --pool (or an action: ovq worker drain ID)", file=sys.stderr)
         return 2
-    return _exec("workers", ["--model", args.model, "--device", args.device], config_env(args))
+    env = config_env(args)
+    if args.memory_mb:
+        env["OVQ_POOL_MEMORY_MB"] = str(args.memory_mb)
+    serves = ["--pool"] if args.pool else ["--model", args.model]
+    return _exec("workers", [*serves, "--device", args.device], env)
 
 
 def add_parsers(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -89,8 +93,11 @@ def add_parsers(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     p = sub.add_parser("api", help="the HTTP API (any number, on any hosts)")
     add_api_arguments(p)
     p.set_defaults(func=api)
-    p = sub.add_parser("worker", help="one worker: a model on a device (or: ovq worker drain ID)")
-    p.add_argument("--model", help="the model to serve (required to run a worker)")
+    p = sub.add_parser("worker", help="one worker: a model on a device, or a pool (or: ovq worker drain ID)")
+    p.add_argument("--model", help="the model to serve (a dedicated worker)")
+    p.add_argument("--pool", action="store_true",
+                   help="a pool worker: serves any model of the models file, loading those with waiting work")
+    p.add_argument("--memory-mb", type=int, help="a pool worker's memory budget for its models (OVQ_POOL_MEMORY_MB)")
     p.add_argument("--device", default="CPU", help="the device the worker runs its model on")
     p.add_argument("--config", help="models file (YAML or JSON)")
     ovms.add_arguments(p)

@@ -225,6 +225,9 @@ class Job(BaseModel):
     # running it records as served by it (`Keys.prefix_owner`). None: the job is not subject to affinity.
     affinity: str | None = None
     prefixes: list[str] | None = None
+    # Ollama's `keep_alive` (seconds; negative: for good): how long a pool worker keeps the model loaded once idle
+    # after this job (workers/pool/). None: OVQ_MODEL_KEEP_ALIVE_S.
+    keep_alive: float | None = None
 
     def expired(self, now: float) -> bool:
         """Too late to start: nobody waits for its answer any more."""

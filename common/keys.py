@@ -122,9 +122,44 @@ class Keys:
             return f"{self.prefix}:workers:{{m:{model}}}:{device}"
         return f"{self.prefix}:workers:{model}:{device}"
 
+    def pool(self, pool_id: str) -> str:
+        """Hash announcing one pool worker (`ovq worker --pool`, workers/pool/): device, memory budget and use, the
+        models it hosts (JSON: model, state, footprint, since), its swap counters and times. Owner: that pool, which
+        refreshes it each tick with a TTL of OVQ_WORKER_TTL_S and deletes it when it stops."""
+        return f"{self.prefix}:pool:{pool_id}"
+
+    def pool_claim(self, model: str, device: str) -> str:
+        """String: the id of the pool worker loading a model on a device, so that other pools load something else
+        meanwhile. Owner: that pool, which sets it (NX) when its load begins, renews it each tick while it loads
+        (TTL 60 s: a pool that dies mid-load holds it no longer) and deletes it once the model serves or failed."""
+        if self.cluster:
+            return f"{self.prefix}:poolclaim:{{m:{model}}}:{device}"
+        return f"{self.prefix}:poolclaim:{model}:{device}"
+
+    @property
+    def pools(self) -> str:
+        """Sorted set: the ids of pool workers, scored by their last tick (unix s). Owner: the pools, which trim
+        entries older than ten worker TTLs and give it an hour's TTL on every tick."""
+        return f"{self.prefix}:pools"
+
     def model(self, model: str) -> str:
         """Hash: device -> JSON model card, written by that device's workers."""
         return f"{self.prefix}:model:{{m:{model}}}" if self.cluster else f"{self.prefix}:model:{model}"
+
+    def lora(self, model: str) -> str:
+        """Hash: LoRA adapter name -> JSON {path, alpha} of the adapters loaded at run time onto a text model
+        (`POST /v1/load_lora_adapter`). Owner: the admin endpoints; `/v1/unload_lora_adapter` deletes a field (the
+        hash goes with its last one); capped at OVQ_MAX_LORA_ADAPTERS fields. No TTL: an adapter stays loaded until
+        unloaded, across restarts. The model's workers read it every OVQ_LORA_POLL_S."""
+        return f"{self.prefix}:lora:{{m:{model}}}" if self.cluster else f"{self.prefix}:lora:{model}"
+
+    def lora_rebuild(self, model: str) -> str:
+        """String: the id of the one worker of the model rebuilding its engine for a changed adapter set, so the
+        model's workers do so one at a time (a rolling restart). TTL OVQ_LORA_REBUILD_LOCK_S; deleted by its
+        holder when done."""
+        if self.cluster:
+            return f"{self.prefix}:lorarebuild:{{m:{model}}}"
+        return f"{self.prefix}:lorarebuild:{model}"
 
     @property
     def models(self) -> str:
@@ -172,6 +207,11 @@ class Keys:
     def drain(self, worker_id: str) -> str:
         """String set by an operator (TTL): the worker reads it each heartbeat, stops taking jobs, finishes, exits."""
         return f"{self.prefix}:drain:{worker_id}"
+
+    def steer(self, worker_id: str) -> str:
+        """String set by an operator (`ovq worker sleep|wake ID`, the ops page), TTL 10 min: `sleep` or `wake`. The
+        worker takes it (GETDEL) at its next heartbeat and acts on it."""
+        return f"{self.prefix}:steer:{worker_id}"
 
     def api(self, reply_to: str) -> str:
         """Hash announcing one API process (host, pid, started, heartbeat), named by its `reply_to`; short TTL."""

@@ -145,6 +145,15 @@ class Settings(BaseSettings):
     admission: Literal["knee", "greedy"] = "knee"
     # How long an engine may take to load its model and open its device.
     engine_start_timeout_s: float = 900.0
+    # LoRA adapters loaded at run time (`POST /v1/load_lora_adapter`, docs/how-to/lora.md): at most this many per model.
+    max_lora_adapters: int = 16
+    # How often each text worker reads its model's runtime LoRA adapters (at once when a job names one it lacks).
+    lora_poll_s: float = 2.0
+    # A worker rebuilding its engine for changed adapters first lets its running jobs finish, for up to this long;
+    # those still running then go on from their tokens on the rebuilt engine.
+    lora_drain_s: float = 60.0
+    # The longest one worker may hold its model's rebuild turn (the model's workers rebuild one at a time).
+    lora_rebuild_lock_s: float = 300.0
     # Security (docs/how-to/tenants.md). API keys (`Authorization: Bearer KEY`) for every route but the health probes,
     # given inline or one per line in a file (OVMS's --api_key_file); admin keys for /metrics, /docs,
     # /openapi.json and /ops. With no admin key those routes are open only while no API key is configured either.
@@ -325,6 +334,23 @@ class Settings(BaseSettings):
     # SSRF defence: webhooks go only to public addresses (every address the host resolves to is checked, at
     # connect time). On: loopback, private, link-local and other non-public addresses are allowed too.
     webhook_allow_private: bool = False
+
+    # A dedicated worker idle this long goes to sleep (its engine released, its process kept; a job wakes it, faster
+    # than a cold start: docs/how-to/pool-workers.md); unset: never by itself (`ovq worker sleep ID` still does).
+    worker_sleep_after_s: float | None = None
+
+    # ---- Pool workers (`ovq worker --pool`, workers/pool/) ------------------------------------------------------
+    # How long a pool worker keeps an idle model loaded (Ollama's `keep_alive`, which a request may set for itself:
+    # seconds, or "5m"); negative: for good; 0: unloaded as soon as it is idle.
+    model_keep_alive_s: float = 300.0
+    # The memory a pool worker's resident models may take together (MiB), each estimated from its IR files' sizes
+    # and its KV cache (`cache_size`) before it loads.
+    pool_memory_mb: int = Field(4096, ge=1)
+    # A model a pool worker loaded stays at least this long before another model's waiting work may swap it out.
+    pool_min_residency_s: float = 10.0
+    # A model whose oldest waiting job has waited this long (at most half of queue_timeout_s) is loaded first, even
+    # if a model at work must be swapped out for it: the longest a pool lets a model's requests wait for a slot.
+    pool_max_wait_s: float = 30.0
 
     @model_validator(mode="after")
     def _files_dir_for_directory_backend(self) -> Settings:

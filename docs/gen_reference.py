@@ -219,7 +219,7 @@ EXAMPLE = {"model": "MODEL", "device": "DEVICE", "worker": "WORKER", "level": "L
            "reply_to": "API", "job_id": "JOB", "worker_id": "WORKER", "name": "NAME", "window": "WINDOW",
            "response_id": "RESP", "file_id": "FILE", "batch_id": "BATCH", "tenant": "TENANT", "video_id": "VIDEO",
            "owner": "TENANT", "variant": "VARIANT", "source_id": "SOURCE",
-           "conversation_id": "CONV"}
+           "conversation_id": "CONV", "pool_id": "POOL"}
 
 
 def _key_names(keys_cls: type, member: str) -> tuple[str, str]:

@@ -1,4 +1,5 @@
-"""`python -m workers --model NAME --device CPU`: one worker process for one model on one device."""
+"""`python -m workers --model NAME --device CPU`: one worker process for one model on one device; `--pool`: a pool
+worker that serves any model of the models file on the device, loading what waits (workers/pool/)."""
 from __future__ import annotations
 
 import argparse
@@ -8,37 +9,13 @@ import sys
 
 import uvloop
 
-from common.models.config import ConfigError, ModelConfig
+from common.models.config import ConfigError
 from common.models.prepare import prepare
-from common.models.sources import find_model
+from common.models.sources import configured_models, find_model
 from common.redis.client import RedisRefused, RedisURLError, connect, redis_url, wait_until_up
-from common.servable import ServableType, infer_servable
 from common.settings import Settings
 from workers.engine.continuous import error_message
-
-
-def worker_class(model: ModelConfig, device: str) -> type:
-    """The servable type (from the directory and the device) says which worker runs the model."""
-    kind = infer_servable(model.path, device, model.pipeline_type)
-    if kind is ServableType.IMAGE:
-        from workers.image.worker import ImageWorker
-
-        return ImageWorker
-    if kind is ServableType.VIDEO:
-        from workers.video.worker import VideoWorker
-
-        return VideoWorker
-    if kind in (ServableType.S2T, ServableType.T2S):
-        from workers.audio.worker import SpeechWorker
-
-        return SpeechWorker
-    if kind in (ServableType.EMBEDDINGS, ServableType.RERANK):
-        from workers.embed.worker import EncoderWorker
-
-        return EncoderWorker
-    from workers.text.worker import TextWorker
-
-    return TextWorker
+from workers.kinds import worker_class
 
 
 async def _wait_for_redis(settings: Settings, url: str) -> None:
@@ -51,15 +28,19 @@ async def _wait_for_redis(settings: Settings, url: str) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="ovq worker")
-    parser.add_argument("--model", required=True)
+    parser.add_argument("--model")
+    parser.add_argument("--pool", action="store_true", help="serve any model of the models file, as work waits")
     parser.add_argument("--device", default="CPU")
     parser.add_argument("--config", default=None, help="models file (YAML or JSON)")
     args = parser.parse_args(argv)
+    if bool(args.model) == args.pool:
+        print("ovq worker: give --model NAME or --pool", file=sys.stderr)
+        return 2
     overrides = {"config": args.config} if args.config else {}
     settings = Settings(**overrides)
     logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
     try:
-        model = find_model(settings, args.model)
+        models = configured_models(settings) if args.pool else [find_model(settings, args.model)]
     except KeyError:
         print(f"ovq worker: no model named {args.model!r} in the models file", file=sys.stderr)
         return 2
@@ -79,8 +60,14 @@ def main(argv: list[str] | None = None) -> int:
     except RedisRefused as exc:
         print(f"ovq worker: {exc}", file=sys.stderr)
         return 2
-    prepare(model)
     device = args.device.upper()
+    if args.pool:
+        from workers.pool.supervisor import Pool
+
+        uvloop.run(Pool(settings, models, device).run())
+        return 0
+    model = models[0]
+    prepare(model)
     try:
         uvloop.run(worker_class(model, device)(settings, model, device).run())
     except RuntimeError as exc:

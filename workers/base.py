@@ -25,6 +25,7 @@ from redis.exceptions import ResponseError
 from common import heap, tracing
 from common.errors import ErrorBody, OvqError
 from common.events import Cancelled, Error
+from common.fairness import in_flight
 from common.jobs import ENTRY_JOB, ENTRY_REASON, ENTRY_WORKER, LEVELS, Job, JobStatus
 from common.keys import GROUP
 from common.modelcard import ModelCard
@@ -74,6 +75,14 @@ class BaseWorker:
         self.levels = tuple((level, self.keys.level_jobs(model.name, device, level)) for level in LEVELS)
         self.running: dict[str, Any] = {}
         self.jobs_taken = 0
+        self.keep_alive_s: float | None = None  # the last started job's `keep_alive` (None: the setting's)
+        self.pool = ""  # the pool worker hosting this one (workers/pool/), shown with its heartbeat
+        self.serving = asyncio.Event()  # set once it reads jobs: its backend is up
+        # Sleep and wake (`sleep`, `wake`): awake, sleeping (no new job; its backend stops once idle), asleep (the
+        # backend released: weights and KV cache), waking. The last wake's seconds, for the ops page and `ovq status`.
+        self.state = "awake"
+        self.woke_in_s: float | None = None
+        self._idle_since = time.monotonic()
         self.tokens_generated = 0
         self.engine_restarts = 0
         self.started = time.time()
@@ -147,6 +156,15 @@ class BaseWorker:
         """How many more jobs to take from the stream now."""
         return max(0, self.capacity - len(self.running))
 
+    def _room(self) -> int:
+        """`room`, and none while it is not awake (its jobs wait in the stream, where a job wakes it)."""
+        return self.room() if self.state == "awake" else 0
+
+    @property
+    def can_sleep(self) -> bool:
+        """Whether its backend can be released and started again in this process (`sleep`)."""
+        return False
+
     def resumable(self, job: Job) -> bool:
         """Whether this worker can continue `job` from what another worker had streamed of it (none can here)."""
         return False
@@ -181,10 +199,12 @@ class BaseWorker:
             followed=frozenset(s.job.id for s in self.running.values() if s.job.journal and not s.job.background),
             admission_knee=knee, admission_limit=limit,
             affinity_hits=self.affinity.hits if self.affinity is not None else 0,
-            affinity_steals=self.affinity.steals if self.affinity is not None else 0)
+            affinity_steals=self.affinity.steals if self.affinity is not None else 0, pool=self.pool,
+            state=self.state, woke_in_s=self.woke_in_s, can_sleep=self.can_sleep)
 
     # ---- lifecycle -------------------------------------------------------------------------------------
-    async def run(self) -> None:
+    async def run(self, signals: bool = True) -> None:
+        """`signals`: SIGTERM and SIGINT drain it (off for a worker a pool hosts: the pool stops its workers)."""
         await self.ensure_group()
         await self.start_backend()
         if self.health is not None:
@@ -192,7 +212,7 @@ class BaseWorker:
         self.publisher.start()
         heap.settle()
         loop = asyncio.get_running_loop()
-        for sig in (signal.SIGTERM, signal.SIGINT):
+        for sig in (signal.SIGTERM, signal.SIGINT) if signals else ():
             loop.add_signal_handler(sig, self.stop, sig.name)
         log.info("worker %s serving %s on %s (%s)", self.id, self.model.name, self.device, self.describe())
         tasks = [
@@ -201,12 +221,14 @@ class BaseWorker:
             asyncio.create_task(self._heartbeat_loop(), name="heartbeat"),
             asyncio.create_task(self._reclaim_loop(), name="reclaim"),
             asyncio.create_task(self._deferred_loop(), name="deferred"),
+            asyncio.create_task(self._sleep_loop(), name="sleep"),
         ]
         follower = Follower(self.redis, self.keys, self.settings, self.id, self.model, self.device, self.reconfigure,
                             self._idle, self.stop)
         if follower.enabled:
             tasks.append(asyncio.create_task(follower.run(), name="config"))
         stopper = asyncio.create_task(self._stopping.wait())
+        self.serving.set()
         done, _ = await asyncio.wait([stopper, *tasks], return_when=asyncio.FIRST_COMPLETED)
         for task in done:
             if task is not stopper and task.exception():
@@ -417,6 +439,7 @@ class BaseWorker:
                 continue
             self._deferred.pop(job.id, None)
             self.jobs_taken += 1
+            self.keep_alive_s = job.keep_alive  # Ollama's rule: each request sets how long the model stays after it
             started.append(job)
             # Its stream entry (Redis time it was queued) and when it left the stream: the queue order, visible.
             outbox.set_status(job.id, entry=entry_id.decode(), taken=taken)
@@ -463,7 +486,7 @@ class BaseWorker:
                     outbox.set_status(job_id, status=JobStatus.CANCELLED)
                     outbox.ack(entry_id, self.stream_of(job))
             self.publisher.put(outbox)
-            waiting = [(e, j) for e, j, _ in self._deferred.values()][: self.room()]
+            waiting = [(e, j) for e, j, _ in self._deferred.values()][: self._room()]
             try:
                 if waiting:
                     await self.admit_jobs(waiting)
@@ -536,6 +559,81 @@ class BaseWorker:
         self.cancel_unread(steering.unread)
         if steering.drain and not self.draining:
             self.stop("an operator asked it to drain")
+        if steering.command == "sleep":
+            self.sleep("an operator asked it to")
+        elif steering.command == "wake":
+            self.wake("an operator asked it to")
+
+    # ---- sleep and wake --------------------------------------------------------------------------------
+    def sleep(self, why: str) -> None:
+        """Release the backend (its weights and KV cache) while the process, its Redis connections, its heartbeat
+        and its card stay: no new job; once the running ones end, the backend stops (`_sleep_loop`)."""
+        if not self.can_sleep:
+            log.warning("worker %s cannot sleep (%s): ignored", self.id, self.describe())
+        elif self.state == "awake":
+            log.info("worker %s going to sleep (%s): %d running finish first", self.id, why, len(self.running))
+            self.state = "sleeping"
+
+    def wake(self, why: str) -> None:
+        if self.state == "sleeping":  # not yet asleep: it simply goes on
+            self.state = "awake"
+            self._slot_free.set()
+        elif self.state == "asleep":
+            log.info("worker %s waking (%s)", self.id, why)
+            self.state = "waking"
+
+    async def _sleep_loop(self) -> None:
+        """Carry sleep and wake out: stop the backend once a sleeping worker is idle; start it again when asked, or
+        when a job waits in its streams (or a request waits for its model's card); after
+        OVQ_WORKER_SLEEP_AFTER_S idle, fall asleep by itself."""
+        after = self.settings.worker_sleep_after_s
+        while True:
+            await asyncio.sleep(0.25)
+            if self.running or self._deferred:
+                self._idle_since = time.monotonic()
+            elif self.state == "awake" and after is not None and time.monotonic() - self._idle_since >= after:
+                self.sleep(f"idle for {after:g}s (OVQ_WORKER_SLEEP_AFTER_S)")
+            if self.state == "sleeping" and not self.running and not self._deferred:
+                began = time.monotonic()
+                await self.stop_backend()
+                self.state = "asleep"
+                log.info("worker %s asleep: its engine released in %.2fs", self.id, time.monotonic() - began)
+            elif self.state == "asleep":
+                try:
+                    if await self._work_waits():
+                        self.wake("a job waits")
+                except UNAVAILABLE:
+                    pass
+            if self.state == "waking":
+                await self._wake_backend()
+
+    async def _wake_backend(self) -> None:
+        began = time.monotonic()
+        try:
+            await self.start_backend()
+        except Exception as exc:
+            log.error("worker %s could not wake its engine (%s); stopping", self.id, exc)
+            self.state = "asleep"
+            self.stop("its engine could not be started again")
+            return
+        self.woke_in_s = time.monotonic() - began
+        self.state, self._idle_since = "awake", time.monotonic()
+        self._slot_free.set()
+        log.info("worker %s awake: its engine started again in %.2fs", self.id, self.woke_in_s)
+
+    async def _work_waits(self) -> bool:
+        """A job waits in one of its streams (XLEN - in flight: acked entries are deleted), or a request waits for
+        its model's card."""
+        pipe = self.redis.pipeline(transaction=False)
+        for stream in self.streams:
+            pipe.xlen(stream)
+            pipe.xpending(stream, GROUP)
+        pipe.llen(self.keys.awaiting(self.model.name, self.device))
+        replies = await pipe.execute(raise_on_error=False)
+        *pairs, awaiting = replies
+        waiting = sum(max(int(n) - in_flight(p), 0) for n, p in zip(pairs[::2], pairs[1::2], strict=True)
+                      if isinstance(n, int) and isinstance(p, dict))
+        return waiting > 0 or (isinstance(awaiting, int) and awaiting > 0)
 
     async def _reclaim_loop(self) -> None:
         async for takeover in self.reclaimer.passes():

@@ -62,6 +62,12 @@ class Vitals:
     # Prefix affinity (workers/queue/affinity.py): jobs it ran from its own affinity stream, and from others'.
     affinity_hits: int = 0
     affinity_steals: int = 0
+    # The pool worker hosting it (workers/pool/); "" for a dedicated worker.
+    pool: str = ""
+    # "awake", "asleep" (its engine released: weights and KV cache), "waking" or "sleeping".
+    state: str = "awake"
+    woke_in_s: float | None = None  # the last wake's seconds (its engine started again)
+    can_sleep: bool = False
 
     @property
     def kv_cache_usage(self) -> float:

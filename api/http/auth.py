@@ -2,7 +2,8 @@
 
 - Every route but the health probes and the operator routes (so `/v1/*`, `/v3/*`, and any path that does not
   exist) needs an API key (`OVQ_API_KEYS`, `OVQ_API_KEY_FILE`) when any is configured.
-- Operator routes (`/metrics`, `/docs`, `/openapi.json`, `/ops`, `/v1/config`) need an admin key (`OVQ_ADMIN_KEYS`,
+- Operator routes (`/metrics`, `/docs`, `/openapi.json`, `/ops`, `/v1/config`, and `/v1/load_lora_adapter`,
+  `/v1/unload_lora_adapter` under either API prefix) need an admin key (`OVQ_ADMIN_KEYS`,
   `OVQ_ADMIN_KEY_FILE`), as a Bearer token or as the password of HTTP Basic auth (so a browser can open them).
   With no admin key they are open only while no API key is configured either: a server with API keys never
   shows its operator routes to anyone without an admin key (fail closed).
@@ -43,6 +44,9 @@ from common.webhooks.endpoints import WebhookEndpoint
 
 OPEN = re.compile(r"(/v1|/v3)?/health|/v2/health/(live|ready)|/v2/models/.+/ready")
 ADMIN_PREFIXES = ("/metrics", "/docs", "/openapi.json", "/ops", "/v1/config", "/v3/config")
+# Operator routes under the API prefixes: loading and unloading LoRA adapters (api/openai/lora.py).
+ADMIN_PATHS = frozenset(f"{prefix}{path}" for prefix in ("/v1", "/v3")
+                        for path in ("/load_lora_adapter", "/unload_lora_adapter"))
 KEY_STATE = "api_key"  # request.state's attribute holding the presented key's `KeyAttributes`
 CALLER_STATE = "caller"  # request.state's attribute holding the `Caller`: whose objects it sees (common/owner.py)
 
@@ -211,7 +215,7 @@ class ApiKeyMiddleware:
             path: str = scope["path"]
             if OPEN.fullmatch(path):
                 pass
-            elif path.startswith(ADMIN_PREFIXES):
+            elif path.startswith(ADMIN_PREFIXES) or path in ADMIN_PATHS:
                 if not self._admin_allowed(scope):
                     return await refuse(send, "This operator route needs an admin key (OVQ_ADMIN_KEYS)",
                                         b'Basic realm="ovq admin", charset="UTF-8"')

@@ -1,5 +1,6 @@
 """Which model, and which of its LoRA adapters, a request's `model` names: `MODEL:ADAPTER`, or the adapter's
-declared name alone (as vLLM serves `--lora-modules`), or a plain model."""
+declared name alone (as vLLM serves `--lora-modules`), or a plain model. Adapters are the models file's (on the
+card) and those loaded at run time (`api/openai/lora.py`)."""
 from __future__ import annotations
 
 from api.queue.registry import Registry
@@ -13,10 +14,10 @@ async def resolve(registry: Registry, name: str) -> tuple[str, str | None]:
     base, colon, adapter = name.rpartition(":")
     if colon and base:
         cards = await registry.cards(base)
-        if any(adapter in card.adapters for card in cards.values()):
+        if cards and adapter in await registry.adapters(base, next(iter(cards.values()))):
             return base, adapter
     for model, card in (await registry.models()).items():
-        if card is not None and name in card.adapters:
+        if card is not None and name in await registry.adapters(model, card):
             return model, name
     return name, None
 

@@ -6,6 +6,7 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from common import keep_alive
 from common.errors import ErrorBody, OvqError
 
 UINT32_MAX = 4_294_967_295
@@ -114,6 +115,9 @@ class SamplingRequest(BaseModel):
     # hook, __getattr__/__setattr__); the serializers skip what is not a field, so it never reaches the wire.
     _adapter: ClassVar[str | None] = None
     logit_bias: dict[str, float] | None = None
+    # Ollama's: how long a pool worker keeps the model loaded after this request (seconds, or "5m"; negative: for
+    # good). Parsed to seconds by `_keep_alive`.
+    keep_alive: float | None = None
 
     @property
     def adapter(self) -> str | None:
@@ -135,6 +139,18 @@ class SamplingRequest(BaseModel):
         if len(value) > 16:
             raise OvqError("stop array must have no more than 16 strings", param="stop")
         return value
+
+    @field_validator("keep_alive", mode="before")
+    @classmethod
+    def _keep_alive(cls, value: Any) -> float | None:
+        if value is None:
+            return None
+        if not isinstance(value, int | float | str):
+            raise OvqError("keep_alive must be a number of seconds or a duration such as \"5m\"", param="keep_alive")
+        try:
+            return keep_alive.parse(value)
+        except ValueError as exc:
+            raise OvqError(str(exc), param="keep_alive") from None
 
     @model_validator(mode="after")
     def _checks(self) -> SamplingRequest:

@@ -204,7 +204,8 @@ class Serving:
     def _job(self, body: SamplingRequest, servable: Servable, kind: str, prompt: Any, params: SamplingParams,
              job_id: str, add_special_tokens: bool = False) -> Job:
         return Job(id=job_id, model=servable.model, device=servable.card.device, kind=kind, prompt=prompt,
-                   add_special_tokens=add_special_tokens, params=params, reply_to=self.jobs.hub.reply_to)
+                   add_special_tokens=add_special_tokens, params=params, reply_to=self.jobs.hub.reply_to,
+                   keep_alive=body.keep_alive)
 
     def open(self, request: Request, model: str, servable: Servable, jobs: list[Job],
              stream: bool = False) -> Generation:

@@ -107,6 +107,20 @@ async def drain(request: Request, worker_id: str) -> Response:
     return _done(request, await _act(request, act()))
 
 
+@router.post("/workers/{worker_id}/{command}")
+async def steer(request: Request, worker_id: str, command: str) -> Response:
+    """`sleep` or `wake` (common/ops/control.py `steer`)."""
+    redis, keys, _ = _redis(request)
+
+    async def act() -> str:
+        if command not in control.COMMANDS:
+            raise control.NotFound(f"no worker action {command!r}")
+        await control.steer(redis, keys, worker_id, command)
+        return f"worker {worker_id}: {command} requested (at its next heartbeat)"
+
+    return _done(request, await _act(request, act()))
+
+
 @router.post("/dead/{entry_id}/retry")
 async def retry(request: Request, entry_id: str) -> Response:
     redis, keys, settings = _redis(request)

@@ -155,6 +155,7 @@ class Registry:
         # announce it (a removed model's workers drain). Without one, every announced model is served.
         self.configured = configured
         self._cards: dict[str, tuple[float, dict[str, ModelCard]]] = {}
+        self._adapters: dict[str, tuple[float, list[str]]] = {}
         self._loading: dict[str, asyncio.Future[dict[str, ModelCard]]] = {}
         self._estimates: dict[tuple[str, str, str | None], tuple[float, float | None]] = {}
         self._estimating: dict[tuple[str, str, str | None], asyncio.Future[float | None]] = {}
@@ -197,6 +198,24 @@ class Registry:
     def exists(self, model: str) -> bool:
         """Not known to be gone: named by the models file, or announced where no models file decides."""
         return not self.configured or model in self.expected
+
+    async def runtime_adapters(self, model: str, fresh: bool = False) -> list[str]:
+        """The LoRA adapters loaded onto the model at run time (`Keys.lora`), cached as the cards are."""
+        cached = self._adapters.get(model)
+        if cached and not fresh and time.monotonic() - cached[0] < CARD_CACHE_S:
+            return cached[1]
+        names = sorted(n.decode() if isinstance(n, bytes) else n for n in await self.redis.hkeys(self.keys.lora(model)))
+        self._adapters[model] = (time.monotonic(), names)
+        return names
+
+    def forget_adapters(self, model: str) -> None:
+        """This process changed the model's adapters: its next read goes to Redis."""
+        self._adapters.pop(model, None)
+
+    async def adapters(self, model: str, card: ModelCard | None) -> list[str]:
+        """Every adapter a request may name on the model: the models file's (its card) and those loaded since."""
+        static = card.adapters if card is not None else []
+        return sorted({*static, *await self.runtime_adapters(model)})
 
     async def announced(self) -> list[str]:
         """Models with a worker heard within the card TTL."""

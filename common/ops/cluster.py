@@ -70,6 +70,10 @@ class WorkerState(BaseModel):
     admission_limit: int = 0
     affinity_hits: int = 0  # prefix affinity: jobs run from its own affinity stream
     affinity_steals: int = 0  # and from other workers' (waited past OVQ_AFFINITY_STEAL_MS)
+    pool: str = ""  # the pool worker hosting it (`ovq worker --pool`); "" for a dedicated worker
+    state: str = "awake"  # awake, sleeping, asleep (its engine released), waking
+    can_sleep: bool = False
+    woke_in_s: float | None = None  # its last wake: seconds to start its engine again
 
 
 class ApiState(BaseModel):
@@ -77,6 +81,35 @@ class ApiState(BaseModel):
     host: str = ""
     pid: int = 0
     started: float = 0.0
+    age_s: float = 0.0
+
+
+class PoolModel(BaseModel):
+    model: str
+    state: str  # loading, serving, unloading
+    footprint: int = 0  # bytes, estimated
+    for_s: float = 0.0  # in this state
+    idle_s: float | None = None
+    load_s: float | None = None
+    worker: str = ""
+
+
+class PoolState(BaseModel):
+    """A pool worker (`ovq worker --pool`), as its own record describes it (`Keys.pool`)."""
+
+    id: str
+    device: str = ""
+    host: str = ""
+    pid: int = 0
+    budget: int = 0  # bytes its models may take
+    used: int = 0
+    known: int = 0  # models of its models file on its device
+    models: list[PoolModel] = Field(default_factory=list)
+    loads: int = 0
+    unloads: int = 0
+    load_s: float = 0.0  # summed over its loads
+    unload_s: float = 0.0
+    failed: int = 0
     age_s: float = 0.0
 
 
@@ -111,6 +144,7 @@ class Overview(BaseModel):
     dead: list[DeadLetter]
     failures: list[Failure]
     batches: list[ModelBatches] = Field(default_factory=list)
+    pools: list[PoolState] = Field(default_factory=list)
 
 
 def _text(value: bytes | str) -> str:
@@ -236,8 +270,32 @@ async def workers(redis: aioredis.Redis, keys: Keys, settings: Settings,
             heartbeat=heartbeat, age_s=max(now - heartbeat, 0.0), started=float(raw.get("started", 0)),
             draining=raw.get("draining") == "1", drain_requested=bool(drain), port=int(raw.get("port", 0)),
             admission_knee=int(raw.get("admission_knee", 0)), admission_limit=int(raw.get("admission_limit", 0)),
-            affinity_hits=int(raw.get("affinity_hits", 0)), affinity_steals=int(raw.get("affinity_steals", 0))))
+            affinity_hits=int(raw.get("affinity_hits", 0)), affinity_steals=int(raw.get("affinity_steals", 0)),
+            pool=raw.get("pool", ""), state=raw.get("state") or "awake", can_sleep=raw.get("can_sleep") == "1",
+            woke_in_s=float(raw["woke_in_s"]) if raw.get("woke_in_s") else None))
     return sorted(found, key=lambda w: (w.model, w.device, w.host, w.id))
+
+
+async def pools(redis: aioredis.Redis, keys: Keys, settings: Settings) -> list[PoolState]:
+    """The pool workers heard within the worker TTL."""
+    now = time.time()
+    ids = [_text(i) for i in await redis.zrangebyscore(keys.pools, now - settings.worker_ttl_s, "+inf")]
+    pipe = redis.pipeline(transaction=False)
+    for pool_id in ids:
+        pipe.hgetall(keys.pool(pool_id))
+    found = []
+    for pool_id, raw in zip(ids, await pipe.execute() if ids else [], strict=True):
+        fields = _hash(raw)
+        if not fields:
+            continue
+        found.append(PoolState(
+            id=pool_id, device=fields.get("device", ""), host=fields.get("host", ""), pid=int(fields.get("pid", 0)),
+            budget=int(fields.get("budget", 0)), used=int(fields.get("used", 0)), known=int(fields.get("known", 0)),
+            models=[PoolModel.model_validate(m) for m in orjson.loads(fields.get("models") or "[]")],
+            loads=int(fields.get("loads", 0)), unloads=int(fields.get("unloads", 0)),
+            load_s=float(fields.get("load_s", 0)), unload_s=float(fields.get("unload_s", 0)),
+            failed=int(fields.get("failed", 0)), age_s=max(now - float(fields.get("heartbeat", now)), 0.0)))
+    return sorted(found, key=lambda p: (p.host, p.id))
 
 
 async def apis(redis: aioredis.Redis, keys: Keys, settings: Settings) -> list[ApiState]:
@@ -303,4 +361,5 @@ async def overview(redis: aioredis.Redis, keys: Keys, settings: Settings, with_s
     total, dead = await dead_letters(redis, keys, rows)
     return Overview(time=time.time(), streams=states, workers=await workers(redis, keys, settings, pairs),
                     apis=await apis(redis, keys, settings), dead_letters=total, dead=dead,
-                    failures=await failures(redis, keys, rows), batches=await batch_models(redis, keys))
+                    failures=await failures(redis, keys, rows), batches=await batch_models(redis, keys),
+                    pools=await pools(redis, keys, settings))

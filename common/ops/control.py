@@ -54,6 +54,23 @@ async def drain(redis: aioredis.Redis, keys: Keys, worker_id: str) -> None:
     await redis.set(keys.drain(worker_id), time.time(), ex=DRAIN_TTL_S)
 
 
+STEER_TTL_S = 600  # a sleep or wake command for a worker that never reads it (it died meanwhile) goes away then
+COMMANDS = ("sleep", "wake")
+
+
+async def steer(redis: aioredis.Redis, keys: Keys, worker_id: str, command: str) -> None:
+    """Ask a live worker to sleep (release its engine's weights and KV cache, keep its process; a job wakes it) or
+    to wake; it takes the command at its next heartbeat."""
+    if command not in COMMANDS:
+        raise Refused(f"no worker command {command!r} (one of: {', '.join(COMMANDS)})")
+    can_sleep = await redis.hget(keys.worker(worker_id), "can_sleep")
+    if can_sleep is None:
+        raise NotFound(f"no live worker {worker_id!r}")
+    if can_sleep != b"1":
+        raise Refused(f"worker {worker_id} cannot sleep: its kind keeps its pipeline in its own process")
+    await redis.set(keys.steer(worker_id), command, ex=STEER_TTL_S)
+
+
 async def retry(redis: aioredis.Redis, keys: Keys, settings: Settings, entry_id: str) -> Job:
     """Put a dead letter's job back on its model's stream (a fresh delivery count, created now)."""
     entries = await redis.xrange(keys.dead, entry_id, entry_id)

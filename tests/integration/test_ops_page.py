@@ -221,7 +221,7 @@ def test_the_ops_page_shows_what_redis_holds_and_steers_the_queue(
     next_refresh(page)
     assert page.locator('[data-k="dead-total"]').inner_text() == "0"
 
-    page.locator(f'tr[data-worker="{worker}"] button').click()
+    page.locator(f'tr[data-worker="{worker}"] form[action$="/drain"] button').click()  # beside it: sleep
     assert worker_proc.wait(60) == 0
     wait_for(lambda: (next_refresh(page), page.locator("#workers .empty").count())[1] == 1, 30,
              "the drained worker gone from the page")

@@ -50,6 +50,7 @@ class EngineClient:
         self._stopping = False
         self._last_heard = time.monotonic()
         self._watchdog: asyncio.Task[None] | None = None
+        self._replaced: asyncio.Future[None] | None = None  # set while `replace` waits for the old engine's end
 
     async def start(self) -> None:
         """Start the engine process and wait for its handshake; EngineError when it cannot open its device."""
@@ -60,7 +61,7 @@ class EngineClient:
         outputs_in, outputs_out = self._ctx.Pipe(duplex=False)
         self._process = self._ctx.Process(target=self.target, args=(commands_in, outputs_out, self.spec),
                                           daemon=True, name="ovq-engine")
-        self._report, self._killed = None, False
+        self._report, self._killed, self._stopping = None, False, False  # (started again after a `stop`: a wake)
         self._handshake = loop.create_future()
         self._process.start()
         pipes = EnginePipes()
@@ -77,7 +78,7 @@ class EngineClient:
             raise EngineError(ready.get(protocol.WHY) or "the engine could not start")
         self._ready = True
         self._last_heard = time.monotonic()
-        if self._watchdog is None:
+        if self._watchdog is None or self._watchdog.done():
             self._watchdog = loop.create_task(self._watch(), name="engine-watchdog")
         self._flush()
 
@@ -120,6 +121,10 @@ class EngineClient:
         if self._handshake is not None and not self._handshake.done():
             self._handshake.set_result(protocol.ready("the engine process exited while starting"))
         self._detach()
+        if self._replaced is not None:  # ended on purpose by `replace`: no failure to report
+            if not self._replaced.done():
+                self._replaced.set_result(None)
+            return
         if self._stopping:
             return
         kind = "broken" if self._report else "unresponsive" if self._killed else "crashed"
@@ -135,6 +140,21 @@ class EngineClient:
                 log.error("the engine sent nothing for %.0fs while it had work (engine_watchdog_s %.0f); "
                           "killing it", silent, self.watchdog_s)
                 self._kill()
+
+    async def replace(self, spec: EngineSpec, timeout: float = 10.0) -> None:
+        """End this engine process and start one with `spec` (EngineError if it cannot start). Whatever ran on the
+        old one is the caller's to add again: nothing is answered for it."""
+        self._replaced = asyncio.get_running_loop().create_future()
+        try:
+            if self._process is not None and self._process.is_alive():
+                self._process.kill()  # no state to save: the caller re-adds its jobs from what they have sent
+                await asyncio.wait_for(self._replaced, timeout)
+            else:
+                self._detach()
+        finally:
+            self._replaced = None
+        self.spec = spec
+        await self.start()
 
     def _kill(self) -> None:
         if self._process is not None and self._process.is_alive():
@@ -152,6 +172,7 @@ class EngineClient:
             self._pipes = None
 
     async def stop(self, timeout: float = 10.0) -> None:
+        """End the engine process (its weights and KV cache go with it); `start` may start a new one later."""
         self._stopping = True
         if self._watchdog is not None:
             self._watchdog.cancel()

@@ -26,7 +26,7 @@ import orjson
 from common import heap
 from common.errors import OvqError
 from common.jobs import SamplingParams
-from workers.engine import protocol
+from workers.engine import lora, protocol
 from workers.engine.arrivals import ArrivalWindow
 from workers.engine.generation import choice_configs, prompt_param, token_budget
 from workers.engine.prompt_length import prompt_length
@@ -95,7 +95,9 @@ class Adapters:
     GenAI 2026.4's continuous batching applies `GenerationConfig.adapters` only in `generate()`, which refuses a
     batch whose requests differ in them; the adapters it sets stay for the steps after it. So jobs run in groups of
     one adapter (or none): a job for another one waits until the batch has drained, then a one-token `generate`
-    switches the pipeline to it.
+    switches the pipeline to it. Every adapter is made alike first (`workers.engine.lora`: one rank, one set of
+    layers) and the base model runs as the first adapter at alpha 0, so a switch changes values, never the shapes
+    of GenAI's LoRA states: switching shapes under `step()` crashes the CPU plugin.
     """
 
     UNSET = "\0unset"  # before the first switch: GenAI applies nothing until a generate() names its adapters
@@ -110,9 +112,13 @@ class Adapters:
         """The pipeline properties, with every adapter registered (each switch then only changes alphas)."""
         if not self.declared:
             return properties
+        import numpy as np
+        import openvino as ov
         import openvino_genai as g
 
-        self._adapters = {name: g.Adapter(spec["path"]) for name, spec in self.declared.items()}
+        alike = lora.alike({name: spec["path"] for name, spec in self.declared.items()})
+        self._adapters = {name: g.Adapter(ov.Tensor(np.frombuffer(data, dtype=np.uint8).copy()))
+                          for name, data in alike.items()}
         config = g.AdapterConfig(list(self._adapters.values()), g.AdapterConfig.Mode.MODE_DYNAMIC)
         return {**properties, "adapters": config}
 
@@ -126,8 +132,10 @@ class Adapters:
 
         drain(pipe)  # generate() needs no request in the pipeline, ended and cancelled ones included
         config = g.GenerationConfig(max_new_tokens=1)
-        config.adapters = (g.AdapterConfig(self._adapters[adapter], float(self.declared[adapter].get("alpha", 1.0)))
-                           if adapter is not None else g.AdapterConfig())
+        if adapter is None:  # the base model: an adapter at alpha 0 (an empty config would empty the states)
+            config.adapters = g.AdapterConfig(next(iter(self._adapters.values())), 0.0)
+        else:
+            config.adapters = g.AdapterConfig(self._adapters[adapter], float(self.declared[adapter].get("alpha", 1.0)))
         pipe.generate([ov.Tensor(np.asarray([[max(eos or 0, 0)]], dtype=np.int64))], [config])
         self.active = adapter
 
@@ -352,6 +360,9 @@ class Engine:
                 handle.cancel()
                 if not request.handles:
                     self._forget(job)
+                    # The batch may be empty now: nothing else would let a waiting group in (the engine blocks
+                    # for its next command while no job runs).
+                    self._next_adapter(out)
             return
         tokens: list[int] = []
         if request is not None:

@@ -22,7 +22,7 @@ def readiness(vitals: Vitals, heartbeat_s: float) -> tuple[bool, str]:
     """Whether the worker should get jobs, and why not: draining, no engine, or Redis silent for three beats."""
     if vitals.draining:
         return False, "draining"
-    if not vitals.engine_alive:
+    if not vitals.engine_alive and vitals.state == "awake":  # asleep, a job wakes it: ready all the same
         return False, "engine not running"
     if vitals.redis_silent_s > 3 * heartbeat_s + 1:
         return False, "Redis unreachable"

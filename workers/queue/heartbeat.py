@@ -45,6 +45,7 @@ class Steering:
     drain: bool = False  # an operator asked this worker to drain (`ovq worker drain`)
     gone: set[str] = field(default_factory=set)  # API processes of running jobs that are gone
     unread: set[str] = field(default_factory=set)  # resumable jobs no API process has streamed for the grace period
+    command: str | None = None  # an operator's `sleep` or `wake` (`ovq worker sleep|wake`), taken once
 
 
 def gone_apis(reply_tos: list[str], scores: list[float | None], api_ttl_s: float) -> set[str]:
@@ -79,6 +80,8 @@ class Heartbeat:
             "tokens_generated": v.tokens_generated, "port": v.port,
             "tokens_per_s": round(self.rate.update(now, v.tokens_generated), 2),
             "admission_knee": v.admission_knee, "admission_limit": v.admission_limit,
+            "pool": v.pool, "state": v.state, "can_sleep": int(v.can_sleep),
+            "woke_in_s": "" if v.woke_in_s is None else round(v.woke_in_s, 3),
         })
         pipe.pexpire(keys.worker(m.id), ttl_ms)
         pipe.zadd(keys.workers(m.model, m.device), {m.id: now})
@@ -94,6 +97,7 @@ class Heartbeat:
         # Steering, in the same round trip: an operator's drain request, and whether the API processes of the
         # running jobs still listen.
         pipe.exists(keys.drain(m.id))
+        pipe.getdel(keys.steer(m.id))
         followed = sorted(v.followed)
         for job in followed:  # a resumable stream's reader lease: gone once its client stayed away the grace period
             pipe.exists(keys.reader(job, m.model))
@@ -104,7 +108,8 @@ class Heartbeat:
         gone = gone_apis(listeners, replies.pop(), settings.api_ttl_s) if listeners else set()
         read = [replies.pop() for _ in followed][::-1]
         unread = {job for job, n in zip(followed, read, strict=True) if not n}
-        return Steering(drain=bool(replies[-1]), gone=gone, unread=unread)
+        command = replies[-1].decode() if replies[-1] else None
+        return Steering(drain=bool(replies[-2]), gone=gone, unread=unread, command=command)
 
     async def beats(self) -> AsyncIterator[Steering]:
         """Beat every heartbeat_s, each beat's steering; while Redis is away, retry with backoff, one log line per
@@ -140,6 +145,6 @@ class Heartbeat:
     async def leave(self) -> None:
         m, keys = self.member, self.keys
         pipe = self.redis.pipeline(transaction=False)
-        pipe.delete(keys.worker(m.id), keys.drain(m.id))
+        pipe.delete(keys.worker(m.id), keys.drain(m.id), keys.steer(m.id))
         pipe.zrem(keys.workers(m.model, m.device), m.id)
         await pipe.execute()

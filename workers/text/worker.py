@@ -14,6 +14,8 @@ import base64
 import logging
 import time
 from collections import deque
+from contextlib import suppress
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +23,7 @@ from common.errors import ErrorBody
 from common.events import Accepted, Cancelled, Error
 from common.jobs import Job, JobStatus
 from common.models.config import ModelConfig
+from common.redis.client import UNAVAILABLE
 from common.servable import ServableType
 from common.settings import Settings
 from workers.base import BaseWorker
@@ -32,6 +35,7 @@ from workers.ops.tracing import JobTimes
 from workers.queue.admission import Admission, Knee
 from workers.queue.publisher import Outbox
 from workers.queue.reclaim import Continued
+from workers.text.adapters import RuntimeAdapters
 from workers.text.detokenizer import ByteTable, Detokenizer
 from workers.text.jobstate import Choice, RunningJob
 from workers.text.progress import Progress
@@ -95,6 +99,16 @@ class TextWorker(BaseWorker):
         # went through a step, so it is no suspect. Tokens at its add; crashes it was in (two: dead-lettered).
         self._tokens_at_add: dict[str, int] = {}
         self._crashes: dict[str, int] = {}
+        # LoRA adapters loaded at run time (docs/how-to/lora.md): the models file's and those applied to the engine
+        # (`configure`), the jobs held for an adapter this engine has not got yet (job id -> its add's resume), and
+        # the rebuild.
+        adaptable = self.card.servable_type == ServableType.LM_CB
+        self.runtime = RuntimeAdapters(self.redis, self.keys, model.name, self.id, settings.lora_rebuild_lock_s) \
+            if adaptable else None
+        self._held: dict[str, dict[str, Any] | None] = {}
+        self._rebuilding = False
+        self._poke = asyncio.Event()
+        self._watcher: asyncio.Task[None] | None = None
 
     def configure(self, model: ModelConfig) -> None:
         settings, device = self.settings, self.device
@@ -111,6 +125,8 @@ class TextWorker(BaseWorker):
         self.engine = EngineClient(engine_spec(model, device, self.info), engine_target(self.card.servable_type),
                                    self._on_message, self._on_engine_exit, lambda: bool(self.running),
                                    settings.engine_watchdog_s, settings.engine_start_timeout_s, self._on_engine_idle)
+        self._static_adapters = dict(self.engine.spec.adapters)
+        self._applied: dict[str, dict[str, Any]] = {}  # a new engine has none of the runtime adapters yet
 
     def can_carry(self, state: RunningJob) -> bool:
         """Nothing generated yet (it starts afresh), or it can go on from its tokens (not structured output, images,
@@ -142,14 +158,28 @@ class TextWorker(BaseWorker):
         return (knee.knee(), knee.limit()) if knee is not None else (0, 0)
 
     async def start_backend(self) -> None:
+        if self.runtime is not None:  # the adapters loaded before this worker started: in its first engine
+            try:
+                self._applied = await self.runtime.read()
+            except UNAVAILABLE as exc:
+                log.warning("could not read the runtime LoRA adapters (%s): they load at the next poll", exc)
+            self.engine.spec = replace(self.engine.spec, adapters={**self._applied, **self._static_adapters})
         await self.engine.start()
+        if self.runtime is not None:
+            self._watcher = asyncio.get_running_loop().create_task(self._watch_adapters(), name="adapters")
 
     async def stop_backend(self) -> None:
+        if self._watcher is not None:
+            self._watcher.cancel()
         await self.engine.stop()
 
     @property
     def backend_alive(self) -> bool:
         return self.engine.alive
+
+    @property
+    def can_sleep(self) -> bool:
+        return True  # the engine process goes; the tokenizer, detokenizer and the rest of the I/O half stay
 
     def describe(self) -> str:
         kind = "byte-table" if self.detokenizer.table else "window"
@@ -159,7 +189,7 @@ class TextWorker(BaseWorker):
         return self.admission.stats if self.admission is not None else None
 
     def room(self) -> int:
-        if self._restarting or self._probation or self._probing:
+        if self._restarting or self._rebuilding or self._probation or self._probing:
             return 0
         if self.admission is None:
             return max(0, self.capacity - len(self.running))
@@ -234,6 +264,11 @@ class TextWorker(BaseWorker):
 
     def _add(self, state: RunningJob, resume: dict[str, Any] | None = None) -> None:
         job = state.job
+        adapter = job.params.adapter
+        if self.runtime is not None and adapter is not None and adapter not in self.engine.spec.adapters:
+            self._held[job.id] = resume  # loaded since this engine was built: wait for the rebuild with it
+            self._poke.set()
+            return
         self._tokens_at_add[job.id] = sum(c.tokens for c in state.choices)
         if job.images:
             task = asyncio.create_task(self._add_with_images(job, resume))
@@ -484,6 +519,89 @@ class TextWorker(BaseWorker):
         if self._probing == state.job.id:
             self._probing = None
             self._next_probation()
+
+    # ---- LoRA adapters loaded at run time ------------------------------------------------------------------
+    async def _watch_adapters(self) -> None:
+        """Every lora_poll_s (at once when a job waits for an adapter): read the model's adapters; when they differ
+        from the engine's, take the model's rebuild turn and rebuild; then let the held jobs in (or end them with
+        a 404 when their adapter is gone)."""
+        assert self.runtime is not None
+        while True:
+            with suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self._poke.wait(), self.settings.lora_poll_s)
+            self._poke.clear()
+            try:
+                wanted = await self.runtime.read()
+                if wanted != self._applied:
+                    if not await self.runtime.lock():
+                        log.debug("another worker of %s is rebuilding; %d jobs held", self.model.name,
+                                  len(self._held))
+                        continue  # this one's turn comes at a later poll
+                    try:
+                        await self._rebuild(wanted)
+                    finally:
+                        await self.runtime.unlock()
+            except UNAVAILABLE as exc:
+                log.warning("runtime LoRA adapters not read (%s); trying again", exc)
+                await asyncio.sleep(self.settings.lora_poll_s)  # Redis is away: no tighter loop than the poll
+                continue
+            except Exception:  # a rebuild that failed must not end the watcher: held jobs wait on it
+                log.exception("the LoRA adapter rebuild failed; trying again")
+                continue
+            self._release_held()
+
+    async def _rebuild(self, wanted: dict[str, dict[str, Any]]) -> None:
+        """Take no new job, let the running ones finish (up to lora_drain_s), then replace the engine with one that
+        has `wanted`; jobs still running go on from their tokens on it, as after a takeover."""
+        log.info("LoRA adapters changed (%s); rebuilding the engine", ", ".join(sorted(wanted)) or "none")
+        self._rebuilding = True
+        try:
+            deadline = time.monotonic() + self.settings.lora_drain_s
+            while any(j not in self._held for j in self.running) and time.monotonic() < deadline:
+                await asyncio.sleep(0.05)
+            late = [j for j in self.running if j not in self._held]
+            if late:
+                log.warning("rebuilding with %d jobs still running after %.0fs (they go on from their tokens): %s",
+                            len(late), self.settings.lora_drain_s,
+                            ", ".join(f"{j} ({self.running[j].job.params.adapter})" for j in late[:8]))
+            self._restarting = True
+            self.engine.drop_pending()
+            previous = self.engine.spec
+            running = [s for s in self.running.values() if s.job.id not in self._held]
+            try:
+                await self.engine.replace(replace(previous, adapters={**wanted, **self._static_adapters}))
+                self._applied = wanted
+            except Exception as exc:  # an adapter GenAI refuses: keep serving with what the engine had
+                log.error("the engine could not be rebuilt with the new LoRA adapters (%s); keeping the old ones",
+                          exc)
+                await self.engine.replace(previous)
+            self.engine_restarts += 1
+            for state in running:
+                if state.job.id not in self.running:
+                    continue
+                if self._resume(state) is not None and not self.resumable(state.job):
+                    self._crashed(state, "the engine was rebuilt for a LoRA adapter change while running this job",
+                                  False)
+                else:
+                    self._add(state, self._resume(state))
+        finally:
+            self._restarting = self._rebuilding = False
+            self._slot_free.set()
+
+    def _release_held(self) -> None:
+        for job_id, resume in list(self._held.items()):
+            state = self.running.get(job_id)
+            del self._held[job_id]
+            if state is None:
+                continue
+            if state.job.params.adapter in self.engine.spec.adapters:
+                self._add(state, resume)
+                continue
+            outbox = Outbox()
+            self._end(state, JobStatus.ERROR, outbox, {
+                "status": 404, "message": f"The LoRA adapter `{state.job.params.adapter}` was unloaded",
+                "type": "invalid_request_error", "param": "model", "code": "model_not_found"})
+            self.publisher.put(outbox)
 
     # ---- engine failures -------------------------------------------------------------------------------
     def _on_engine_exit(self, kind: str, report: dict[str, Any] | None) -> None:

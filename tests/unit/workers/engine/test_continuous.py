@@ -214,6 +214,24 @@ def test_cancelling_the_batch_lets_the_waiting_adapter_group_in() -> None:
     engine.cancel("base", out)
     assert set(engine.requests) == {"next"} and engine.adapters.active == "tiny"
     engine.stop(out)
+def test_the_i_o_half_ending_the_last_choice_lets_the_waiting_adapter_group_in() -> None:
+    """The I/O half ends choices itself (a stop string it matched): when it drops the batch's last one, the group
+    waiting for another adapter goes in then, not at some later command (nothing else would come: the engine
+    blocked for its next command while the waiting jobs' clients waited for them, until the watchdog)."""
+    models = Path(__file__).resolve().parents[3] / "models"
+    lora = str(models / "tiny-llama-lora" / "adapter_model.safetensors")
+    engine = Engine(EngineSpec(str(models / "tiny-llama"), "CPU", {"cache_size": 0}, {}, 2048,
+                               adapters={"tiny": {"path": lora, "alpha": 1.0}}))
+    out: list[list] = []
+    engine.add("base", "hello", True, {"max_tokens": 50, "temperature": 0, "n": 2}, [], None, out)
+    engine.add("next", "hello", True, {"max_tokens": 50, "temperature": 0, "adapter": "tiny"}, [], None, out)
+    engine.step(out)
+    engine.cancel("base", out, index=0)
+    engine.cancel("base", out, index=1)
+    assert set(engine.requests) == {"next"} and not engine.adapters.waiting and engine.adapters.active == "tiny"
+    engine.stop(out)
+
+
 def _request(prompt_len: int, prefilled: bool = False) -> Request:
     return Request({}, 16, prompt_len, 1, False, False, False, prefilled=prefilled)
 
