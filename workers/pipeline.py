@@ -4,15 +4,47 @@ then), and its work runs as a task the worker holds on to (the event loop keeps 
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Coroutine
+from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Protocol
 
 from common.events import Accepted
-from common.jobs import JobStatus
+from common.jobs import Job, JobStatus
+from common.modelcard import ModelCard
 from common.models.config import ModelConfig
 from common.settings import Settings
 from workers.base import BaseWorker, JobState
 from workers.queue.publisher import Outbox
+
+
+def pipeline_card(model: ModelConfig, device: str, **kind: Any) -> ModelCard:
+    """A pipeline servable's card: `kind` names its type and limits; the rest is every servable's (the directory's
+    date, the device's place in the model's `devices`)."""
+    return ModelCard(name=model.name, device=device, created=int(Path(model.path).stat().st_mtime),
+                     preference=model.devices.index(device) if device in model.devices else len(model.devices),
+                     **kind)
+
+
+@dataclass
+class PipelineRun:
+    """A job running in a pipeline worker: what every kind keeps of it (each adds its own fields)."""
+
+    job: Job
+    entry_id: bytes
+    seq: int = 0
+    cancelled: bool = False
+    streamed: bool = False  # something went out: the job cannot be handed to another worker
+    received: float = field(default_factory=time.time)
+
+    def next_seq(self) -> int:
+        self.seq += 1
+        return self.seq
+
+    def summary(self) -> dict[str, float | int | None]:
+        return {"queue_ms": round((self.received - self.job.created) * 1000, 1),
+                "total_ms": round((time.time() - self.job.created) * 1000, 1)}
 
 
 class PipelineJob(JobState, Protocol):

@@ -11,45 +11,30 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from common.audio import AudioError, decode, encode
 from common.errors import ErrorBody
 from common.events import Cancelled, Done, Error, Timings, Transcript, delta
 from common.jobs import Job, JobStatus, SpeechParams
-from common.modelcard import ModelCard
 from common.models.config import ModelConfig
 from common.servable import ServableType, infer_servable
 from common.settings import Settings
 from workers.audio.pipelines import SpeechPipelines, speech_info
 from workers.engine.continuous import error_message
 from workers.ops.tracing import JobTimes
-from workers.pipeline import PipelineWorker
+from workers.pipeline import PipelineRun, PipelineWorker, pipeline_card
 from workers.queue.publisher import Outbox
 
 log = logging.getLogger("ovq.speech_worker")
 
 
 @dataclass
-class SpeechJob:
-    job: Job
-    entry_id: bytes
-    seq: int = 0
-    cancelled: bool = False
-    streamed: bool = False  # a delta went out: the job cannot be handed to another worker
-    received: float = field(default_factory=time.time)
+class SpeechJob(PipelineRun):
     first: float | None = None  # when the first text arrived (unix s)
     generated: float | None = None  # when the pipeline's generate() returned (unix s)
     pieces: int = 0  # text pieces the streamer got
-
-    def next_seq(self) -> int:
-        self.seq += 1
-        return self.seq
-
-    def summary(self) -> dict[str, float | int | None]:
-        return {"queue_ms": round((self.received - self.job.created) * 1000, 1),
-                "total_ms": round((time.time() - self.job.created) * 1000, 1)}
 
 
 @dataclass
@@ -68,11 +53,7 @@ class SpeechWorker(PipelineWorker):
     def configure(self, model: ModelConfig) -> None:
         device, path = self.device, Path(model.path)
         self.kind = infer_servable(path, device)
-        self.card = ModelCard(
-            name=model.name, device=device, servable_type=self.kind, speech=speech_info(model, self.kind),
-            created=int(path.stat().st_mtime),
-            preference=model.devices.index(device) if device in model.devices else len(model.devices),
-        )
+        self.card = pipeline_card(model, device, servable_type=self.kind, speech=speech_info(model, self.kind))
         self.pipes = SpeechPipelines(model, device, self.kind)
 
     async def start_backend(self) -> None:

@@ -10,44 +10,29 @@ import asyncio
 import base64
 import logging
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from common.errors import ErrorBody
 from common.events import Cancelled, Done, Error, Progress, Timings
 from common.jobs import Job, JobStatus
-from common.modelcard import ModelCard
 from common.models.config import ModelConfig
 from common.servable import ServableType
 from common.settings import Settings
 from workers.engine.continuous import error_message
 from workers.image.pipelines import ImagePipelines, decode_image, image_limits, latent_preview, to_png
 from workers.ops.tracing import JobTimes
-from workers.pipeline import PipelineWorker
+from workers.pipeline import PipelineRun, PipelineWorker, pipeline_card
 from workers.queue.publisher import Outbox
 
 log = logging.getLogger("ovq.image_worker")
 
 
 @dataclass
-class ImageJob:
-    job: Job
-    entry_id: bytes
-    seq: int = 0
-    cancelled: bool = False
-    streamed: bool = False  # a progress event went out: the job cannot be handed to another worker
-    received: float = field(default_factory=time.time)
+class ImageJob(PipelineRun):
     generated: float | None = None  # when the pipeline's generate() returned (unix s)
     steps: int | None = None  # its denoising steps, as the pipeline counts them
-
-    def next_seq(self) -> int:
-        self.seq += 1
-        return self.seq
-
-    def summary(self) -> dict[str, float | int | None]:
-        return {"queue_ms": round((self.received - self.job.created) * 1000, 1),
-                "total_ms": round((time.time() - self.job.created) * 1000, 1)}
 
 
 class ImageWorker(PipelineWorker):
@@ -58,11 +43,7 @@ class ImageWorker(PipelineWorker):
 
     def configure(self, model: ModelConfig) -> None:
         device, path = self.device, Path(model.path)
-        self.card = ModelCard(
-            name=model.name, device=device, servable_type=ServableType.IMAGE, image=image_limits(model, path),
-            created=int(path.stat().st_mtime),
-            preference=model.devices.index(device) if device in model.devices else len(model.devices),
-        )
+        self.card = pipeline_card(model, device, servable_type=ServableType.IMAGE, image=image_limits(model, path))
         self.pipes = ImagePipelines(model, device)
 
     async def start_backend(self) -> None:

@@ -18,13 +18,12 @@ from common.errors import ErrorBody
 from common.events import Cancelled, Done, Error, Progress, Timings, Unreadable, read_batch
 from common.fairness import video_work
 from common.jobs import Job, JobStatus
-from common.modelcard import ModelCard
 from common.models.config import ModelConfig
 from common.redis.client import UNAVAILABLE
 from common.servable import ServableType
 from common.settings import Settings
 from workers.engine.continuous import error_message
-from workers.pipeline import PipelineWorker
+from workers.pipeline import PipelineRun, PipelineWorker, pipeline_card
 from workers.queue.publisher import Outbox
 from workers.video.pipelines import VideoPipeline, encode_mp4, thumbnail, video_limits
 
@@ -32,25 +31,15 @@ log = logging.getLogger("ovq.video_worker")
 
 
 @dataclass
-class VideoJob:
-    job: Job
-    entry_id: bytes
-    seq: int = 0
-    cancelled: bool = False
-    streamed: bool = False  # never set: a video job that lost its worker runs again from its start
-    received: float = field(default_factory=time.time)
-    phases: dict[str, float] = field(default_factory=dict)  # where its time went (VideoPipeline.generate, MP4)
+class VideoJob(PipelineRun):
+    """Never `streamed`: a video job that lost its worker runs again from its start."""
 
-    def next_seq(self) -> int:
-        self.seq += 1
-        return self.seq
+    phases: dict[str, float] = field(default_factory=dict)  # where its time went (VideoPipeline.generate, MP4)
 
     def summary(self) -> dict[str, float | int | None]:
         """Its times, and its cost in its tenant's fair share: its work, known from its settings."""
         assert self.job.video is not None
-        return {"queue_ms": round((self.received - self.job.created) * 1000, 1),
-                "total_ms": round((time.time() - self.job.created) * 1000, 1), "cost": video_work(self.job.video),
-                **self.phases}
+        return {**super().summary(), "cost": video_work(self.job.video), **self.phases}
 
 
 @dataclass
@@ -71,11 +60,7 @@ class VideoWorker(PipelineWorker):
 
     def configure(self, model: ModelConfig) -> None:
         device, path = self.device, Path(model.path)
-        self.card = ModelCard(
-            name=model.name, device=device, servable_type=ServableType.VIDEO, video=video_limits(model, path),
-            created=int(path.stat().st_mtime),
-            preference=model.devices.index(device) if device in model.devices else len(model.devices),
-        )
+        self.card = pipeline_card(model, device, servable_type=ServableType.VIDEO, video=video_limits(model, path))
         self.pipe = VideoPipeline(model, device)
 
     async def start_backend(self) -> None:
