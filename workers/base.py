@@ -449,6 +449,8 @@ class BaseWorker:
         gone = gone_apis(listeners, scores, self.settings.api_ttl_s)
         deaf = {c for c, score in zip(listeners, scores, strict=True)
                 if score is not None and c not in gone and not subscribers.get(self.keys.events(c).encode())}
+        if not self.heartbeat.judges_apis():  # stale scores say nothing yet: wait for them as for a deaf API
+            return flagged, set(), deaf | gone
         return flagged, gone, deaf
 
     # ---- what the heartbeat and the reclaimer learn ----------------------------------------------------

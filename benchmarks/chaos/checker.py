@@ -60,7 +60,12 @@ def _overlaps(start: float, end: float, spans: list[tuple[float, float]]) -> boo
 
 
 def _end(request: Request, run: Run) -> float:
-    return request.ended or run.finished
+    """When it ended: its terminal outcome, else its last lost connection (the client gave up), else the run's end."""
+    if request.ended is not None:
+        return request.ended
+    if request.transport_errors:
+        return float(request.transport_errors[-1].split()[0])
+    return run.finished
 
 
 def _api_killed(request: Request, run: Run) -> bool:

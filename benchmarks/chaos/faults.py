@@ -13,18 +13,21 @@
 from __future__ import annotations
 
 import asyncio
+import subprocess
 import time
 from collections.abc import Callable
 
 import redis
 
-from .fleet import Fleet, podman, wait_until
+from .fleet import PROJECT, Fleet, env, podman, wait_until
 from .records import Fault
 
 PARTITION_S = 20.0
 RECOVERY_S = 300.0
 KINDS = ("redis failover", "api kill", "partition", "oom", "worker kill")  # the quickest to recover first
-HOG = ("import time\nchunks = []\nfor _ in range(64):\n    chunks.append(bytearray(8 << 20))\n    time.sleep(0.05)")
+HOG = ("import time\nchunks = []\nfor _ in range(64):\n    chunks.append(bytearray(8 << 20))\n    time.sleep(0.05)\n"
+       "time.sleep(2)")  # 512 MiB, held 2 s: past any limit set here, short enough not to starve the restart
+OOM_WAIT_S = 60.0
 NO_LIMIT = "16g"  # podman 4.3 on cgroup v1 cannot set `unlimited` back (-1 is refused): far above any use here
 
 
@@ -38,9 +41,12 @@ def _running(name: str) -> bool:
 
 
 def _start_ready(name: str) -> None:
-    if not _running(name):
-        podman("start", name, timeout=120)
-    wait_until(f"{name} ready", RECOVERY_S, lambda: _worker_ready(name), every_s=2)
+    """Started if it is not running (also if it stops while it is waited for), then ready."""
+    def ready() -> bool:
+        if not _running(name):
+            podman("start", name, timeout=120)
+        return _worker_ready(name)
+    wait_until(f"{name} ready", RECOVERY_S, ready, every_s=2)
 
 
 def kill_worker(fleet: Fleet, fault: Fault) -> None:
@@ -71,15 +77,34 @@ def primary(fleet: Fleet) -> str:
                       lambda: next((n for n, p in fleet.redis_ports.items() if role(p) == "master"), None))
 
 
+SENTINELS = ("sentinel-1", "sentinel-2", "sentinel-3")
+
+
+def _sentinels_agree(fleet: Fleet, name: str) -> bool:
+    """All three sentinels name `name`'s Redis as the primary (by its service name, or by its address)."""
+    service = name.removeprefix(f"{PROJECT}_").rsplit("_", 1)[0]  # ovq-chaos_redis_1 -> redis
+    address = podman("inspect", "--format", "{{range .NetworkSettings.Networks}}{{.IPAddress}}{{end}}", name,
+                     check=False).stdout.strip()
+    for sentinel in SENTINELS:
+        answer = podman("exec", fleet.container(sentinel), "redis-cli", "-p", "26379", "sentinel",
+                        "get-master-addr-by-name", "ovq", check=False, timeout=30).stdout.split()
+        if not answer or answer[0] not in (service, address):
+            return False
+    return True
+
+
 def fail_over(fleet: Fleet, fault: Fault) -> None:
+    """The old primary is started again only once the failover is over (all sentinels name the new one), as an
+    orchestrator restarting a crashed pod would find it; it must then come back as the new primary's replica."""
     fault.target = primary(fleet)
     podman("kill", "-s", "KILL", fault.target)
     other = next(n for n in fleet.redis_ports if n != fault.target)
     wait_until("the sentinels promoting the replica", RECOVERY_S,
-               lambda: role(fleet.redis_ports[other]) == "master", every_s=0.5)
+               lambda: role(fleet.redis_ports[other]) == "master" and _sentinels_agree(fleet, other), every_s=0.5)
     podman("start", fault.target, timeout=120)
     wait_until("the old primary a replica again", RECOVERY_S,
-               lambda: role(fleet.redis_ports[fault.target]) == "slave", every_s=1)
+               lambda: role(fleet.redis_ports[fault.target]) == "slave" and _sentinels_agree(fleet, other),
+               every_s=1)
 
 
 def partition(fleet: Fleet, fault: Fault) -> None:
@@ -97,18 +122,23 @@ def _cgroup(name: str, file: str) -> int:
 
 
 def out_of_memory(fleet: Fleet, fault: Fault) -> None:
+    """Over the limit until the kernel kills a process of the container; the limit is lifted as soon as it has (so
+    the engine the worker starts again is not starved as well), and the allocating process ends by itself."""
     name = fault.target
     kills = _cgroup(name, "memory.oom_control")
     podman("update", "--memory", str(_cgroup(name, "memory.usage_in_bytes") + (32 << 20)), name)
+    hog = subprocess.Popen(["podman", "exec", name, "python", "-c", HOG], env=env(),
+                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        podman("exec", name, "python", "-c", HOG, check=False, timeout=120)
+        wait_until(f"an OOM kill in {name}", OOM_WAIT_S,
+                   lambda: not _running(name) or _cgroup(name, "memory.oom_control") > kills, every_s=0.2)
     finally:
         if _running(name):
             podman("update", "--memory", NO_LIMIT, name)
-    if _running(name):
-        fault.note = f"OOM kills in its cgroup: {_cgroup(name, 'memory.oom_control') - kills}"
-    else:
-        fault.note = "the container exited"
+        hog.wait(timeout=120)
+    fault.note = "the container exited" if not _running(name) else \
+        f"OOM kills in its cgroup: {_cgroup(name, 'memory.oom_control') - kills}"
+    if not _running(name):
         podman("start", name, timeout=120)
         podman("update", "--memory", NO_LIMIT, name)
     _start_ready(name)
@@ -127,13 +157,20 @@ def _target(fleet: Fleet, kind: str, n: int) -> str:
     return fleet.workers[n % 2]
 
 
-async def schedule(fleet: Fleet, until: float, period_s: float, faults: list[Fault]) -> None:
-    """One fault every `period_s` (a calm gap of at least half of it after each recovery), kinds in turn."""
+def all_ready(fleet: Fleet) -> None:
+    """Every SmolLM2 worker running and ready (after the run: a fault's restart may still be under way)."""
+    for name in fleet.workers:
+        _start_ready(name)
+
+
+async def schedule(fleet: Fleet, until: float, period_s: float, faults: list[Fault],
+                   kinds: tuple[str, ...] = KINDS) -> None:
+    """One fault every `period_s` (a calm gap of at least half of it after each recovery), `kinds` in turn."""
     n = 0
     await asyncio.sleep(period_s / 2)
     while time.time() < until:
-        kind = KINDS[n % len(KINDS)]
-        fault = Fault(kind, _target(fleet, kind, n // len(KINDS)), time.time())
+        kind = kinds[n % len(kinds)]
+        fault = Fault(kind, _target(fleet, kind, n // len(kinds)), time.time())
         faults.append(fault)
         try:
             await asyncio.to_thread(INJECT[kind], fleet, fault)

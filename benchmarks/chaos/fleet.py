@@ -11,6 +11,7 @@ what the run needs to see and to check:
 """
 from __future__ import annotations
 
+import functools
 import importlib.util
 import os
 import socket
@@ -45,18 +46,17 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def podman_env() -> dict[str, str]:
-    """deploy/podman/env.sh's CONTAINERS_CONF, so podman runs here as the deploy scripts run it."""
+@functools.cache
+def env() -> dict[str, str]:
+    """deploy/podman/env.sh's CONTAINERS_CONF (an operator's own wins), so podman runs here as the deploy scripts
+    run it."""
     out = subprocess.run(["bash", "-c", f". {PODMAN_DIR / 'env.sh'} && echo \"$CONTAINERS_CONF\""],
                          capture_output=True, text=True, timeout=30, check=True).stdout.strip()
     return {**os.environ, "CONTAINERS_CONF": out}
 
 
-ENV = podman_env() if os.environ.get("CONTAINERS_CONF") is None else dict(os.environ)
-
-
 def podman(*args: str, check: bool = True, timeout: float = 120) -> subprocess.CompletedProcess[str]:
-    result = subprocess.run(["podman", *args], capture_output=True, text=True, timeout=timeout, env=ENV)
+    result = subprocess.run(["podman", *args], capture_output=True, text=True, timeout=timeout, env=env())
     if check and result.returncode != 0:
         raise RuntimeError(f"podman {' '.join(args)}: rc {result.returncode}: {result.stderr.strip()[-500:]}")
     return result
@@ -86,7 +86,7 @@ class Fleet:
 
     def compose(self, *args: str, timeout: float = 600) -> subprocess.CompletedProcess[str]:
         return subprocess.run(["podman-compose", "-f", str(self.directory / "compose.yaml"), *args],
-                              capture_output=True, text=True, timeout=timeout, env=ENV)
+                              capture_output=True, text=True, timeout=timeout, env=env())
 
 
 def _models_file(directory: Path) -> Path:
@@ -154,11 +154,22 @@ def up(directory: Path, image: str) -> Fleet:
     return fleet
 
 
+def save_logs(directory: Path) -> None:
+    """Every container's log into directory/logs/NAME.log (what the run's faults looked like from inside)."""
+    logs = directory / "logs"
+    logs.mkdir(parents=True, exist_ok=True)
+    names = podman("ps", "-a", "--filter", f"label=io.podman.compose.project={PROJECT}", "--format",
+                   "{{.Names}}", check=False).stdout.split()
+    for name in names:
+        out = podman("logs", name, check=False, timeout=120)
+        (logs / f"{name}.log").write_text(out.stdout + out.stderr)
+
+
 def down(directory: Path) -> None:
     """Take the run's fleet down, volumes included (also one a crashed earlier run left)."""
     if (directory / "compose.yaml").exists():
         subprocess.run(["podman-compose", "-f", str(directory / "compose.yaml"), "down", "-v", "-t", "10"],
-                       capture_output=True, text=True, timeout=600, env=ENV)
+                       capture_output=True, text=True, timeout=600, env=env())
     names = podman("ps", "-a", "--filter", f"label=io.podman.compose.project={PROJECT}", "--format",
                    "{{.Names}}", check=False).stdout.split()
     if names:

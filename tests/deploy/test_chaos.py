@@ -27,7 +27,7 @@ def test_three_minutes_of_chaos_lose_nothing(image: str, model_dir: Path, tmp_pa
     if shutil.which("podman-compose", path=path) is None:
         pytest.skip("podman-compose is not installed (pip install podman-compose, part of the test extra)")
     result = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "chaos.py"), "--minutes", MINUTES,
-                             "--image", image, "--records", str(tmp_path / "records.json")],
+                             "--image", image, "--out", str(tmp_path)],
                             capture_output=True, text=True, timeout=1400, cwd=ROOT, env={**ENV, "PATH": path})
     print(result.stdout)
     assert result.returncode == 0, (result.stdout + result.stderr)[-6000:]

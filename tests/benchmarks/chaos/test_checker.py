@@ -138,7 +138,7 @@ def test_a_connection_lost_with_its_api_is_documented_and_without_a_kill_is_lost
     chat = _by_key(run, "c1")
     chat.terminals, chat.ended, chat.transport_errors = [], None, ["100.5 RemoteProtocolError"]
     assert check(run).lost and check(run).failed
-    run.faults = [Fault("api kill", "api-2_1", 100.5, 104.0)]
+    run.faults = [Fault("api kill", "api-2_1", 100.4, 104.0)]
     report = check(run)
     assert not report.failed and report.outcomes["connection lost with its API (documented)"] == 1
 
