@@ -18,6 +18,7 @@ TAKEOVER_FAULTS = {"worker kill", "partition", "oom"}
 LLM_KINDS = {STREAM, CHAT, BACKGROUND, BATCH}
 MIN_COSINE = 0.999  # embeddings: the same text in another batch rounds a little differently
 KV_IDLE = 0.0
+QUEUE = re.compile(r":(jobs|batchjobs|leveljobs|affjobs):")  # job streams: empty again once every job is acked
 
 
 @dataclass
@@ -98,6 +99,9 @@ def _clean(request: Request, run: Run, report: Report) -> None:
     for outcome in request.terminals:
         if outcome.startswith("done") or outcome in ("completed", "incomplete"):
             continue
+        line_status = re.match(r"error:(\d{3}):", outcome)  # a batch line's answer in the error file
+        if line_status and int(line_status[1]) >= 500 and int(line_status[1]) != 503:
+            report.server_errors.append(f"{request.kind} {request.key}: HTTP {line_status[1]} in the batch files")
         clean = outcome.startswith("http:503") or outcome.split(":")[-1] in CLEAN_CODES or outcome == "failed"
         if not clean or not _overlaps(request.sent, _end(request, run), windows(run.faults)):
             report.unclean.append(f"{request.kind} {request.key}: {outcome}")
@@ -185,11 +189,11 @@ def pattern(key: str, keep: set[str]) -> str:
 
 
 def leaks(baseline: RedisState, after: RedisState, keep: set[str]) -> dict[str, int]:
-    """Keys with no TTL the run left (counted by pattern), and streams longer than at the baseline."""
+    """Keys with no TTL the run left (counted by pattern), and job queues longer than at the baseline."""
     found: Counter[str] = Counter(pattern(key, keep) for key, ttl in after.keys.items()
                                   if ttl < 0 and key not in baseline.keys)
-    for key, length in after.streams.items():
-        if length > baseline.streams.get(key, 0):
+    for key, length in after.streams.items():  # the queues: capped streams (ovq:fairbell:*) fill to their cap
+        if QUEUE.search(key) and length > baseline.streams.get(key, 0):
             found[f"{key} (stream: {length} entries, {baseline.streams.get(key, 0)} at the baseline)"] += 1
     return dict(found)
 

@@ -133,6 +133,15 @@ def test_a_5xx_other_than_503_fails_the_run() -> None:
     assert report.failed and report.server_errors == ["chat c1: HTTP 500"]
 
 
+def test_a_batch_line_answered_500_counts_as_a_5xx() -> None:
+    run = _clean_run()
+    _by_key(run, "l1").terminals = ["error:500:None"]
+    run.faults = [Fault("redis failover", "redis_1", 99.0, 105.0)]
+    report = check(run)
+    assert report.server_errors == ["batch line l1: HTTP 500 in the batch files"]
+    assert report.unclean == ["batch line l1: error:500:None"]
+
+
 def test_a_connection_lost_with_its_api_is_documented_and_without_a_kill_is_lost() -> None:
     run = _clean_run()
     chat = _by_key(run, "c1")
@@ -163,6 +172,7 @@ def test_entries_left_in_a_queue_stream_are_leaked() -> None:
     run = _clean_run()
     assert run.after is not None
     run.after.streams["ovq:jobs:m:CPU"] = 2
+    run.after.streams["ovq:fairbell:m:CPU"] = 32  # capped: it fills to its cap by design
     assert check(run).leaked_keys == {"ovq:jobs:m:CPU (stream: 2 entries, 0 at the baseline)": 1}
 
 
