@@ -56,9 +56,13 @@ async def _exercise(f: fleet.Fleet, args: argparse.Namespace, run: Run) -> None:
         run.began = time.time()
         until = run.began + args.minutes * 60
         ticker = asyncio.create_task(_progress(workload, run))
-        await asyncio.gather(asyncio.wait_for(workload.run(until), args.minutes * 60 + DRAIN_S),
-                             faults.schedule(f, until, args.period, run.faults, tuple(args.faults.split(","))),
-                             return_exceptions=True)
+        every_kind, kinds = asyncio.Event(), tuple(args.faults.split(","))
+        bound = args.minutes * 60 + len(kinds) * faults.RECOVERY_S + DRAIN_S
+        for outcome in await asyncio.gather(asyncio.wait_for(workload.run(until, every_kind), bound),
+                                            faults.schedule(f, until, args.period, run.faults, kinds, every_kind),
+                                            return_exceptions=True):
+            if isinstance(outcome, BaseException):
+                print(f"chaos: the workload or the faults stopped early: {outcome!r}", flush=True)
         ticker.cancel()
         run.finished = time.time()
         for request in run.requests:

@@ -164,11 +164,12 @@ def all_ready(fleet: Fleet) -> None:
 
 
 async def schedule(fleet: Fleet, until: float, period_s: float, faults: list[Fault],
-                   kinds: tuple[str, ...] = KINDS) -> None:
-    """One fault every `period_s` (a calm gap of at least half of it after each recovery), `kinds` in turn."""
+                   kinds: tuple[str, ...] = KINDS, every_kind: asyncio.Event | None = None) -> None:
+    """One fault every `period_s` (a calm gap of at least half of it after each recovery), `kinds` in turn, until
+    `until` and at least once each (then `every_kind` is set: a short run goes on until every kind was injected)."""
     n = 0
     await asyncio.sleep(period_s / 2)
-    while time.time() < until:
+    while time.time() < until or n < len(kinds):
         kind = kinds[n % len(kinds)]
         fault = Fault(kind, _target(fleet, kind, n // len(kinds)), time.time())
         faults.append(fault)
@@ -178,4 +179,7 @@ async def schedule(fleet: Fleet, until: float, period_s: float, faults: list[Fau
             fault.note = f"did not recover: {error}"
         fault.ended = time.time()
         n += 1
-        await asyncio.sleep(max(period_s / 2, fault.began + period_s - time.time()))
+        if every_kind is not None and n >= len(kinds):
+            every_kind.set()
+        if time.time() < until or n < len(kinds):
+            await asyncio.sleep(max(period_s / 2, fault.began + period_s - time.time()))

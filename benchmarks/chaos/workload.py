@@ -79,10 +79,13 @@ class Workload:
         self.requests.append(request)
         return request
 
-    async def run(self, until: float) -> None:
-        while time.time() < until:
+    async def run(self, until: float, every_kind: asyncio.Event) -> None:
+        """Rounds until `until`, and on until every kind of fault was injected once."""
+        def going() -> bool:
+            return time.time() < until or not every_kind.is_set()
+        while going():
             await self._bounded(self._solo())
-            if time.time() < until:
+            if going():
                 await self._bounded(self._mixed())
 
     async def _bounded(self, work: Any) -> None:
