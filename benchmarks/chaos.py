@@ -76,6 +76,7 @@ def _afterwards(f: fleet.Fleet, run: Run) -> None:
     faults.all_ready(f)
     r = server.connect(f)
     server.job_texts(r, run.requests)
+    server.journals(r, run.requests)
     run.kv_usage = server.idle_kv_usage(f)
     assert run.baseline is not None
     server.expire_run_keys(r, run.baseline)

@@ -115,8 +115,14 @@ def _numbers(request: Request, report: Report) -> None:
     twice = [n for n, count in Counter(request.events).items() if count > 1]
     if twice:
         report.duplicated.append(f"{name}: event numbers received twice {twice[:5]}")
-    first = 0 if request.kind == BACKGROUND else 1
-    missing = sorted(set(range(first, max(request.events) + 1)) - set(request.events))
+    if request.journal is not None:  # a stream: every journaled event that makes a frame, and nothing else
+        missing = sorted({n for n, framed in request.journal if framed} - set(request.events))
+        extra = sorted(set(request.events) - {n for n, _ in request.journal})
+        if extra:
+            report.mismatched.append(f"{name}: event numbers the server never journaled {extra[:5]}")
+    else:  # background responses number every event from 0 (streams whose journal was not read: from 1)
+        first = 0 if request.kind == BACKGROUND else 1
+        missing = sorted(set(range(first, max(request.events) + 1)) - set(request.events))
     if missing:
         report.lost.append(f"{name}: event numbers missing {missing[:5]}")
     elif not twice and request.events != sorted(request.events):

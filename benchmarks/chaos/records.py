@@ -30,6 +30,9 @@ class Request:
     solo: bool = False  # sent while nothing else of the workload ran (its greedy text has a sound reference)
     reference: str | None = None  # the greedy answer of the same body, alone, in calm
     server_text: str | None = None  # what the server recorded as its output (read back after the run)
+    # A resumable stream's journal as the server kept it: (event number, whether it must reach the client as a
+    # frame: text or the end; an `accepted` again after a takeover, or a delta with no text, makes none).
+    journal: list[tuple[int, bool]] | None = None
     vector: list[float] | None = None  # embeddings: what the client received
     reference_vector: list[float] | None = None  # embeddings: the same text's, alone, in calm
 

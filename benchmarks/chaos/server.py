@@ -7,6 +7,7 @@ import time
 
 import redis
 
+from common.events import ACCEPTED, DELTA, DONE, ERROR, read_batch
 from common.jobs import JobHash
 from common.keys import Keys
 
@@ -14,7 +15,7 @@ from . import client
 from .client import Client
 from .faults import primary
 from .fleet import Fleet, podman
-from .records import BACKGROUND, EMBEDDING, RedisState, Request
+from .records import BACKGROUND, EMBEDDING, STREAM, RedisState, Request
 
 KEYS = Keys("ovq")
 KV_METRIC = re.compile(r"^ovq_worker_kv_cache_usage_ratio(?:\{[^}]*\})? ([0-9.e+-]+)$", re.M)
@@ -57,6 +58,29 @@ def job_texts(r: redis.Redis, requests: list[Request]) -> None:
         pipe.hget(KEYS.job(request.job), JobHash.TEXT)
     for request, text in zip(jobs, pipe.execute(), strict=True):
         request.server_text = None if text is None else text.decode()
+
+
+def journals(r: redis.Redis, requests: list[Request]) -> None:
+    """Each resumable stream's journal (kept OVQ_JOURNAL_TTL_S): the events the worker published, numbered."""
+    streams = [q for q in requests if q.kind == STREAM and q.job]
+    pipe = r.pipeline(transaction=False)
+    for request in streams:
+        pipe.xrange(KEYS.journal(request.job))
+    for request, entries in zip(streams, pipe.execute(), strict=True):
+        if entries:
+            events = [e for _, fields in entries for e in read_batch(fields[b"e"])]
+            request.journal = [(int(e["seq"]), _framed(e, n == 0)) for n, e in enumerate(events)]
+
+
+def _framed(event: dict[str, object], first: bool) -> bool:
+    """Whether the API makes a frame of it (api/openai/resume.py's `Frames.of`): the first `accepted` (the role
+    chunk), a delta with text or a finish reason, the end; not an `accepted` again after a takeover."""
+    kind = event["type"]
+    if kind == ACCEPTED:
+        return first
+    if kind == DELTA:
+        return bool(event.get("text") or event.get("finish_reason"))
+    return kind in (DONE, ERROR)
 
 
 async def stored_responses(c: Client, requests: list[Request], statuses: list[int]) -> None:

@@ -67,6 +67,20 @@ def test_a_missing_event_number_is_lost() -> None:
     assert report.failed and report.lost == ["stream s1: event numbers missing [3]"]
 
 
+def test_a_stream_checks_its_numbers_against_its_journal() -> None:
+    """After a takeover the new worker's `accepted` takes a number and makes no frame: no gap then; a journaled
+    delta with text the client never got is one."""
+    run = _clean_run()
+    stream = _by_key(run, "s1")
+    stream.events = [1, 2, 4, 5]
+    stream.journal = [(1, True), (2, True), (3, False), (4, True), (5, True)]
+    assert not check(run).failed
+    stream.journal[2] = (3, True)
+    assert check(run).lost == ["stream s1: event numbers missing [3]"]
+    stream.events = [1, 2, 3, 4, 5, 6]
+    assert check(run).mismatched == ["stream s1: event numbers the server never journaled [6]"]
+
+
 def test_an_event_number_received_twice_is_duplicated() -> None:
     run = _clean_run()
     _by_key(run, "b1").events = [0, 1, 2, 2, 3]
