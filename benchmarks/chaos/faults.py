@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import subprocess
 import time
 from collections.abc import Callable
@@ -171,7 +172,11 @@ async def schedule(fleet: Fleet, until: float, period_s: float, faults: list[Fau
     await asyncio.sleep(period_s / 2)
     while time.time() < until or n < len(kinds):
         kind = kinds[n % len(kinds)]
-        fault = Fault(kind, _target(fleet, kind, n // len(kinds)), time.time())
+        target = _target(fleet, kind, n // len(kinds))
+        if target in fleet.workers:  # a worker an earlier fault left stopped is started first
+            with contextlib.suppress(Exception):  # if it cannot be, the fault says so below
+                await asyncio.to_thread(_start_ready, target)
+        fault = Fault(kind, target, time.time())
         faults.append(fault)
         try:
             await asyncio.to_thread(INJECT[kind], fleet, fault)

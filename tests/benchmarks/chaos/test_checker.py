@@ -77,6 +77,10 @@ def test_a_stream_checks_its_numbers_against_its_journal() -> None:
     assert not check(run).failed
     stream.journal[2] = (3, True)
     assert check(run).lost == ["stream s1: event numbers missing [3]"]
+    stream.events, stream.terminals = [1, 2], ["error:service_unavailable"]  # ended by a failover's clean error
+    run.faults = [Fault("redis failover", "redis_1", 100.5, 110.0)]
+    assert not check(run).failed, "the rest its job made after the error is not missing"
+    stream.events, stream.terminals, run.faults = [1, 2, 4, 5], ["done:length"], []
     stream.events = [1, 2, 3, 4, 5, 6]
     assert check(run).mismatched == ["stream s1: event numbers the server never journaled [6]"]
 
