@@ -17,8 +17,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import dataclasses
-import json
 import sys
 import tempfile
 import time
@@ -29,7 +27,7 @@ import httpx
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.chaos import checker, faults, fleet, server, table  # noqa: E402
+from benchmarks.chaos import checker, faults, fleet, records, server, table  # noqa: E402
 from benchmarks.chaos.client import Client  # noqa: E402
 from benchmarks.chaos.records import EMBEDDING, Run  # noqa: E402
 from benchmarks.chaos.workload import Mix, Workload, references  # noqa: E402
@@ -83,15 +81,15 @@ def _afterwards(f: fleet.Fleet, run: Run) -> None:
     run.after = server.snapshot(r)
 
 
-def _report(run: Run, args: argparse.Namespace) -> int:
+def _report(run: Run, out: Path) -> int:
     report = checker.check(run, keep={fleet.LLM, fleet.EMBED})
-    lines = [table.render(report, args.minutes)]
+    lines = [table.render(report, (run.finished - run.began) / 60)]
     lines += [f"fault {f.kind} on {f.target or '?'} at +{f.began - run.began:.0f} s, recovered in "
               f"{f.ended - f.began:.0f} s {f.note}" for f in run.faults]
     if report.failed:
         lines.append(table.problems(report))
     text = "\n".join(lines)
-    (args.out / "table.md").write_text(text + "\n")
+    (out / "table.md").write_text(text + "\n")
     print(text)
     return 1 if report.failed else 0
 
@@ -104,7 +102,12 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--image", default="ovq:0.1.0")
     parser.add_argument("--out", type=Path, help="where the run's files go (default: a new directory)")
     parser.add_argument("--keep", action="store_true", help="leave the fleet running")
+    parser.add_argument("--check", type=Path, metavar="RECORDS",
+                        help="no run: check a run's records.json again and print its table")
     args = parser.parse_args(argv)
+    if args.check:
+        args.out = args.check.parent
+        return _report(records.load(args.check), args.out)
     unknown = set(args.faults.split(",")) - set(faults.KINDS)
     if unknown:
         parser.error(f"unknown faults {sorted(unknown)}; the kinds are {', '.join(faults.KINDS)}")
@@ -119,11 +122,11 @@ def main(argv: list[str]) -> int:
         asyncio.run(_exercise(f, args, run))
         _afterwards(f, run)
     finally:
-        (args.out / "records.json").write_text(json.dumps(dataclasses.asdict(run), default=str))
+        records.save(run, args.out / "records.json")
         fleet.save_logs(args.out)
         if not args.keep:
             fleet.down(directory)
-    code = _report(run, args)
+    code = _report(run, args.out)
     print(f"chaos: {'FAILED' if code else 'passed'} in {time.time() - started:.0f} s")
     return code
 

@@ -3,7 +3,9 @@ one `Fault` per fault injected. The checker proves its claims from these alone (
 the server), so a test can hand it synthetic ones."""
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
 
 # Kinds of request, as the table names them.
 STREAM, CHAT, BACKGROUND, BATCH, EMBEDDING = "stream", "chat", "background", "batch line", "embedding"
@@ -74,3 +76,18 @@ class Run:
     harness_statuses: list[int] = field(default_factory=list)  # statuses of the harness's own calls
     began: float = 0.0
     finished: float = 0.0
+
+
+def save(run: Run, path: Path) -> None:
+    path.write_text(json.dumps(asdict(run), default=str))
+
+
+def load(path: Path) -> Run:
+    """A run as `save` wrote it (JSON makes tuples lists: they are made tuples again)."""
+    data = json.loads(path.read_text())
+    requests = [Request(**{**r, "marks": [tuple(m) for m in r["marks"]],
+                           "journal": None if r["journal"] is None else [tuple(j) for j in r["journal"]]})
+                for r in data.pop("requests")]
+    faults = [Fault(**f) for f in data.pop("faults")]
+    states = {name: None if data[name] is None else RedisState(**data.pop(name)) for name in ("baseline", "after")}
+    return Run(requests, faults, **states, **{k: v for k, v in data.items() if k not in states})

@@ -14,7 +14,8 @@ def p99(values: list[float]) -> str:
 
 
 def render(report: Report, minutes: float) -> str:
-    rows = [("minutes of workload", f"{minutes:g}")]
+    """`minutes`: from the workload's first request to its last answer (the drain after the last fault included)."""
+    rows = [("minutes from the first request to the last answer", f"{minutes:.1f}")]
     rows += [(f"requests: {kind}", str(report.requests.get(kind, 0))) for kind in KINDS]
     rows += [(f"faults: {kind}", str(report.faults.get(kind, 0))) for kind in FAULT_KINDS]
     rows += [(f"outcome: {name}", str(count)) for name, count in sorted(report.outcomes.items())]
