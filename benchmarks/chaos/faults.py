@@ -83,7 +83,7 @@ SENTINELS = ("sentinel-1", "sentinel-2", "sentinel-3")
 
 def _sentinels_agree(fleet: Fleet, name: str) -> bool:
     """All three sentinels name `name`'s Redis as the primary (by its service name, or by its address)."""
-    service = name.removeprefix(f"{PROJECT}_").rsplit("_", 1)[0]  # ovq-chaos_redis_1 -> redis
+    service = name.removeprefix(f"{PROJECT}_").rsplit("_", 1)[0]  # ovq-chaos-PID_redis_1 -> redis
     address = podman("inspect", "--format", "{{range .NetworkSettings.Networks}}{{.IPAddress}}{{end}}", name,
                      check=False).stdout.strip()
     for sentinel in SENTINELS:

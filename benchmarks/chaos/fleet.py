@@ -2,7 +2,7 @@
 with `--sentinel` (two APIs, two SmolLM2 workers, the batch worker, Redis with a replica and three sentinels), plus
 what the run needs to see and to check:
 
-- a project of its own (`ovq-chaos`), so it never touches a fleet someone else runs on the host;
+- a project of its own (`ovq-chaos-PID`), so it never touches a fleet someone else (or another run) has on the host;
 - a worker of the tiny embeddings model (`tests/models/tiny-embed`, 220 KB) beside the SmolLM2 workers, in a models
   file of the run's own (deploy/models.yaml plus that model);
 - `OVQ_KEEP_JOB_TEXT=1` on the workers: each job's hash keeps its text, the server's record the checker compares
@@ -26,7 +26,8 @@ import yaml
 
 ROOT = Path(__file__).resolve().parents[2]
 PODMAN_DIR = ROOT / "deploy" / "podman"
-PROJECT = "ovq-chaos"
+# Each run's own project (containers, network, volumes): two runs on one host never touch each other's fleet.
+PROJECT = os.environ.get("OVQ_CHAOS_PROJECT") or f"ovq-chaos-{os.getpid()}"
 LLM = "smollm2-135m-instruct"
 EMBED = "tiny-embed"
 EMBED_DIR = ROOT / "tests" / "models" / EMBED
