@@ -34,6 +34,7 @@ class Report:
     server_errors: list[str] = field(default_factory=list)  # 5xx other than 503
     leaked_keys: dict[str, int] = field(default_factory=dict)
     memory: tuple[int, int] = (0, 0)  # used_memory at the baseline and after
+    keys: tuple[int, int] = (0, 0)  # how many keys at the baseline and after
     kv_busy: dict[str, float] = field(default_factory=dict)
     greedy_compared: int = 0
     continued: int = 0  # solo streams a worker fault hit: compared up to the takeover point
@@ -221,6 +222,7 @@ def check(run: Run, keep: set[str] = frozenset()) -> Report:  # type: ignore[ass
     if run.baseline and run.after:
         report.leaked_keys = leaks(run.baseline, run.after, set(keep))
         report.memory = (run.baseline.used_memory, run.after.used_memory)
+        report.keys = (len(run.baseline.keys), len(run.after.keys))
     report.kv_busy = {w: u for w, u in run.kv_usage.items() if u > KV_IDLE}
     return report
 

@@ -29,6 +29,7 @@ def render(report: Report, minutes: float) -> str:
              ("TTFT p99 (streams), during faults", p99(report.ttft_fault)),
              ("TTFT p99 (streams), calm", p99(report.ttft_calm)),
              ("Redis used_memory: baseline -> after", f"{report.memory[0]:,} -> {report.memory[1]:,} B"),
+             ("Redis keys: baseline -> after", f"{report.keys[0]} -> {report.keys[1]}"),
              ("leaked keys (no TTL, by pattern)", ", ".join(f"{k} x{n}" for k, n in report.leaked_keys.items())
               or "none"),
              ("idle workers with KV cache in use", ", ".join(f"{w} {u:.3f}" for w, u in report.kv_busy.items())
