@@ -30,7 +30,7 @@ from common.jobs import ENTRY_JOB, ENTRY_REASON, ENTRY_WORKER, LEVELS, Job, JobS
 from common.keys import GROUP
 from common.modelcard import ModelCard
 from common.models.config import ModelConfig
-from common.redis.client import UNAVAILABLE, Backoff, connect, is_busygroup, is_nogroup, keys_for
+from common.redis.client import UNAVAILABLE, Backoff, connect, is_busygroup, is_nogroup, keys_for, lost_transport
 from common.redis.cluster import node_client
 from common.redis.lane import Command, Lane
 from common.settings import Settings
@@ -542,6 +542,8 @@ class BaseWorker:
         gone = gone_apis(listeners, scores, self.settings.api_ttl_s)
         deaf = {c for c, score in zip(listeners, scores, strict=True)
                 if score is not None and c not in gone and not subscribers.get(self.keys.events(c).encode())}
+        if not self.heartbeat.judges_apis():  # stale scores say nothing yet: wait for them as for a deaf API
+            return flagged, set(), deaf | gone
         return flagged, gone, deaf
 
     # ---- what the heartbeat and the reclaimer learn ----------------------------------------------------
@@ -758,15 +760,18 @@ class BaseWorker:
                         self.cancel(message["data"].decode())
                     elif message["type"] == "sunsubscribe":  # the channel's slot moved: subscribe where it is now
                         raise redis.ConnectionError("the cancel channel's slot moved")
-            except UNAVAILABLE:
+            except (*UNAVAILABLE, RuntimeError) as exc:
+                if isinstance(exc, RuntimeError) and not lost_transport(exc):
+                    raise
                 self._cancels_heard_ms = None  # cancels may be missed until resubscribed: look flags up
                 await asyncio.sleep(1.0)
             finally:
                 try:
                     if pubsub is not None:
                         await pubsub.aclose()
-                except UNAVAILABLE:
-                    pass
+                except (*UNAVAILABLE, RuntimeError) as exc:
+                    if isinstance(exc, RuntimeError) and not lost_transport(exc):
+                        raise
 
     async def _cancels(self) -> PubSub:
         """Subscribed to the channel cancels come on: the one channel on one Redis; on a Cluster the model's own,

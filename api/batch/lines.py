@@ -12,6 +12,7 @@ refused (403); with API keys off there is one tenant and nothing to change.
 from __future__ import annotations
 
 import hmac
+import logging
 from typing import Any
 
 import orjson
@@ -21,7 +22,9 @@ from api.http.auth import CALLER_STATE, KEY_STATE, KeyAttributes, KeySet
 from api.queue.tenant import BATCH_LINE
 from common.batch.store import RUN_AS_HEADER
 from common.owner import OWNER_FIELD, Caller
+from common.redis.client import UNAVAILABLE
 
+log = logging.getLogger("ovq.api")
 HEADER = RUN_AS_HEADER.lower().encode()
 
 
@@ -32,12 +35,25 @@ def _given(scope: Scope) -> bytes | None:
     return None
 
 
-async def _refuse(send: Send, message: str) -> None:
-    body = orjson.dumps({"error": {"message": message, "type": "permission_error", "param": RUN_AS_HEADER,
-                                   "code": "batch_not_runnable"}})
-    await send({"type": "http.response.start", "status": 403, "headers": [
-        (b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
+async def _answer(send: Send, status: int, error: dict[str, Any], headers: list[tuple[bytes, bytes]]) -> None:
+    body = orjson.dumps({"error": error})
+    await send({"type": "http.response.start", "status": status, "headers": [
+        (b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()), *headers]})
     await send({"type": "http.response.body", "body": body})
+
+
+async def _refuse(send: Send, message: str) -> None:
+    await _answer(send, 403, {"message": message, "type": "permission_error", "param": RUN_AS_HEADER,
+                              "code": "batch_not_runnable"}, [])
+
+
+async def _unavailable(send: Send) -> None:
+    """Redis away while the line's batch is looked up: the 503 with Retry-After the app's own handler gives (this
+    middleware runs outside it; before, the line got a 500 and counted as answered: seen in benchmarks/chaos.py's
+    Sentinel failover). The batch worker sends a 503'd line again."""
+    await _answer(send, 503, {"message": "The job queue is unavailable right now; retry shortly",
+                              "type": "service_unavailable", "param": None, "code": "service_unavailable"},
+                  [(b"retry-after", b"2")])
 
 
 class BatchLines:
@@ -47,7 +63,11 @@ class BatchLines:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         given = _given(scope) if scope["type"] == "http" and self.api_keys else None
         if given is not None:
-            refusal = await self._run_as_owner(scope, given)
+            try:
+                refusal = await self._run_as_owner(scope, given)
+            except UNAVAILABLE as exc:
+                log.warning("Redis unavailable while a batch line's batch was looked up: %s", exc)
+                return await _unavailable(send)
             if refusal is not None:
                 return await _refuse(send, refusal)
         await self.app(scope, receive, send)

@@ -44,6 +44,14 @@ UNAVAILABLE = (redis.ConnectionError, redis.TimeoutError, redis.BusyLoadingError
                *FAILING_OVER)  # a Redis Cluster between a master's death and its replica's promotion
 
 
+def lost_transport(exc: BaseException) -> bool:
+    """uvloop's way of saying a connection is gone: redis-py's pub/sub health check writing to a transport that
+    uvloop has closed raises RuntimeError ("unable to perform operation on <TCPTransport closed=True ...>; the
+    handler is closed"), not a ConnectionError. Seen after a network partition healed (benchmarks/chaos.py): the
+    worker's cancel loop died of it, and the worker stopped."""
+    return isinstance(exc, RuntimeError) and "handler is closed" in str(exc)
+
+
 class RedisURLError(ValueError):
     pass
 

@@ -9,7 +9,7 @@ import socket
 import time
 from collections import deque
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import redis.asyncio as aioredis
 
@@ -131,16 +131,27 @@ class Heartbeat:
             if self.reachable_since is None:
                 self.reachable_since = self.last_ok
             backoff.succeeded(log, where)
-            yield steering
+            yield steering if self.judges_apis() else replace(steering, gone=set())
             await asyncio.sleep(settings.heartbeat_s)
+
+    def steady_for(self, seconds: float) -> bool:
+        """Whether Redis has answered this worker's beats for the last `seconds`."""
+        since = self.reachable_since
+        return since is not None and time.monotonic() - since >= seconds
 
     def steady(self) -> bool:
         """Whether Redis has answered this worker's beats for a whole worker TTL: only then can a stale heartbeat
         say its worker is dead. After an outage every worker's heartbeat is stale; one that is alive beats again
         within a TTL of Redis coming back, so judging earlier would take over (and, with takeover, run twice) the
         jobs of live workers."""
-        since = self.reachable_since
-        return since is not None and time.monotonic() - since >= self.settings.worker_ttl_s
+        return self.steady_for(self.settings.worker_ttl_s)
+
+    def judges_apis(self) -> bool:
+        """Whether a stale API heartbeat can say its API process is gone: the same rule for API processes, over
+        OVQ_API_TTL_S. After Redis was away (an outage, a Sentinel failover) every API's score is stale until it
+        beats again, within a heartbeat of Redis answering; judging earlier cancels the jobs of live API
+        processes (the chaos run saw a 6 s failover cancel three running jobs of a live API)."""
+        return self.steady_for(self.settings.api_ttl_s)
 
     async def leave(self) -> None:
         m, keys = self.member, self.keys

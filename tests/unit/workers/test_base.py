@@ -1,6 +1,7 @@
 """The worker's I/O half with no engine: deadlines act on jobs read too late and on running jobs past theirs."""
 from __future__ import annotations
 
+import asyncio
 import time
 from typing import Any
 
@@ -89,3 +90,49 @@ async def test_prefix_caching_without_a_sized_cache_is_warned_about(redis_url: s
         warned.append(any("cache_size 0" in r.getMessage() for r in caplog.records))
         await worker.redis.aclose()
     assert warned == [True, False]
+
+
+class _Lost:
+    """A pub/sub whose connection uvloop closed under it: what redis-py's health check raised after a partition."""
+
+    async def listen(self) -> Any:
+        raise RuntimeError("unable to perform operation on <TCPTransport closed=True reading=False 0x1>; "
+                           "the handler is closed")
+        yield  # an async generator, as PubSub.listen is
+
+    async def aclose(self) -> None:
+        raise RuntimeError("unable to perform operation on <TCPTransport closed=True>; the handler is closed")
+
+
+class _Heard:
+    """A pub/sub that hears one cancel, then nothing."""
+
+    async def listen(self) -> Any:
+        yield {"type": "message", "data": b"job-1"}
+        await asyncio.Event().wait()
+
+    async def aclose(self) -> None:
+        pass
+
+
+async def test_the_cancel_loop_survives_a_connection_uvloop_closed(redis_url: str) -> None:
+    """After a partition the pub/sub's transport is closed under it (a RuntimeError, not a ConnectionError): the
+    loop subscribes again and hears the next cancel; before, the loop died of it and the worker stopped."""
+    worker = Started(redis_url)
+    subscriptions = iter([_Lost(), _Heard()])
+
+    async def cancels() -> Any:
+        return next(subscriptions)
+
+    worker._cancels = cancels  # type: ignore[method-assign]
+    heard: list[str] = []
+    worker.cancel = heard.append  # type: ignore[method-assign]
+    loop = asyncio.create_task(worker._cancel_loop())
+    for _ in range(100):
+        if heard or loop.done():
+            break
+        await asyncio.sleep(0.05)
+    assert not loop.done(), loop.exception()
+    assert heard == ["job-1"]
+    loop.cancel()
+    await worker.redis.aclose()

@@ -112,3 +112,27 @@ async def test_stale_heartbeats_say_nothing_until_redis_answered_a_whole_ttl(bea
     await asyncio.sleep(0.25)
     assert heartbeat.steady()
     await beats.aclose()
+
+
+async def test_a_stale_api_heartbeat_says_nothing_until_redis_answered_a_whole_api_ttl(beat) -> None:
+    """After a Redis outage or failover every API process's score is stale until it beats again: a worker that
+    judged at once would cancel the running jobs of live API processes (seen in benchmarks/chaos.py's failover)."""
+    redis, keys, _, now = beat
+    heartbeat = Heartbeat(redis, keys, Settings(api_ttl_s=0.2, heartbeat_s=0.01), MEMBER, lambda: now[0])
+    await redis.zadd(keys.apis, {"api-stale": time.time() - 60})
+    now[0] = replace(VITALS, listeners=frozenset({"api-stale"}))
+    real, fails = heartbeat.beat, [1]
+
+    async def flaky():
+        if fails[0]:
+            fails[0] -= 1
+            raise ConnectionError("Redis is away")
+        return await real()
+
+    heartbeat.beat = flaky  # type: ignore[method-assign]
+    beats = heartbeat.beats()
+    assert (await anext(beats)).gone == set(), "Redis just came back: the API may not have beaten yet"
+    assert not heartbeat.judges_apis()
+    await asyncio.sleep(0.25)
+    assert (await anext(beats)).gone == {"api-stale"}
+    await beats.aclose()
