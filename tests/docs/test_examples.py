@@ -14,7 +14,8 @@ import yaml
 from tests.conftest import ON_CLUSTER
 from tests.docs.blocks import BASE, OUTPUT, PARSE, ROOT, RUN, Block, blocks, pages, runnable
 
-MOST_NOT_RUN = 16  # blocks that need a cluster, Docker, a GPU model or a long-running server; keep them few
+# Blocks that need a cluster, Docker, a GPU or video model, or a long-running server: keep them few.
+MOST_NOT_RUN = 19
 # What commands read from the repository root, linked into each page's scratch directory (never `deploy/`: a page's
 # commands write under it, as an operator's would, and must not touch the checkout's).
 READ_ONLY = ("benchmarks",)
