@@ -74,11 +74,12 @@ async def stream(c: Client, request: Request, body: dict[str, Any], drop_after: 
                         request.ended = time.time()
                         return
                 else:
+                    shown = None  # one worker event may come as several frames, each with its id: counted once
                     async for event in events(response):
-                        if event.id:
+                        if event.id and event.id != shown:
                             request.job, _, number = event.id.rpartition(":")
                             request.events.append(int(number))
-                            last = event.id
+                            last = shown = event.id
                         if event.data == "[DONE]":
                             request.ended = time.time()
                             return
