@@ -157,8 +157,9 @@ class BaseWorker:
         return max(0, self.capacity - len(self.running))
 
     def _room(self) -> int:
-        """`room`, and none while it is not awake (its jobs wait in the stream, where a job wakes it)."""
-        return self.room() if self.state == "awake" else 0
+        """`room`, and none while it is not awake (its jobs wait in the stream, where a job wakes it) or while it
+        replaces its backend for a changed models-file entry (`reconfigure`)."""
+        return self.room() if self.state == "awake" and not self.reconfiguring else 0
 
     @property
     def can_sleep(self) -> bool:
@@ -319,9 +320,6 @@ class BaseWorker:
         for stream in (*self.streams, *self._affinity_streams()[:1]):
             pipe.xlen(stream)
         return not any(await pipe.execute()) and not self.running
-
-    def _room(self) -> int:
-        return 0 if self.reconfiguring else self.room()
 
     async def reconfigure(self, model: ModelConfig) -> None:
         """A changed models-file entry (workers/reload.py): take no new job, let the running ones finish, then
