@@ -154,6 +154,7 @@ class Registry:
         # The models file says which models exist: one it does not name is a 404 even while its workers still
         # announce it (a removed model's workers drain). Without one, every announced model is served.
         self.configured = configured
+        self.removed: set[str] = set()  # models a reload took out of the models file (`apply`)
         self._cards: dict[str, tuple[float, dict[str, ModelCard]]] = {}
         self._adapters: dict[str, tuple[float, list[str]]] = {}
         self._loading: dict[str, asyncio.Future[dict[str, ModelCard]]] = {}
@@ -193,11 +194,14 @@ class Registry:
         """A reloaded models file: these models exist now, on these devices (api/ops/config.py)."""
         for gone in set(self.expected) - set(expected):
             self._cards.pop(gone, None)
+            self.removed.add(gone)
+        self.removed -= set(expected)
         self.expected, self.devices = expected, devices
 
     def exists(self, model: str) -> bool:
-        """Not known to be gone: named by the models file, or announced where no models file decides."""
-        return not self.configured or model in self.expected
+        """Not known to be gone: a model a reload took out of the models file is (a 404 at once, while its workers
+        drain); any other is as its cards and the file say (a worker may announce a model the file does not name)."""
+        return not (self.configured and model in self.removed)
 
     async def runtime_adapters(self, model: str, fresh: bool = False) -> list[str]:
         """The LoRA adapters loaded onto the model at run time (`Keys.lora`), cached as the cards are."""
