@@ -14,7 +14,6 @@ be claimed and sent again, with the same `webhook-id` (receivers deduplicate by 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import random
 import time
@@ -28,13 +27,14 @@ from redis.exceptions import ResponseError
 from api.http.auth import KeySet
 from api.webhooks import guard, signing
 from common.keys import GROUP, Keys
-from common.redis.client import UNAVAILABLE
+from common.redis.client import UNAVAILABLE, Backoff
 from common.settings import Settings
 from common.webhooks.endpoints import WebhookEndpoint
 from common.webhooks.events import stream_ttl_s
 from common.webhooks.log import Attempt
 
 log = logging.getLogger("ovq.api.webhooks")
+STOP_WAIT_S = 3.0  # BLOCK_MS and a round trip, with room
 BLOCK_MS = 1000  # a read waits this long for new entries (then looks for due retries and abandoned ones)
 CLAIM_EVERY_S = 1.0
 
@@ -119,6 +119,7 @@ class Deliverer:
         self._task: asyncio.Task[None] | None = None
         self._in_flight: set[asyncio.Task[None]] = set()
         self._claimed_at = 0.0
+        self._stopping = False
 
     async def start(self) -> Deliverer:
         self._task = asyncio.ensure_future(self._run())
@@ -126,10 +127,14 @@ class Deliverer:
 
     async def stop(self) -> None:
         """Stop reading; deliveries under way get up to webhook_timeout_s (what is left is claimed later)."""
+        self._stopping = True
         if self._task is not None:
             self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+            # The loop also ends at its next turn (at most one BLOCK_MS read): on Python 3.11 a cancel that lands
+            # as redis-py's read times out can be taken for that timeout, and the loop would go on for ever.
+            await asyncio.wait({self._task}, timeout=STOP_WAIT_S)
+            if not self._task.done():
+                log.warning("webhook delivery loop did not stop within %.0fs; leaving it", STOP_WAIT_S)
         if self._in_flight:
             await asyncio.wait(self._in_flight, timeout=self.settings.webhook_timeout_s)
         for task in self._in_flight:
@@ -139,10 +144,12 @@ class Deliverer:
     # ---- the loop ----
 
     async def _run(self) -> None:
+        backoff = Backoff(first=0.5)
         await self._group()
-        while True:
+        while not self._stopping:
             try:
                 await self._step()
+                backoff.succeeded(log, "webhook deliveries")
             except asyncio.CancelledError:
                 raise
             except ResponseError as exc:
@@ -150,8 +157,7 @@ class Deliverer:
                     raise
                 await self._group()  # the stream expired, or a Redis came back without it
             except UNAVAILABLE as exc:
-                log.warning("webhook deliveries wait for Redis: %s", exc)
-                await asyncio.sleep(1.0)
+                await asyncio.sleep(backoff.failed(log, "webhook deliveries", exc))
             except Exception:
                 log.exception("webhook delivery loop failed; going on")
                 await asyncio.sleep(1.0)

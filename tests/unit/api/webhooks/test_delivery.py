@@ -164,3 +164,22 @@ async def _counted(redis: aioredis.Redis, keys: Keys, outcome: str) -> bool:
 
 async def _empty(redis: aioredis.Redis, keys: Keys) -> bool:
     return await redis.xlen(keys.webhooks) == 0
+
+
+async def test_stop_ends_the_loop_even_when_a_cancel_is_taken_for_a_read_timeout(redis: aioredis.Redis,
+                                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """Python 3.11 can turn a cancel that lands as redis-py's read times out into that TimeoutError; the loop, which
+    waits out an unavailable Redis, then went on for ever and the API never finished its shutdown."""
+    d = await deliverer(redis, Keys(f"wh{time.time_ns()}"), {}, "whsec_x").start()
+    step = d._step
+
+    async def swallowing_step() -> None:
+        try:
+            await step()
+        except asyncio.CancelledError:
+            raise aioredis.TimeoutError("Timeout reading from redis") from None
+
+    monkeypatch.setattr(d, "_step", swallowing_step)
+    await asyncio.sleep(0.2)
+    await asyncio.wait_for(d.stop(), timeout=10)
+    assert d._task is not None and d._task.done()
