@@ -390,6 +390,8 @@ def serve(args: argparse.Namespace) -> int:
                 f"(Redis: {'embedded, ' + str(embedded_socket(settings)) if redis else settings.redis_url}); "
                 "Ctrl-C stops")
         follow = Follow(settings, url, env, workers) if has_models(settings) and settings.config_poll_s > 0 else None
+        if follow is not None:  # what the file gained or lost while the children started, which no poll will see
+            follow.apply()
         while not failure and not stopper.why and not all(c.given_up or c.retired for c in [*workers, api, batch]):
             if follow is not None:
                 follow.tick()

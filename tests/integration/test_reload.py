@@ -84,10 +84,12 @@ def _body(response: httpx.Response) -> dict[str, Any]:
         return {"text": response.text}
 
 
-def _wait(what: str, until: Callable[[], bool], timeout: float = 120) -> None:
+def _wait(what: str, until: Callable[[], bool], timeout: float = 120, log: Path | None = None) -> None:
     deadline = time.monotonic() + timeout
     while not until():
-        assert time.monotonic() < deadline, f"not within {timeout:.0f}s: {what}"
+        if time.monotonic() >= deadline:
+            said = log.read_text(errors="replace")[-4000:] if log is not None else ""
+            pytest.fail(f"not within {timeout:.0f}s: {what}\n{said}")
         time.sleep(0.2)
 
 
@@ -281,13 +283,13 @@ def test_ovq_serve_follows_an_ovms_config_json(model_dir: Path, redis_url: str, 
     try:
         _wait_ready(f"{base}/health", [serve], tmp_path, {"first"})
         write_repository(tmp_path / "repo", graphs, [{"name": "second", "base_path": "llm"}])
-        _wait("second served", lambda: _state(base, "second") == "AVAILABLE", timeout=180)
+        _wait("second served", lambda: _state(base, "second") == "AVAILABLE", timeout=300, log=log)
         answer = httpx.post(f"{base}/v3/completions", json={"model": "second", "prompt": "Hi", "max_tokens": 2},
                             timeout=120)
         assert answer.status_code == 200 and answer.json()["model"] == "second", answer.text
         gone = httpx.post(f"{base}/v3/completions", json={"model": "first", "prompt": "Hi"}, timeout=30)
         assert gone.status_code == 404
-        _wait("first's worker gone", lambda: _state(base, "first") == "END", timeout=120)
+        _wait("first's worker gone", lambda: _state(base, "first") == "END", timeout=120, log=log)
         said = log.read_text(errors="replace")
         assert "worker first on CPU: no longer in the models file" in said, said[-3000:]
         assert "restarting it" not in said.split("no longer in the models file", 1)[1], said[-3000:]
