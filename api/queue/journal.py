@@ -4,7 +4,7 @@ worker's publisher appends one entry to per round trip (the same events it publi
 `follow` replays the journal from the start and then waits for more (XREAD, blocking at most a second at a time)
 until the job's terminal event: a stream resumed on another API process, or a background response folded into its
 `Response`, sees exactly the events the worker sent, in order (`paced`: the same read as a client's SSE frames, with
-keep-alives, for both). Each event's `seq` runs 1, 2, 3, ... per job: a gap
+keep-alives, for both). Each event's `seq` runs 1, 2, 3, ... per job (an event read twice counts once): a gap
 (entries trimmed past the cap, or lost with a Redis that restarted without them) ends the read with an error
 rather than a wrong answer, and so does a journal that gains nothing for `stall_s`.
 """
@@ -118,10 +118,14 @@ async def paced(journal: Journal, job_id: str, stall_s: float, render: Callable[
 
 
 def _checked(entries: list[tuple[bytes, dict[bytes, bytes]]], seq: int) -> list[EventDict]:
-    """The entries' events, each the one after `seq` (a gap raises)."""
+    """The entries' events, each the one after `seq`: one numbered as an event already read is skipped (a worker's
+    round trip that reached Redis twice: its connection was lost after Redis had applied it, so it was sent again),
+    a gap raises."""
     out: list[EventDict] = []
     for _, fields in entries:
         for event in read_batch(fields[b"e"]):
+            if event["seq"] <= seq:
+                continue
             if event["seq"] != seq + 1:
                 raise JournalBroken(f"The job's journal lost events (after event {seq}, the next is "
                                     f"{event['seq']}): Redis restarted without them, or they were trimmed "

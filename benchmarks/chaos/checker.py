@@ -14,6 +14,9 @@ from .records import BACKGROUND, BATCH, CHAT, EMBEDDING, KINDS, STREAM, Fault, R
 
 EFFECT_S = 30.0  # a fault's effects outlast its recovery (a takeover after the TTL, clients backing off)
 CLEAN_CODES = {"service_unavailable", "worker_died", "engine_crashed", "deadline_exceeded"}
+# A stream whose journal's last events did not reach the replica before it was promoted (replication is
+# asynchronous): a clean error, but only a failover answers with it.
+FAILOVER_CODES = {"events_lost"}
 TAKEOVER_FAULTS = {"worker kill", "partition", "oom"}
 LLM_KINDS = {STREAM, CHAT, BACKGROUND, BATCH}
 MIN_COSINE = 0.999  # embeddings: the same text in another batch rounds a little differently
@@ -103,8 +106,12 @@ def _clean(request: Request, run: Run, report: Report) -> None:
         line_status = re.match(r"error:(\d{3}):", outcome)  # a batch line's answer in the error file
         if line_status and int(line_status[1]) >= 500 and int(line_status[1]) != 503:
             report.server_errors.append(f"{request.kind} {request.key}: HTTP {line_status[1]} in the batch files")
-        clean = outcome.startswith("http:503") or outcome.split(":")[-1] in CLEAN_CODES or outcome == "failed"
-        if not clean or not _overlaps(request.sent, _end(request, run), windows(run.faults)):
+        code = outcome.split(":")[-1]
+        clean = outcome.startswith("http:503") or code in CLEAN_CODES or outcome == "failed"
+        spans = windows(run.faults)
+        if code in FAILOVER_CODES:
+            clean, spans = True, windows(run.faults, {"redis failover"})
+        if not clean or not _overlaps(request.sent, _end(request, run), spans):
             report.unclean.append(f"{request.kind} {request.key}: {outcome}")
 
 

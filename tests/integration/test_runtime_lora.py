@@ -92,11 +92,12 @@ def test_mixed_adapter_requests_while_adapters_come_and_go_all_end_cleanly(tiers
     assert set(churned) == {("/load_lora_adapter", 200), ("/unload_lora_adapter", 200)}, churned
     served = outcomes - Counter(churned)
     assert sum(served.values()) == 160
-    assert set(served) <= {("stays", 200), (MODEL, 200), ("flaky", 200), ("flaky", 404)}, served
+    logs = "".join(tiers.log(p) for p in tiers.procs)
+    said = "\n".join(line for line in logs.splitlines() if "LoRA" in line or "rebuil" in line or "404" in line)
+    assert set(served) <= {("stays", 200), (MODEL, 200), ("flaky", 200), ("flaky", 404)}, f"{served}\n{said[-6000:]}"
     # (whether the coming-and-going adapter is ever served between its unloads depends on how fast the workers
     # rebuild: the first test shows a loaded adapter served)
     assert served[("stays", 200)] and served[("flaky", 200)] + served[("flaky", 404)]
-    logs = "".join(tiers.log(p) for p in tiers.procs)
     assert "restarting it" not in logs and "rebuilding the engine" in logs
 
 

@@ -142,6 +142,16 @@ def test_an_error_in_calm_is_unclean_and_the_same_during_a_fault_is_documented()
     assert not check(run).failed
 
 
+def test_a_journal_that_lost_events_is_documented_during_a_redis_failover_only() -> None:
+    run = _clean_run()
+    stream = _by_key(run, "s1")
+    stream.terminals = ["error:events_lost"]
+    run.faults = [Fault("worker kill", "worker_1", 101.0, 110.0)]  # a worker fault loses no journal entry
+    assert check(run).unclean == ["stream s1: error:events_lost"]
+    run.faults = [Fault("redis failover", "redis_1", 101.0, 110.0)]
+    assert not check(run).failed
+
+
 def test_a_5xx_other_than_503_fails_the_run() -> None:
     run = _clean_run()
     _by_key(run, "c1").statuses = [500]

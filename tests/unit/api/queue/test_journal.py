@@ -42,6 +42,20 @@ async def test_a_gap_in_the_journal_is_an_error(journal) -> None:
             pass
 
 
+async def test_an_entry_written_twice_is_read_once(journal) -> None:
+    """A worker's round trip applied by Redis, its reply lost with the connection, and sent again."""
+    redis, keys, reader = journal
+    key = keys.journal("j")
+    twice = pack([delta("j", 2, 0, "a", 1), delta("j", 3, 0, "b", 1)])
+    await redis.xadd(key, {"e": pack([{"type": "accepted", "job": "j", "seq": 1}])})
+    await redis.xadd(key, {"e": twice})
+    await redis.xadd(key, {"e": twice})
+    await redis.xadd(key, {"e": pack([{"type": "cancelled", "job": "j", "seq": 4}])})
+    seen = [event["seq"] async for events in reader.follow("j", stall_s=30) for event in events]
+    assert seen == [1, 2, 3, 4]
+    assert [event["seq"] for event in (await reader.read("j"))[0]] == [1, 2, 3, 4]
+
+
 async def test_a_journal_that_gains_nothing_is_given_up_on(journal) -> None:
     _, _, reader = journal
     with pytest.raises(JournalBroken, match="No progress"):
