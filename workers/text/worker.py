@@ -42,6 +42,7 @@ from workers.text.progress import Progress
 from workers.text.servable_info import ServableInfo
 
 log = logging.getLogger("ovq.worker")
+REBUILD_TRIES = 3  # engine rebuilds for a changed adapter set that may fail in a row before held jobs get an error
 
 
 def engine_spec(model: ModelConfig, device: str, info: ServableInfo) -> EngineSpec:
@@ -106,6 +107,7 @@ class TextWorker(BaseWorker):
         self.runtime = RuntimeAdapters(self.redis, self.keys, model.name, self.id, settings.lora_rebuild_lock_s) \
             if adaptable else None
         self._held: dict[str, dict[str, Any] | None] = {}
+        self._rebuild_failures = 0  # in a row: held jobs wait through REBUILD_TRIES of them
         self._rebuilding = False
         self._poke = asyncio.Event()
         self._watcher: asyncio.Task[None] | None = None
@@ -524,7 +526,7 @@ class TextWorker(BaseWorker):
     async def _watch_adapters(self) -> None:
         """Every lora_poll_s (at once when a job waits for an adapter): read the model's adapters; when they differ
         from the engine's, take the model's rebuild turn and rebuild; then let the held jobs in (or end them with
-        a 404 when their adapter is gone)."""
+        a 404 when their adapter is gone, a 503 when the engine failed REBUILD_TRIES times in a row to take it)."""
         assert self.runtime is not None
         while True:
             with suppress(asyncio.TimeoutError):
@@ -538,9 +540,13 @@ class TextWorker(BaseWorker):
                                   len(self._held))
                         continue  # this one's turn comes at a later poll
                     try:
-                        await self._rebuild(wanted)
+                        applied = await self._rebuild(wanted)
                     finally:
                         await self.runtime.unlock()
+                    self._rebuild_failures = 0 if applied else self._rebuild_failures + 1
+                    if not applied and self._rebuild_failures < REBUILD_TRIES:
+                        continue  # its held jobs wait for the next try (an engine slow to start under load)
+                    self._rebuild_failures %= REBUILD_TRIES  # the held jobs end below; new ones wait again
             except UNAVAILABLE as exc:
                 log.warning("runtime LoRA adapters not read (%s); trying again", exc)
                 await asyncio.sleep(self.settings.lora_poll_s)  # Redis is away: no tighter loop than the poll
@@ -548,11 +554,12 @@ class TextWorker(BaseWorker):
             except Exception:  # a rebuild that failed must not end the watcher: held jobs wait on it
                 log.exception("the LoRA adapter rebuild failed; trying again")
                 continue
-            self._release_held()
+            self._release_held(wanted)
 
-    async def _rebuild(self, wanted: dict[str, dict[str, Any]]) -> None:
+    async def _rebuild(self, wanted: dict[str, dict[str, Any]]) -> bool:
         """Take no new job, let the running ones finish (up to lora_drain_s), then replace the engine with one that
-        has `wanted`; jobs still running go on from their tokens on it, as after a takeover."""
+        has `wanted`; jobs still running go on from their tokens on it, as after a takeover. False: the engine
+        could not be built with them and runs with its old adapters again."""
         log.info("LoRA adapters changed (%s); rebuilding the engine", ", ".join(sorted(wanted)) or "none")
         self._rebuilding = True
         try:
@@ -568,12 +575,14 @@ class TextWorker(BaseWorker):
             self.engine.drop_pending()
             previous = self.engine.spec
             running = [s for s in self.running.values() if s.job.id not in self._held]
+            applied = True
             try:
                 await self.engine.replace(replace(previous, adapters={**wanted, **self._static_adapters}))
                 self._applied = wanted
-            except Exception as exc:  # an adapter GenAI refuses: keep serving with what the engine had
+            except Exception as exc:  # an adapter GenAI refuses, or a start too slow: serve with the old ones
                 log.error("the engine could not be rebuilt with the new LoRA adapters (%s); keeping the old ones",
                           exc)
+                applied = False
                 await self.engine.replace(previous)
             self.engine_restarts += 1
             for state in running:
@@ -587,20 +596,27 @@ class TextWorker(BaseWorker):
         finally:
             self._restarting = self._rebuilding = False
             self._slot_free.set()
+        return applied
 
-    def _release_held(self) -> None:
+    def _release_held(self, wanted: dict[str, dict[str, Any]]) -> None:
+        """Into the engine, the held jobs whose adapter it has; the others end: a 404 for an adapter unloaded
+        meanwhile, a 503 for one still loaded that the engine could not be built with (REBUILD_TRIES times)."""
         for job_id, resume in list(self._held.items()):
             state = self.running.get(job_id)
             del self._held[job_id]
             if state is None:
                 continue
-            if state.job.params.adapter in self.engine.spec.adapters:
+            adapter = state.job.params.adapter
+            if adapter in self.engine.spec.adapters:
                 self._add(state, resume)
                 continue
             outbox = Outbox()
             self._end(state, JobStatus.ERROR, outbox, {
-                "status": 404, "message": f"The LoRA adapter `{state.job.params.adapter}` was unloaded",
-                "type": "invalid_request_error", "param": "model", "code": "model_not_found"})
+                "status": 404, "message": f"The LoRA adapter `{adapter}` was unloaded",
+                "type": "invalid_request_error", "param": "model", "code": "model_not_found"} if adapter not in wanted
+                else {"status": 503, "message": f"The engine could not be built with the LoRA adapter `{adapter}` "
+                      f"({REBUILD_TRIES} tries); see the worker's log", "type": "service_unavailable",
+                      "code": "service_unavailable"})
             self.publisher.put(outbox)
 
     # ---- engine failures -------------------------------------------------------------------------------

@@ -166,8 +166,8 @@ async def _empty(redis: aioredis.Redis, keys: Keys) -> bool:
     return await redis.xlen(keys.webhooks) == 0
 
 
-async def test_stop_ends_the_loop_even_when_a_cancel_is_taken_for_a_read_timeout(redis: aioredis.Redis,
-                                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_stop_ends_the_loop_even_when_a_cancel_is_taken_for_a_read_timeout(
+        redis: aioredis.Redis, monkeypatch: pytest.MonkeyPatch) -> None:
     """Python 3.11 can turn a cancel that lands as redis-py's read times out into that TimeoutError; the loop, which
     waits out an unavailable Redis, then went on for ever and the API never finished its shutdown."""
     d = await deliverer(redis, Keys(f"wh{time.time_ns()}"), {}, "whsec_x").start()
