@@ -30,9 +30,10 @@ from common.jobs import ENTRY_JOB, ENTRY_REASON, ENTRY_WORKER, LEVELS, Job, JobS
 from common.keys import GROUP
 from common.modelcard import ModelCard
 from common.models.config import ModelConfig
-from common.redis.client import UNAVAILABLE, Backoff, connect, is_busygroup, is_nogroup, keys_for, lost_transport
+from common.redis.client import UNAVAILABLE, Backoff, connect, is_busygroup, is_nogroup, keys_for
 from common.redis.cluster import node_client
 from common.redis.lane import Command, Lane
+from common.redis.transport import lost_transport
 from common.settings import Settings
 from workers.ops.health import HealthServer
 from workers.queue.accounting import Accounting

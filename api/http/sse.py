@@ -11,15 +11,22 @@ flow control) or could not write (gone, complete); the frame then takes the resp
 """
 from __future__ import annotations
 
+import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from typing import Any
 
+import orjson
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
+log = logging.getLogger("ovq.api")
 Write = Callable[[bytes], bool]
 PING = b": ping\n\n"
 DONE = b"data: [DONE]\n\n"
+# The end of a stream whose frames failed unexpectedly (a bug): the client still gets a clean, final error event
+# (the OpenAI SDKs raise it as an APIError), not a body cut mid-chunk.
+FAILED = (b"data: " + orjson.dumps({"error": {"message": "internal error", "type": "server_error", "param": None,
+                                              "code": "internal_error"}}) + b"\n\n")
 
 
 class Last(bytes):
@@ -74,7 +81,7 @@ class SSEResponse(Response):
         self.frames, self.on_close, self.on_write = frames, on_close, on_write
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        ended = False
+        ended, body = False, send
         try:
             await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
             # The body goes through the server's own send (see api/http/front.py): the framework's wrappers only
@@ -97,6 +104,13 @@ class SSEResponse(Response):
                 await body({"type": "http.response.body", "body": b"", "more_body": False})
         except OSError:  # the client went away mid-write: nothing to tell it
             pass
+        except Exception:
+            log.exception("a stream failed unexpectedly; it ends with an internal error event")
+            if not ended:
+                try:
+                    await body({"type": "http.response.body", "body": FAILED + DONE, "more_body": False})
+                except OSError:
+                    pass
         finally:
             await self.on_close()
 

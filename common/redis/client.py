@@ -35,6 +35,7 @@ from common.redis.cluster import (
     sync_slot_client,
 )
 from common.redis.hosts import host_list
+from common.redis.transport import guard_pool
 from common.settings import Settings
 
 log = logging.getLogger("ovq.redis")
@@ -42,14 +43,6 @@ log = logging.getLogger("ovq.redis")
 # Errors that mean "Redis is not there right now" (restarting, unreachable, loading its data), not a bug.
 UNAVAILABLE = (redis.ConnectionError, redis.TimeoutError, redis.BusyLoadingError, ConnectionError, OSError,
                *FAILING_OVER)  # a Redis Cluster between a master's death and its replica's promotion
-
-
-def lost_transport(exc: BaseException) -> bool:
-    """uvloop's way of saying a connection is gone: redis-py's pub/sub health check writing to a transport that
-    uvloop has closed raises RuntimeError ("unable to perform operation on <TCPTransport closed=True ...>; the
-    handler is closed"), not a ConnectionError. Seen after a network partition healed (benchmarks/chaos.py): the
-    worker's cancel loop died of it, and the worker stopped."""
-    return isinstance(exc, RuntimeError) and "handler is closed" in str(exc)
 
 
 class RedisURLError(ValueError):
@@ -247,7 +240,7 @@ def connect(settings: Settings, max_connections: int | None = None) -> aioredis.
                                                              **{**target.node_kwargs(), **options})
     else:
         pool = aioredis.BlockingConnectionPool.from_url(url, **options)
-    return aioredis.Redis(connection_pool=pool, retry=Retry(ExponentialBackoff(cap=0.5, base=0.05), 1),
+    return aioredis.Redis(connection_pool=guard_pool(pool), retry=Retry(ExponentialBackoff(cap=0.5, base=0.05), 1),
                           retry_on_error=[redis.ConnectionError, redis.TimeoutError])
 
 

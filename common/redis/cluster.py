@@ -35,6 +35,7 @@ from redis.exceptions import (
 
 from common.redis.hosts import host_list
 from common.redis.lane import RETRIED, Command, Lane
+from common.redis.transport import guard_cluster
 
 log = logging.getLogger("ovq.redis")
 CLUSTER_SCHEMES = ("redis+cluster", "rediss+cluster")
@@ -95,9 +96,9 @@ def is_cluster(url: str) -> bool:
 def connect_cluster(url: str, max_connections: int, timeout_s: float, **options: Any) -> RedisCluster:
     """A `RedisCluster` client over the URL's seed nodes (`max_connections` per node)."""
     target = ClusterURL.parse(url)
-    return RedisCluster(startup_nodes=[ClusterNode(host, port) for host, port in target.nodes],
-                        max_connections=max_connections, socket_connect_timeout=timeout_s,
-                        **{"socket_timeout": timeout_s, **options, **target.node_kwargs()})
+    return guard_cluster(RedisCluster(startup_nodes=[ClusterNode(host, port) for host, port in target.nodes],
+                                      max_connections=max_connections, socket_connect_timeout=timeout_s,
+                                      **{"socket_timeout": timeout_s, **options, **target.node_kwargs()}))
 
 
 def sync_cluster(url: str, **options: Any) -> redis.RedisCluster:
@@ -299,16 +300,28 @@ class SlotMaster:
     next connection reaches the promoted replica, as a Sentinel-managed connection reaches the new primary."""
 
     def __init__(self, *, locate: Callable[[bool], tuple[str, int]], **kwargs: Any) -> None:
-        self._locate = locate
+        self._locate, self._stale = locate, False
         super().__init__(**kwargs)  # type: ignore[call-arg]
 
     def _connect(self) -> Any:
-        self.host, self.port = self._locate(False)
+        self.host, self.port = self._locate(self._stale)
+        self._stale = False
         try:
             return super()._connect()  # type: ignore[misc]
         except OSError:
             self._locate(True)  # the master may have failed over: ask the cluster again for the next try
             raise
+
+    def read_response(self, *args: Any, **kwargs: Any) -> Any:
+        """A node that says the slot is not its own now, or that the cluster is down (a master failing over), is
+        a lost connection: the command did not run, and the next connection asks where the slot is. rq retries
+        a lost connection with backoff; any other error ended the batch worker with a traceback at each failover."""
+        try:
+            return super().read_response(*args, **kwargs)  # type: ignore[misc]
+        except REROUTED as exc:
+            self._stale = True
+            self.disconnect()  # type: ignore[attr-defined]
+            raise redis.ConnectionError(f"the Redis Cluster is moving the Batch API's slot ({exc})") from None
 
 
 class SlotMasterConnection(SlotMaster, redis.Connection):

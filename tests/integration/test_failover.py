@@ -130,7 +130,7 @@ def test_a_killed_sentinel_primary_fails_over_with_nothing_hung_or_lost(
     print(f"acknowledged before the kill: {len(ids)} jobs ({len(waiting)} in the stream), lost: {len(lost)}")
     assert not lost
     for counts in (streams, unaries):
-        assert counts.hung == counts.internal == 0, counts
+        assert counts.hung == counts.internal == counts.broken == 0, counts
         assert counts.completed + counts.failed == (STREAMS if counts is streams else QUEUED), counts
     for counts in (unaries, again):
         assert all(error.startswith("503 ") for error in counts.errors), counts.errors[:5]

@@ -104,6 +104,9 @@ def stream(base_url: str, body: dict, counts: Counts, started: threading.Event |
                             outcome = "completed"
     except httpx.TimeoutException:
         outcome = "hung"
+    except httpx.TransportError as exc:  # a body cut mid-chunk, a connection refused: neither answer nor refusal
+        counts.errors.append(f"{type(exc).__name__}: {exc}")
+        outcome = "broken"
     finally:
         if started is not None:
             started.set()

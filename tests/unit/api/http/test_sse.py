@@ -128,3 +128,26 @@ async def test_the_last_frames_go_out_with_the_end_of_the_body() -> None:
     assert [(m.get("body"), m.get("more_body")) for m in sent[1:]] == [
         (b"data: 1\n\n", True), (b"data: 2\n\ndata: [DONE]\n\n", False)]
     assert cleaned == [True]  # the generator ran to its end, not left for the event loop to finalize
+
+
+async def test_frames_that_fail_unexpectedly_end_with_an_error_event_not_a_cut_body() -> None:
+    """A bug in a stream's frames (CI: uvloop's RuntimeError from a Redis call) once cut the body mid-chunk: every
+    client saw 'incomplete chunked read'. Now the body ends cleanly with an internal error event, and on_close runs."""
+    sent: list[dict[str, Any]] = []
+    closed: list[bool] = []
+
+    async def frames() -> AsyncIterator[bytes]:
+        yield b"data: 1\n\n"
+        raise RuntimeError("unable to perform operation on <TCPTransport closed=True>; the handler is closed")
+
+    async def send(message: dict[str, Any]) -> None:
+        sent.append(message)
+
+    async def close() -> None:
+        closed.append(True)
+
+    await SSEResponse(frames(), close)({"type": "http", "method": "POST"}, None, send)  # type: ignore[arg-type]
+    bodies = [m for m in sent if m["type"] == "http.response.body"]
+    assert [m["more_body"] for m in bodies] == [True, False]
+    assert b'"code":"internal_error"' in bodies[-1]["body"] and bodies[-1]["body"].endswith(b"data: [DONE]\n\n")
+    assert closed == [True]

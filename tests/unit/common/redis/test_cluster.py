@@ -1,11 +1,24 @@
 from __future__ import annotations
 
+import socketserver
+import threading
+
 import pytest
 import redis
+from redis.backoff import NoBackoff
 from redis.exceptions import ClusterDownError, RedisClusterException, SlotNotCoveredError, TryAgainError
+from redis.retry import Retry
 
-from common.redis.client import UNAVAILABLE
-from common.redis.cluster import ClusterURL, ClusterURLError, is_cluster, key_of, slot_of, unreachable
+from common.redis.client import NO_CLIENT_INFO, UNAVAILABLE
+from common.redis.cluster import (
+    ClusterURL,
+    ClusterURLError,
+    SlotMasterConnection,
+    is_cluster,
+    key_of,
+    slot_of,
+    unreachable,
+)
 
 
 def test_a_cluster_url_names_its_seed_nodes_and_credentials() -> None:
@@ -44,3 +57,34 @@ def test_a_cluster_failing_over_is_waited_out_as_redis_away() -> None:
         raise RedisClusterException("Redis Cluster cannot be connected")
     for failing in (ClusterDownError("CLUSTERDOWN"), TryAgainError("TRYAGAIN"), SlotNotCoveredError("slot 7")):
         assert isinstance(failing, UNAVAILABLE)
+
+
+def test_the_batch_apis_slot_client_takes_a_failing_over_cluster_for_a_lost_connection() -> None:
+    """rq's client (`SlotMaster`) on a node that answers CLUSTERDOWN (a master failing over) or MOVED: the command
+    is sent again on a new connection, to wherever the slot is then (rq's own loop retries lost connections with
+    backoff; any other error ended the batch worker with a traceback at every failover)."""
+    replies = [b"-CLUSTERDOWN The cluster is down\r\n", b"-MOVED 3999 127.0.0.1:1\r\n", b"+PONG\r\n"]
+    asked: list[bool] = []
+
+    class Node(socketserver.BaseRequestHandler):
+        def handle(self) -> None:
+            while self.request.recv(4096) and replies:
+                self.request.sendall(replies.pop(0))
+
+    class Server(socketserver.ThreadingTCPServer):
+        daemon_threads = True
+
+    with Server(("127.0.0.1", 0), Node) as server:
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+
+        def locate(refresh: bool) -> tuple[str, int]:
+            asked.append(refresh)
+            return server.server_address
+
+        pool = redis.ConnectionPool(connection_class=SlotMasterConnection, locate=locate, retry=Retry(NoBackoff(), 3),
+                                    protocol=2, **NO_CLIENT_INFO)  # RESP2: no HELLO for this node to answer
+        client = redis.Redis(connection_pool=pool)
+        assert client.ping() is True
+        pool.disconnect()
+        server.shutdown()
+    assert asked == [False, True, True]  # each new connection after a refusal asked the cluster where the slot is
