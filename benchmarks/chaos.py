@@ -34,6 +34,8 @@ from benchmarks.chaos.workload import Mix, Workload, references  # noqa: E402
 
 DRAIN_S = 900.0  # the workload's last round, after the last fault
 TIMEOUT = httpx.Timeout(connect=10, read=360, write=30, pool=30)  # read: above OVQ_QUEUE_TIMEOUT_S (300 s)
+READ_BACK_S = 60.0
+SETTLED_S = 5.0  # a job's record is final when its terminal event is out; a margin for a takeover's last write
 
 
 async def _progress(workload: Workload, run: Run) -> None:
@@ -41,6 +43,17 @@ async def _progress(workload: Workload, run: Run) -> None:
         await asyncio.sleep(60)
         print(f"chaos: +{time.time() - run.began:.0f} s: {workload.progress()}; faults: "
               f"{', '.join(f.kind for f in run.faults)}", flush=True)
+
+
+async def _read_back(f: fleet.Fleet, run: Run) -> None:
+    """Every READ_BACK_S, the server's records of the requests that ended meanwhile (`server.read_back`); a round
+    that finds Redis failing over is tried again at the next."""
+    while True:
+        await asyncio.sleep(READ_BACK_S)
+        try:
+            await asyncio.to_thread(lambda: server.read_back(server.connect(f), run.requests, SETTLED_S))
+        except Exception as exc:  # noqa: BLE001 - a fault under way (no primary, a connection lost): next round
+            print(f"chaos: reading the server's records back failed ({exc!r}); again in {READ_BACK_S:.0f} s")
 
 
 async def _exercise(f: fleet.Fleet, args: argparse.Namespace, run: Run) -> None:
@@ -54,6 +67,7 @@ async def _exercise(f: fleet.Fleet, args: argparse.Namespace, run: Run) -> None:
         run.began = time.time()
         until = run.began + args.minutes * 60
         ticker = asyncio.create_task(_progress(workload, run))
+        reader = asyncio.create_task(_read_back(f, run))
         every_kind, kinds = asyncio.Event(), tuple(args.faults.split(","))
         bound = args.minutes * 60 + len(kinds) * faults.RECOVERY_S + DRAIN_S
         for outcome in await asyncio.gather(asyncio.wait_for(workload.run(until, every_kind), bound),
@@ -62,6 +76,7 @@ async def _exercise(f: fleet.Fleet, args: argparse.Namespace, run: Run) -> None:
             if isinstance(outcome, BaseException):
                 print(f"chaos: the workload or the faults stopped early: {outcome!r}", flush=True)
         ticker.cancel()
+        reader.cancel()
         run.finished = time.time()
         for request in run.requests:
             if request.kind == EMBEDDING:
@@ -73,8 +88,7 @@ def _afterwards(f: fleet.Fleet, run: Run) -> None:
     """What the server recorded, each idle worker's KV cache, and Redis once the run's expiring keys are gone."""
     faults.all_ready(f)
     r = server.connect(f)
-    server.job_texts(r, run.requests)
-    server.journals(r, run.requests)
+    server.read_back(r, run.requests)  # those not read during the run
     run.kv_usage = server.idle_kv_usage(f)
     assert run.baseline is not None
     server.expire_run_keys(r, run.baseline)

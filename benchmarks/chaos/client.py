@@ -1,6 +1,7 @@
 """One client request of each kind, written down as it happens (records.Request): a resumable greedy stream that
 resumes on the other API with `Last-Event-ID`, a unary chat, a background response resumed with `starting_after`,
-an embeddings request, and the Batch API's round trip. Every wait is bounded by the client's timeouts and tries."""
+an embeddings request, and the Batch API's round trip. Every wait is bounded: the client's timeouts, a harness call's
+tries, a stream's `Patience`."""
 from __future__ import annotations
 
 import asyncio
@@ -15,8 +16,12 @@ import httpx
 from .records import Request
 from .sse import events
 
-TRIES = 12  # reconnections of one stream before it counts as hung
+TRIES = 12  # tries of one harness call (files, batches, stored responses)
 BACKOFF_S = 1.0
+BACKOFF_CAP_S = 5.0
+# A stream reconnects for this long after it last received anything: longer than any failover seen (85 s in a
+# 60-minute run, when 12 reconnections a second apart were not enough), as long as a job may wait for a worker.
+RESUME_BOUND_S = 300.0
 BACKGROUND_END = ("response.completed", "response.incomplete", "response.failed", "response.cancelled")
 
 
@@ -32,6 +37,25 @@ class Client:
 
     def other(self, api: str) -> str:
         return self.apis[1] if api == self.apis[0] else self.apis[0]
+
+
+class Patience:
+    """How long a client goes on reconnecting a stream: `RESUME_BOUND_S` since it last received anything, with
+    pauses that double up to `BACKOFF_CAP_S`."""
+
+    def __init__(self) -> None:
+        self.heard()
+
+    def heard(self) -> None:
+        self.deadline, self.pause = time.monotonic() + RESUME_BOUND_S, BACKOFF_S
+
+    async def wait(self) -> bool:
+        """Pause before the next try; False once the bound would pass (the stream then counts as hung)."""
+        if time.monotonic() + self.pause > self.deadline:
+            return False
+        await asyncio.sleep(self.pause)
+        self.pause = min(self.pause * 2, BACKOFF_CAP_S)
+        return True
 
 
 def _error_of(response: httpx.Response) -> str:
@@ -61,8 +85,8 @@ def _chat_chunk(request: Request, chunk: dict[str, Any]) -> None:
 async def stream(c: Client, request: Request, body: dict[str, Any], drop_after: int | None = None) -> None:
     """A resumable stream (`X-Ovq-Resumable`); on a lost connection, or deliberately after `drop_after` events, it
     sends the same request with `Last-Event-ID` to the other API."""
-    api, last = request.api, None
-    for _ in range(TRIES):
+    api, last, patience = request.api, None, Patience()
+    while True:
         headers = {**c.headers, "X-Ovq-Resumable": "true", **({"Last-Event-ID": last} if last else {})}
         try:
             async with c.http.stream("POST", f"{api}/v3/chat/completions", json=body, headers=headers) as response:
@@ -80,6 +104,7 @@ async def stream(c: Client, request: Request, body: dict[str, Any], drop_after: 
                             request.job, _, number = event.id.rpartition(":")
                             request.events.append(int(number))
                             last = shown = event.id
+                            patience.heard()
                         if event.data == "[DONE]":
                             request.ended = time.time()
                             return
@@ -91,9 +116,10 @@ async def stream(c: Client, request: Request, body: dict[str, Any], drop_after: 
             _lost(request, error)
         if last is None:  # nothing came: no id to resume from (the request died with its API)
             return
+        if not await patience.wait():
+            return
         request.resumes += 1
         api = c.other(api)
-        await asyncio.sleep(BACKOFF_S)
 
 
 async def chat(c: Client, request: Request, body: dict[str, Any]) -> None:
@@ -130,8 +156,8 @@ def _background_event(request: Request, data: dict[str, Any]) -> None:
 async def background(c: Client, request: Request, body: dict[str, Any], drop_after: int | None = None) -> None:
     """A background response streamed as it is made; on a lost connection (or deliberately after `drop_after`
     events) it streams the rest from the other API with `starting_after`."""
-    api = request.api
-    for _ in range(TRIES):
+    api, patience = request.api, Patience()
+    while True:
         after = request.events[-1] if request.events else None
         if request.job and after is not None:
             opened = c.http.stream("GET", f"{api}/v3/responses/{request.job}", headers=c.headers,
@@ -153,16 +179,16 @@ async def background(c: Client, request: Request, body: dict[str, Any], drop_aft
                             request.ended = time.time()
                             return
                         _background_event(request, json.loads(event.data))
+                        patience.heard()
                         if drop_after is not None and len(request.events) == drop_after:
                             drop_after = None
                             break
         except httpx.TransportError as error:
             _lost(request, error)
-        if not request.job:
+        if not request.job or not await patience.wait():
             return
         request.resumes += 1
         api = c.other(api)
-        await asyncio.sleep(BACKOFF_S)
 
 
 async def embedding(c: Client, request: Request, model: str) -> None:

@@ -31,7 +31,8 @@ class Request:
     ended: float | None = None  # unix s of its terminal outcome (None: none came: hung or lost)
     solo: bool = False  # sent while nothing else of the workload ran (its greedy text has a sound reference)
     reference: str | None = None  # the greedy answer of the same body, alone, in calm
-    server_text: str | None = None  # what the server recorded as its output (read back after the run)
+    server_text: str | None = None  # what the server recorded as its output (read back as the run goes)
+    read_back: float | None = None  # unix s its server record was read (job records expire: OVQ_JOB_TTL_S)
     # A resumable stream's journal as the server kept it: (event number, whether it must reach the client as a
     # frame: text or the end; an `accepted` again after a takeover, or a delta with no text, makes none).
     journal: list[tuple[int, bool]] | None = None

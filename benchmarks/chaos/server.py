@@ -51,6 +51,19 @@ def expire_run_keys(r: redis.Redis, baseline: RedisState) -> int:
     return len(doomed)
 
 
+def read_back(r: redis.Redis, requests: list[Request], settled_s: float = 0.0) -> int:
+    """The server's records (`job_texts`, `journals`) of the requests that ended at least `settled_s` ago and were
+    not read back yet: read as the run goes, before their records expire (OVQ_JOB_TTL_S, 1 h by default: a long
+    run's first requests had none left at its end). Returns how many it read; raises what Redis does."""
+    now = time.time()
+    due = [q for q in requests if q.read_back is None and q.ended is not None and now - q.ended >= settled_s]
+    job_texts(r, due)
+    journals(r, due)
+    for request in due:
+        request.read_back = now
+    return len(due)
+
+
 def job_texts(r: redis.Redis, requests: list[Request]) -> None:
     jobs = [q for q in requests if q.job and q.kind not in (BACKGROUND, EMBEDDING)]
     pipe = r.pipeline(transaction=False)
