@@ -145,6 +145,9 @@ class EngineClient:
         """End this engine process and start one with `spec` (EngineError if it cannot start). Whatever ran on the
         old one is the caller's to add again: nothing is answered for it."""
         self._replaced = asyncio.get_running_loop().create_future()
+        # Commands from now on wait for the new engine: the old one's pipe stays open until it is dead, and what
+        # went into it meanwhile would never be answered (a job added then was stuck for good).
+        self._ready = False
         try:
             if self._process is not None and self._process.is_alive():
                 self._process.kill()  # no state to save: the caller re-adds its jobs from what they have sent
