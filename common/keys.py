@@ -117,7 +117,9 @@ class Keys:
         return f"{self.prefix}:worker:{worker_id}"
 
     def workers(self, model: str, device: str) -> str:
-        """Sorted set of the ids of the workers serving a model on a device, scored by last heartbeat (unix s)."""
+        """Sorted set of the ids of the workers serving a model on a device, scored by last heartbeat (unix s).
+        Owner: those workers. Each beat prunes members 10 worker TTLs old and sets the set's TTL to that, so it
+        goes once no worker of the model beats; a worker that stops removes itself."""
         if self.cluster:
             return f"{self.prefix}:workers:{{m:{model}}}:{device}"
         return f"{self.prefix}:workers:{model}:{device}"

@@ -86,6 +86,9 @@ class Heartbeat:
         pipe.pexpire(keys.worker(m.id), ttl_ms)
         pipe.zadd(keys.workers(m.model, m.device), {m.id: now})
         pipe.zremrangebyscore(keys.workers(m.model, m.device), "-inf", now - 10 * settings.worker_ttl_s)
+        # A member can outlive its worker (one stopped while its first beat was in flight): once no worker of the
+        # model beats, the whole set goes with the members the beats above would have pruned.
+        pipe.expire(keys.workers(m.model, m.device), int(10 * settings.worker_ttl_s) + 1)
         # The card outlives its workers for a while, so the API can tell "model not served right now" (503)
         # from "no such model" (404).
         card_ttl = settings.model_card_ttl_s

@@ -40,6 +40,7 @@ async def test_a_beat_announces_the_worker_and_its_card(beat) -> None:
     assert (worker[b"model"], worker[b"capacity"], worker[b"running"], worker[b"kv_cache_usage"]) == \
         (b"m", b"4", b"1", b"0.25")
     assert await redis.zscore(keys.workers("m", "CPU"), "w1") is not None
+    assert 0 < await redis.ttl(keys.workers("m", "CPU")) <= 10 * heartbeat.settings.worker_ttl_s + 1
     assert ModelCard.model_validate_json(await redis.hget(keys.model("m"), "CPU")).servable_type is ServableType.LM_CB
     await heartbeat.leave()
     assert not await redis.exists(keys.worker("w1")) and await redis.zscore(keys.workers("m", "CPU"), "w1") is None
