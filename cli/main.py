@@ -2,14 +2,17 @@
 from __future__ import annotations
 
 import argparse
+import os
 import signal
 import sys
 from importlib.metadata import PackageNotFoundError, version
 
 
 def _stopped(signum: int, _frame: object) -> None:
-    print(f"ovq: {signal.Signals(signum).name} before the command started: exiting", file=sys.stderr)
-    sys.exit(0)
+    print(f"ovq: {signal.Signals(signum).name} before the command started: exiting", file=sys.stderr, flush=True)
+    # Not sys.exit: the handler can run inside any import, and a SystemExit raised in a class body's __set_name__
+    # (CI: rich's dataclasses) comes out as a RuntimeError with a traceback and exit 1. Nothing is started yet.
+    os._exit(0)
 
 
 # Before the imports below (a second or more): a stop signal while `ovq` starts ends it with exit 0 and a line, not
