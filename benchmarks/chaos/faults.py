@@ -20,7 +20,7 @@ from collections.abc import Callable
 
 import redis
 
-from .fleet import PROJECT, Fleet, env, podman, wait_until
+from .fleet import PODMAN_CWD, PROJECT, Fleet, env, podman, wait_until
 from .records import Fault
 
 PARTITION_S = 20.0
@@ -128,7 +128,7 @@ def out_of_memory(fleet: Fleet, fault: Fault) -> None:
     name = fault.target
     kills = _cgroup(name, "memory.oom_control")
     podman("update", "--memory", str(_cgroup(name, "memory.usage_in_bytes") + (32 << 20)), name)
-    hog = subprocess.Popen(["podman", "exec", name, "python", "-c", HOG], env=env(),
+    hog = subprocess.Popen(["podman", "exec", name, "python", "-c", HOG], env=env(), cwd=PODMAN_CWD,
                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         wait_until(f"an OOM kill in {name}", OOM_WAIT_S,

@@ -16,6 +16,7 @@ import importlib.util
 import os
 import socket
 import subprocess
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,6 +32,9 @@ PROJECT = os.environ.get("OVQ_CHAOS_PROJECT") or f"ovq-chaos-{os.getpid()}"
 LLM = "smollm2-135m-instruct"
 EMBED = "tiny-embed"
 EMBED_DIR = ROOT / "tests" / "models" / EMBED
+# Where podman runs: conmon writes an empty file `oom` into the working directory it inherits when its container is
+# OOM-killed (a compatibility leftover of conmon's), which left one at the checkout's root after every chaos run.
+PODMAN_CWD = tempfile.gettempdir()
 
 
 def _compose_fleet() -> ModuleType:
@@ -57,7 +61,8 @@ def env() -> dict[str, str]:
 
 
 def podman(*args: str, check: bool = True, timeout: float = 120) -> subprocess.CompletedProcess[str]:
-    result = subprocess.run(["podman", *args], capture_output=True, text=True, timeout=timeout, env=env())
+    result = subprocess.run(["podman", *args], capture_output=True, text=True, timeout=timeout, env=env(),
+                            cwd=PODMAN_CWD)
     if check and result.returncode != 0:
         raise RuntimeError(f"podman {' '.join(args)}: rc {result.returncode}: {result.stderr.strip()[-500:]}")
     return result
@@ -87,7 +92,7 @@ class Fleet:
 
     def compose(self, *args: str, timeout: float = 600) -> subprocess.CompletedProcess[str]:
         return subprocess.run(["podman-compose", "-f", str(self.directory / "compose.yaml"), *args],
-                              capture_output=True, text=True, timeout=timeout, env=env())
+                              capture_output=True, text=True, timeout=timeout, env=env(), cwd=PODMAN_CWD)
 
 
 def _models_file(directory: Path) -> Path:
@@ -170,7 +175,7 @@ def down(directory: Path) -> None:
     """Take the run's fleet down, volumes included (also one a crashed earlier run left)."""
     if (directory / "compose.yaml").exists():
         subprocess.run(["podman-compose", "-f", str(directory / "compose.yaml"), "down", "-v", "-t", "10"],
-                       capture_output=True, text=True, timeout=600, env=env())
+                       capture_output=True, text=True, timeout=600, env=env(), cwd=PODMAN_CWD)
     names = podman("ps", "-a", "--filter", f"label=io.podman.compose.project={PROJECT}", "--format",
                    "{{.Names}}", check=False).stdout.split()
     if names:

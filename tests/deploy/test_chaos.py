@@ -28,11 +28,15 @@ def test_three_minutes_of_chaos_lose_nothing(image: str, model_dir: Path, tmp_pa
     path = f"{sysconfig.get_path('scripts')}{os.pathsep}{ENV['PATH']}"
     if shutil.which("podman-compose", path=path) is None:
         pytest.skip("podman-compose is not installed (pip install podman-compose, part of the test extra)")
+    # Run from a directory of its own: nothing may land in the caller's (conmon's `oom` file did, at an OOM kill).
+    cwd = tmp_path / "cwd"
+    cwd.mkdir()
     result = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "chaos.py"), "--minutes", MINUTES,
-                             "--image", image, "--out", str(tmp_path)],
-                            capture_output=True, text=True, timeout=1400, cwd=ROOT, env={**ENV, "PATH": path})
+                             "--image", image, "--out", str(tmp_path / "run")],
+                            capture_output=True, text=True, timeout=1400, cwd=cwd, env={**ENV, "PATH": path})
     print(result.stdout)
     assert result.returncode == 0, (result.stdout + result.stderr)[-6000:]
     injected = dict(re.findall(r"^\| faults: ([a-z ]+?) +\| (\d+) \|$", result.stdout, re.M))
     assert set(injected) == set(KINDS) and all(int(n) >= 1 for n in injected.values()), injected
     assert "chaos: passed" in result.stdout
+    assert list(cwd.iterdir()) == []
