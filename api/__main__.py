@@ -4,7 +4,7 @@ from __future__ import annotations
 import signal
 import sys
 
-from api.http.signals import EarlySignals, Stopping
+from common.signals import EarlySignals, Stopping
 
 
 def main() -> int:

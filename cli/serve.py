@@ -325,7 +325,7 @@ def _stop_in_order(why: str, workers: list[Child], api: Child, batch: Child, red
     log(f"{why}: stopping the batch worker and the API, then the workers "
         f"(grace {settings.shutdown_grace_s:.0f}s), then Redis")
     batch.stop(settings.shutdown_grace_s + 10)  # first: its lines in flight need the API and the workers
-    api.stop(settings.shutdown_grace_s + 10)  # a SIGTERM while it starts is kept for uvicorn (api/http/signals.py)
+    api.stop(settings.shutdown_grace_s + 10)  # a SIGTERM while it starts is kept for uvicorn (common/signals.py)
     for child in workers:  # all at once: each drains its own jobs within the grace period
         if child.running:
             child.process.send_signal(signal.SIGTERM)

@@ -9,11 +9,11 @@ import sys
 import uvicorn
 
 from api.http.auth import KeyFileError, exposure_refusal, is_loopback, load_keys
-from api.http.signals import EarlySignals
 from common.models.config import ConfigError
 from common.models.sources import configured_models
 from common.redis.client import RedisRefused, RedisURLError, connect, redis_url, wait_until_up
 from common.settings import Settings, get_settings
+from common.signals import EarlySignals
 
 
 def api_processes(settings: Settings) -> int:

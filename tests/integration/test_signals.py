@@ -127,3 +127,17 @@ def test_an_api_stopped_while_it_starts_exits_0_saying_why(tiers: Callable[..., 
     api.send_signal(signal.SIGTERM)
     assert api.wait(30) == 0, t.log(api)
     assert "SIGTERM" in t.log(api) or "Shutting down" in t.log(api), t.log(api)
+
+
+@pytest.mark.parametrize("delay", [0.3, 1.5, 4.0])
+def test_a_worker_stopped_while_it_starts_exits_0_saying_why(tiers: Callable[..., Tiers], model_dir: Path,
+                                                             delay: float) -> None:
+    """A stop signal while a worker imports, prepares its model or builds its engine (a scale-in of a pod still
+    starting) is neither lost nor a kill: the worker stops at once, or starts and drains, exits 0 and says why."""
+    t = tiers({MODEL: {"path": str(model_dir), "cache_size": 0}})
+    worker = t.worker(MODEL)
+    time.sleep(delay)
+    worker.send_signal(signal.SIGTERM)
+    assert worker.wait(120) == 0, t.log(worker)[-3000:]
+    assert "SIGTERM" in t.log(worker), t.log(worker)[-3000:]
+    assert "Traceback" not in t.log(worker), t.log(worker)[-3000:]

@@ -1,4 +1,4 @@
-"""Stop signals while the API starts: neither lost nor a crash (see `EarlySignals`)."""
+"""Stop signals while a tier starts (the API, a worker): neither lost nor a crash (see `EarlySignals`)."""
 from __future__ import annotations
 
 import os
@@ -8,14 +8,16 @@ import time
 
 
 class Stopping(BaseException):
-    """SIGTERM or SIGINT while the API is still starting (waiting for Redis): not an error, the end."""
+    """SIGTERM or SIGINT while the tier is still starting (importing, waiting for Redis, preparing its model): not an
+    error, the end."""
 
 
 class EarlySignals:
-    """SIGTERM and SIGINT until uvicorn has installed its own handlers. Before `uvicorn.run` a signal ends the
-    start at once (`Stopping`); after it, until uvicorn listens, a signal is remembered and handed to uvicorn as
-    soon as its handler is in place, so it drains as for any stop (the default handler would kill the process mid
-    start, a no-op would lose the signal). Once uvicorn drains it re-raises the signal to us: then it is the end."""
+    """SIGTERM and SIGINT until the tier's event loop has installed its own handlers (uvicorn's; a worker's in
+    `Worker.run`). Before `hand_over` a signal ends the start at once (`Stopping`); after it, until those handlers
+    are in, a signal is remembered and handed to them as soon as they are in place, so the tier drains as for any
+    stop (the default handler would kill the process mid start, a no-op would lose the signal). Once uvicorn drains
+    it re-raises the signal to us: then it is the end."""
 
     def __init__(self) -> None:
         self.pending: int | None = None
@@ -31,7 +33,7 @@ class EarlySignals:
             signal.signal(sig, self)
 
     def hand_over(self) -> None:
-        """From now on remember, and forward what comes to uvicorn once it has taken the signals."""
+        """From now on remember, and forward what comes to the loop's handlers once they have taken the signals."""
         self.raising = False
         threading.Thread(target=self._forward, name="early-signals", daemon=True).start()
 
