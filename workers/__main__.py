@@ -23,7 +23,8 @@ def main() -> int:
     except Exception:
         # A library that catches what it calls and re-raises its own error (a class body's __set_name__ wraps what
         # interrupts it in a RuntimeError) can turn `Stopping` into something else: a signal came, so it is the stop.
-        if signals.pending is None:
+        # Once the worker runs (handed over), an error is the worker's own, whatever signal came.
+        if signals.pending is None or not signals.raising:
             raise
         print(f"ovq worker: {signal.Signals(signals.pending).name}: stopping before serving anything", file=sys.stderr)
         return 0
