@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from contextlib import suppress
 from typing import Any
 
 import redis.asyncio as aioredis
@@ -21,6 +20,7 @@ from starlette.responses import JSONResponse
 
 from api.openai.aliases import AliasRoutes
 from api.queue.registry import Registry
+from common import tasks
 from common.errors import OvqError
 from common.keys import Keys
 from common.models.watch import Change, ConfigWatch
@@ -46,10 +46,7 @@ class ConfigFollower:
         return self
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with suppress(asyncio.CancelledError):
-                await self._task
+        await tasks.stop(self._task)
 
     async def _generation(self) -> int | None:
         try:

@@ -14,6 +14,7 @@ from collections import Counter
 
 import redis.asyncio as aioredis
 
+from common import tasks
 from common.keys import Keys
 from common.ops.stats import window_of
 from common.redis.client import UNAVAILABLE
@@ -55,6 +56,5 @@ class Refusals:
             log.warning("refusal counts not written (Redis unavailable): kept for the next try")
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
+        await tasks.stop(self._task)
         await self.flush()

@@ -14,6 +14,7 @@ import time
 
 import redis.asyncio as aioredis
 
+from common import tasks
 from common.keys import Keys
 from common.redis.client import UNAVAILABLE
 from common.settings import Settings
@@ -38,8 +39,7 @@ class ApiHeartbeat:
         return self
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
+        await tasks.stop(self._task)
         try:
             pipe = self.redis.pipeline(transaction=False)
             pipe.delete(self.keys.api(self.reply_to))

@@ -28,6 +28,7 @@ import redis
 import redis.asyncio as aioredis
 
 from api.queue.subscription import Subscription, subscribe
+from common import tasks
 from common.events import EventDict, Unreadable, read_batch
 from common.keys import Keys
 from common.redis.client import UNAVAILABLE, Backoff, describe
@@ -100,9 +101,7 @@ class EventHub:
             pass
 
     async def stop(self) -> None:
-        for task in self._tasks:
-            task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await tasks.stop(self._tasks)
 
     def register(self, job_id: str, inbox: Inbox) -> None:
         self._inboxes[job_id] = inbox

@@ -100,9 +100,10 @@ async def subscribe(client: aioredis.Redis, channel: str, on_message: Callable[[
                     timeout_s: float) -> Subscription:
     """A connection with `client`'s settings, subscribed to `channel` within `timeout_s`; raises what Redis or the
     network did (a redis-py error, an OSError)."""
-    try:
-        return await asyncio.wait_for(_subscribe(client, channel, on_message), timeout_s)
-    except asyncio.TimeoutError:
+    try:  # asyncio.timeout, not wait_for: 3.11's wait_for can swallow a cancel (common/tasks.py)
+        async with asyncio.timeout(timeout_s):
+            return await _subscribe(client, channel, on_message)
+    except TimeoutError:
         raise redis.TimeoutError(f"no answer to SUBSCRIBE within {timeout_s:.0f}s") from None
 
 

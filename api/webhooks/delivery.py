@@ -26,6 +26,7 @@ from redis.exceptions import ResponseError
 
 from api.http.auth import KeySet
 from api.webhooks import guard, signing
+from common import tasks
 from common.keys import GROUP, Keys
 from common.redis.client import UNAVAILABLE, Backoff
 from common.settings import Settings
@@ -128,13 +129,8 @@ class Deliverer:
     async def stop(self) -> None:
         """Stop reading; deliveries under way get up to webhook_timeout_s (what is left is claimed later)."""
         self._stopping = True
-        if self._task is not None:
-            self._task.cancel()
-            # The loop also ends at its next turn (at most one BLOCK_MS read): on Python 3.11 a cancel that lands
-            # as redis-py's read times out can be taken for that timeout, and the loop would go on for ever.
-            await asyncio.wait({self._task}, timeout=STOP_WAIT_S)
-            if not self._task.done():
-                log.warning("webhook delivery loop did not stop within %.0fs; leaving it", STOP_WAIT_S)
+        # The loop also ends at its next turn (at most one BLOCK_MS read), should a cancel be swallowed every time.
+        await tasks.stop(self._task, STOP_WAIT_S)
         if self._in_flight:
             await asyncio.wait(self._in_flight, timeout=self.settings.webhook_timeout_s)
         for task in self._in_flight:
