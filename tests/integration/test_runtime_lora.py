@@ -119,13 +119,14 @@ async def _soak(tiers: Tiers, admin: httpx.Client, flaky: dict, requests: int) -
 
         async def churn() -> None:
             loaded = False
-            while queue:
+            while queue or loaded:  # at least one load and one unload, however fast the requests go
                 path, body = (("/unload_lora_adapter", {"lora_name": flaky["lora_name"]}) if loaded
                               else ("/load_lora_adapter", flaky))
                 answer = await asyncio.to_thread(admin.post, path, json=body)
                 outcomes[(path, answer.status_code)] += 1
                 loaded = not loaded
-                await asyncio.sleep(2.5)
+                if queue:
+                    await asyncio.sleep(2.5)
 
         await asyncio.gather(churn(), *(one() for _ in range(8)))
     return outcomes
