@@ -134,7 +134,10 @@ def test_a_killed_sentinel_primary_fails_over_with_nothing_hung_or_lost(
         assert counts.completed + counts.failed == (STREAMS if counts is streams else QUEUED), counts
     for counts in (unaries, again):
         assert all(error.startswith("503 ") for error in counts.errors), counts.errors[:5]
-    ended = wait(sdk, batch.id)
+    try:
+        ended = wait(sdk, batch.id)
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}\nbatch worker's log:\n{t.log(batcher)[-6000:]}") from None
     outputs, errors = results(sdk, ended)
     print(f"batch across the failover: {ended.status}, {ended.request_counts}")
     assert ended.status == "completed"

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
+from collections.abc import Callable
 from typing import Any
 
 import redis
@@ -24,12 +26,13 @@ from rq.worker import WorkerStatus
 from common.batch.rq_keys import use_rq_prefix
 from common.batch.store import TERMINAL, BatchQueue
 from common.keys import Keys
-from common.redis.client import keys_for
+from common.redis.client import Backoff, keys_for, reason
 from common.settings import Settings
 
 log = logging.getLogger("ovq.batch")
 
 WAITING = (JobStatus.QUEUED, JobStatus.SCHEDULED, JobStatus.DEFERRED)
+REDIS_AWAY = (redis.ConnectionError, redis.TimeoutError)
 
 
 def sweep_once(connection: redis.Redis, keys: Keys, settings: Settings, queue: BatchQueue) -> list[str]:
@@ -91,13 +94,50 @@ class Sweeper(threading.Thread):
 
 
 class BatchWorker(SimpleWorker):
-    """rq's SimpleWorker, keeping rq's heartbeats while a (long) batch runs, with a sweeper beside it."""
+    """rq's SimpleWorker, keeping rq's heartbeats while a (long) batch runs, with a sweeper beside it.
+
+    rq's work loop quits on any error but its dequeue's own lost connections: a Redis restart or a Sentinel
+    failover that met a suspension check, a heartbeat or a job's bookkeeping ended the batch worker, and the
+    batches it would have run waited for ever (CI's Sentinel failover test: a batch stayed `validating`). Here
+    those wait for Redis, with one log line each, as the dequeue does."""
 
     def __init__(self, settings: Settings, connection: redis.Redis, **kwargs: Any) -> None:
         keys = keys_for(settings)
         use_rq_prefix(keys)  # rq is imported by now: this checks it names its keys under this deployment's prefix
         super().__init__([Queue(keys.batch_queue, connection=connection)], connection=connection, **kwargs)
+        self.settings = settings
         self.sweeper = Sweeper(settings, connection)
+
+    def bootstrap(self, *args: Any, **kwargs: Any) -> None:
+        """rq's start (registering this worker), tried again while Redis is away, for up to redis_wait_s."""
+        deadline, backoff = time.monotonic() + self.settings.redis_wait_s, Backoff()
+        while True:
+            try:
+                return super().bootstrap(*args, **kwargs)
+            except REDIS_AWAY as exc:
+                if time.monotonic() + backoff.delay > deadline:
+                    raise
+                time.sleep(backoff.failed(log, "batch worker starting", exc))
+
+    def check_for_suspension(self, burst: bool) -> None:
+        self._unless_redis_away("suspension check", super().check_for_suspension, burst)
+
+    def run_maintenance_tasks(self) -> None:
+        self._unless_redis_away("rq's maintenance", super().run_maintenance_tasks)
+
+    def heartbeat(self, *args: Any, **kwargs: Any) -> None:
+        self._unless_redis_away("rq heartbeat", super().heartbeat, *args, **kwargs)
+
+    def set_state(self, *args: Any, **kwargs: Any) -> None:
+        self._unless_redis_away("rq worker state", super().set_state, *args, **kwargs)
+
+    @staticmethod
+    def _unless_redis_away(what: str, call: Callable[..., Any], *args: Any, **kwargs: Any) -> None:
+        """Skipped while Redis is away: the loop's next step, the dequeue, waits for it with backoff."""
+        try:
+            call(*args, **kwargs)
+        except REDIS_AWAY as exc:
+            log.warning("%s skipped: Redis unavailable (%s)", what, reason(exc))
 
     def work(self, *args: Any, **kwargs: Any) -> bool:
         self.sweeper.start()
@@ -114,6 +154,9 @@ class BatchWorker(SimpleWorker):
         beat.start()
         try:
             self.perform_job(job, queue, execution)
+        except REDIS_AWAY as exc:  # rq's own bookkeeping of the job; the batch's lease and the sweep cover it
+            log.warning("rq job %s: its end not recorded, Redis unavailable (%s); a sweep queues its batch again if "
+                        "it did not end", job.id, reason(exc))
         finally:
             done.set()
             beat.join(timeout=5)
