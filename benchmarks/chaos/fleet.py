@@ -153,9 +153,19 @@ def up(directory: Path, image: str) -> Fleet:
     fleet = Fleet(directory, tuple(f"http://127.0.0.1:{p}" for p in api_ports),  # type: ignore[arg-type]
                   {f"{PROJECT}_{name}_1": port for name, port in redis_ports.items()},
                   (directory / "secrets" / "api-keys").read_text().strip())
-    started = fleet.compose("up", "-d")
-    if started.returncode != 0:
-        raise RuntimeError(f"podman-compose up: {started.stderr[-2000:]}")
+    for attempt in (1, 2):
+        started = fleet.compose("up", "-d")
+        (directory / f"compose-up-{attempt}.log").write_text(started.stdout + started.stderr)
+        if started.returncode == 0:
+            break
+        # Seen once, in CI on a host where podman had never run: every container's create failed after the pod's.
+        # The first error says why; the rest repeat "no container with name or ID".
+        first = "\n".join(line for line in started.stderr.splitlines() if "condition check" not in line)[:1500]
+        if attempt == 2:
+            raise RuntimeError(f"podman-compose up failed twice; the second time:\n{first}")
+        print(f"chaos: podman-compose up failed; taking it down and trying once more. It said:\n{first}", flush=True)
+        down(directory)
+        _fill_models(image)
     _compose_fleet().check(directory)
     return fleet
 
@@ -184,6 +194,7 @@ def down(directory: Path) -> None:
         if volume.startswith(f"{PROJECT}_"):
             podman("volume", "rm", "-f", volume, check=False)
     podman("network", "rm", "-f", f"{PROJECT}_default", check=False)
+    podman("pod", "rm", "-f", f"pod_{PROJECT}", check=False)  # podman-compose's pod: left after a failed up
 
 
 def wait_until(what: str, timeout_s: float, probe: Any, every_s: float = 1.0) -> Any:
