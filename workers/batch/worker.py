@@ -98,8 +98,8 @@ class BatchWorker(SimpleWorker):
 
     rq's work loop quits on any error but its dequeue's own lost connections: a Redis restart or a Sentinel
     failover that met a suspension check, a heartbeat or a job's bookkeeping ended the batch worker, and the
-    batches it would have run waited for ever (CI's Sentinel failover test: a batch stayed `validating`). Here
-    those wait for Redis, with one log line each, as the dequeue does."""
+    batches it would have run waited for ever (the likely cause of a batch that stayed `validating` through CI's
+    Sentinel failover test). Here those wait for Redis, with one log line each, as the dequeue does."""
 
     def __init__(self, settings: Settings, connection: redis.Redis, **kwargs: Any) -> None:
         keys = keys_for(settings)
