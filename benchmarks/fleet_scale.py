@@ -58,7 +58,8 @@ BOUND_S = 600.0  # the longest wait for a fleet to come up
 class Stack:
     """A private redis-server, one `ovq api` (A processes) and the hollow hosts of N workers."""
 
-    def __init__(self, work: Path, workers: int, apis: int, per_host: int, profile: str, seqs: int) -> None:
+    def __init__(self, work: Path, workers: int, apis: int, per_host: int, profile: str, seqs: int,
+                 env: dict[str, str] | None = None) -> None:
         self.server = EmbeddedRedis(work / "redis", port=free_port(), appendonly=False)
         self.url = self.server.start()
         self.redis = redis.Redis.from_url(self.url)
@@ -67,7 +68,7 @@ class Stack:
         self.port = free_port()
         self.env = {**os.environ, "REDIS_URL": self.url, "OVQ_CONFIG": str(config), "OVQ_PORT": str(self.port),
                     "OVQ_LOG_LEVEL": "warning", "OVQ_KEY_PREFIX": PREFIX, "OVQ_API_PROCESSES": str(apis),
-                    "OVQ_SIM_PROFILE": profile, "PYTHONPATH": str(ROOT)}
+                    "OVQ_SIM_PROFILE": profile, "PYTHONPATH": str(ROOT), **(env or {})}
         self.keys = Keys(PREFIX)
         self.api = subprocess.Popen([sys.executable, "-m", "api"], env=self.env, cwd=ROOT)
         hosts = math.ceil(workers / per_host)

@@ -23,6 +23,7 @@ from common import fairness
 from common.events import DoneEvent
 from common.jobs import LEVELS
 from common.keys import GROUP, Keys
+from common.ops.cluster import affinity_waiting
 from common.ops.stats import BOUNDS
 
 LABELS = ("model", "device")
@@ -100,9 +101,10 @@ class Series(NamedTuple):
 
 class Metrics:
     def __init__(self, redis: aioredis.Redis, keys: Keys, worker_ttl_s: float, log_access: bool = False,
-                 refusals: Refusals | None = None) -> None:
+                 refusals: Refusals | None = None, job_ttl_s: float = 3600.0) -> None:
         self.fleet_refusals = refusals  # the fleet's count, in Redis (the ops page's)
         self.redis, self.keys, self.worker_ttl_s, self.log_access = redis, keys, worker_ttl_s, log_access
+        self.job_ttl_s = job_ttl_s  # how long a dead worker's affinity stream may still hold jobs
         self.registry = CollectorRegistry()
         r = self.registry
         self.requests = Counter("ovq_requests", "HTTP requests answered, by the status their headers carried",
@@ -121,10 +123,13 @@ class Metrics:
                                   LABELS, registry=r, buckets=DURATION)
         self.queue_time = Histogram("ovq_queue_time_seconds", "From enqueue to a worker taking the job", LABELS,
                                     registry=r, buckets=LATENCY)
-        self.waiting = Gauge("ovq_queue_waiting_jobs", "Jobs waiting in the stream (XLEN - pending)", LABELS,
-                             registry=r)
+        self.waiting = Gauge("ovq_queue_waiting_jobs", "Interactive jobs waiting (XLEN - pending) in the stream and "
+                             "in the workers' affinity streams", LABELS, registry=r)
         self.waiting_by_priority = Gauge("ovq_queue_waiting_jobs_by_priority", "Jobs waiting in each priority "
-                                         "level's stream (XLEN - pending)", (*LABELS, "priority"), registry=r)
+                                         "level's stream (XLEN - pending); interactive's with the workers' affinity "
+                                         "streams", (*LABELS, "priority"), registry=r)
+        self.waiting_affinity = Gauge("ovq_queue_waiting_jobs_affinity", "Of the interactive jobs waiting, those in "
+                                      "the workers' affinity streams (prefix affinity)", LABELS, registry=r)
         self.waiting_by_tenant = Gauge("ovq_queue_waiting_jobs_by_tenant", f"Jobs waiting per tenant (fair shares), "
                                        f"the {TOP_TENANTS} with the most per model and device", (*LABELS, "tenant"),
                                        registry=r)
@@ -145,7 +150,7 @@ class Metrics:
                                       "on every process", ("state",), registry=r)
         self._labelled = (self.outcomes, self.prompt_tokens, self.generation_tokens, self.ttft, self.itl,
                           self.duration, self.queue_time, self.waiting, self.in_flight, self.workers,
-                          self.waiting_by_priority, self.waiting_by_tenant)
+                          self.waiting_by_priority, self.waiting_by_tenant, self.waiting_affinity)
         # Each (model, device)'s series, looked up once: `labels()` costs more than the update it leads to.
         self._series: dict[tuple[str, str], Series] = {}
         self._requests: dict[tuple[str, int], Any] = {}  # `requests` by (endpoint, status): never retired
@@ -248,13 +253,18 @@ class Metrics:
                 if tuple(labels[:2]) not in served:
                     metric.remove(*labels)
                     self._series.pop(tuple(labels[:2]), None)  # a later request makes fresh ones
-        for model, device in served:
+        pairs = sorted(served)
+        affine = dict(zip(pairs, await affinity_waiting(self.redis, self.keys, self.job_ttl_s, pairs), strict=True)) \
+            if pairs else {}
+        for model, device in pairs:
             waiting, in_flight, live = await self.queue_depth(model, device)
-            self.waiting.labels(model, device).set(waiting)
+            self.waiting.labels(model, device).set(waiting + affine[model, device])
+            self.waiting_affinity.labels(model, device).set(affine[model, device])
             self.in_flight.labels(model, device).set(in_flight)
             self.workers.labels(model, device).set(live)
             for level, n in (await self.waiting_levels(model, device)).items():
-                self.waiting_by_priority.labels(model, device, level).set(n)
+                extra = affine[model, device] if level == "interactive" else 0
+                self.waiting_by_priority.labels(model, device, level).set(n + extra)
             tenants = await self.waiting_tenants(model, device)
             for labels in list(self.waiting_by_tenant._metrics):  # noqa: SLF001 - tenants that no longer wait go
                 if tuple(labels[:2]) == (model, device) and labels[2] not in tenants:

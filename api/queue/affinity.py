@@ -29,24 +29,53 @@ TOKEN_BLOCK = 64  # ids per block of a token-id prompt
 SESSION_HEADER = "x-ovq-session"
 
 # KEYS: the job hash, then per candidate (preferred first): its device's workers zset, its affinity stream, its
-# device's draining workers (`Keys.affinity_draining`). ARGV: oldest live heartbeat, most jobs waiting, job TTL,
-# created, reply_to, model, then per candidate its worker id, its device and the job as JSON (as that worker would
-# get it). The first candidate that is live (heartbeat), not draining and has fewer than ARGV[2] undelivered entries
-# gets the job. Returns {candidate (1-based), entry id}, or {0} for none.
+# device's draining workers (`Keys.affinity_draining`), its device's interactive fair clock (`Keys.fair_clock`).
+# ARGV: oldest live heartbeat, most jobs waiting, job TTL, created, reply_to, model, tenant ('' when the job carries
+# none), its cost over its weight, then per candidate its worker id, its device and the job as JSON (as that worker
+# would get it). The first candidate that is live (heartbeat), not draining and has fewer than ARGV[2] undelivered
+# entries gets the job; with a tenant, only if the job's virtual start (common/fairness.py: max(v, F[tenant])) is
+# not before the last waiting entry's (field `s`): a stream stays in fair order, and a job that should run before
+# those waits in the shared stream, where the worker weighs it against its stream (workers/queue/affinity.py).
+# The job goes in with its virtual start, and F[tenant] moves on as a parked job's does.
+# Returns {candidate (1-based), entry id}, or {0} for none.
 ENQUEUE = f"""
-for i = 1, (#KEYS - 1) / 3 do
-  local workers, stream, draining = KEYS[3 * i - 1], KEYS[3 * i], KEYS[3 * i + 1]
-  local worker, device, job = ARGV[4 + 3 * i], ARGV[5 + 3 * i], ARGV[6 + 3 * i]
+local tenant, cost = ARGV[7], tonumber(ARGV[8])
+local function tag(fields)
+  for j = 1, #fields, 2 do
+    if fields[j] == 's' then return tonumber(fields[j + 1]) end
+  end
+  return nil
+end
+for i = 1, (#KEYS - 1) / 4 do
+  local workers, stream, draining, clock = KEYS[4 * i - 2], KEYS[4 * i - 1], KEYS[4 * i], KEYS[4 * i + 1]
+  local worker, device, job = ARGV[6 + 3 * i], ARGV[7 + 3 * i], ARGV[8 + 3 * i]
   local beat = redis.call('ZSCORE', workers, worker)
   if beat and tonumber(beat) >= tonumber(ARGV[1]) and not redis.call('ZSCORE', draining, worker) then
     local waiting = redis.call('XLEN', stream)
     local ok, pending = pcall(redis.call, 'XPENDING', stream, 'workers')
     if ok then waiting = waiting - pending[1] end
-    if waiting < tonumber(ARGV[2]) then
+    local start, in_order = nil, true
+    if tenant ~= '' then
+      start = math.max(tonumber(redis.call('HGET', clock, 'v') or '0'),
+                       tonumber(redis.call('HGET', clock, 'f:' .. tenant) or '0'))
+      if waiting > 0 then
+        local last = redis.call('XREVRANGE', stream, '+', '-', 'COUNT', 1)[1]
+        local s = last and tag(last[2])
+        in_order = s == nil or start >= s
+      end
+    end
+    if waiting < tonumber(ARGV[2]) and in_order then
       redis.call('HSET', KEYS[1], '{JobHash.STATUS}', '{JobStatus.QUEUED}', '{JobHash.CREATED}', ARGV[4],
                  '{JobHash.API}', ARGV[5], '{JobHash.MODEL}', ARGV[6], '{JobHash.DEVICE}', device)
       redis.call('EXPIRE', KEYS[1], ARGV[3])
-      local id = redis.call('XADD', stream, '*', '{ENTRY_JOB}', job)
+      local id
+      if start then
+        id = redis.call('XADD', stream, '*', '{ENTRY_JOB}', job, 's', start)
+        redis.call('HSET', clock, 'f:' .. tenant, start + cost)
+        redis.call('EXPIRE', clock, ARGV[3])
+      else
+        id = redis.call('XADD', stream, '*', '{ENTRY_JOB}', job)
+      end
       redis.call('EXPIRE', stream, ARGV[3])
       return {{i, id}}
     end
@@ -117,11 +146,14 @@ def enqueue_args(keys: Keys, job: Job, found: list[Candidate], since: float, max
                  job_ttl_s: int) -> tuple[list[str], list[object]]:
     """The ENQUEUE script's keys and args for `found` (the job as each candidate would get it)."""
     touched: list[str] = [keys.job(job.id, job.model)]
-    args: list[object] = [since, max_waiting, job_ttl_s, job.created, job.reply_to, job.model]
+    share = job.share
+    args: list[object] = [since, max_waiting, job_ttl_s, job.created, job.reply_to, job.model,
+                          share.tenant if share else "", share.cost / share.weight if share else 0]
     for candidate in found:
         touched += [keys.workers(job.model, candidate.device),
                     keys.affinity_jobs(job.model, candidate.device, candidate.worker),
-                    keys.affinity_draining(job.model, candidate.device)]
+                    keys.affinity_draining(job.model, candidate.device),
+                    keys.fair_clock(job.model, candidate.device, job.priority)]
         payload = job.model_copy(update={"device": candidate.device, "affinity": candidate.worker})
         args += [candidate.worker, candidate.device, payload.model_dump_json()]
     return touched, args

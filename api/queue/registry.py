@@ -368,7 +368,7 @@ class Registry:
         chosen = found[reply[0] - 1]
         job.device, job.affinity = chosen.device, chosen.worker
         entry = reply[1]
-        return Queued(chosen.device, touched[3 * reply[0] - 1], entry.decode() if isinstance(entry, bytes) else entry,
+        return Queued(chosen.device, touched[4 * reply[0] - 2], entry.decode() if isinstance(entry, bytes) else entry,
                       True)
 
     async def wait_estimate(self, servable: Servable, priority: str, tenant: str | None = None) -> float | None:
@@ -429,7 +429,7 @@ class Registry:
         if behind_interactive and self.settings.affinity_on(servable.prefix_caching):
             # Interactive jobs waiting for a preferred worker are ahead of it as well (at most
             # OVQ_AFFINITY_MAX_WAITING per worker: a round trip or two, and only where affinity applies).
-            waiting += sum(await affinity_waiting(self.redis, self.keys, self.settings,
+            waiting += sum(await affinity_waiting(self.redis, self.keys, self.settings.job_ttl_s,
                                                   [(servable.model, device) for device in servable.cards]))
         if waiting <= 0:
             return 0.0

@@ -185,7 +185,7 @@ async def streams(redis: aioredis.Redis, keys: Keys, settings: Settings,
         for level in FAIR_LEVELS:
             pipe.hgetall(keys.fair_clock(model, device, level))
     replies = iter(await pipe.execute(raise_on_error=False))
-    affine = iter(await affinity_waiting(redis, keys, settings, pairs))
+    affine = iter(await affinity_waiting(redis, keys, settings.job_ttl_s, pairs))
     states = []
     for model, device in pairs:
         length, pending, groups, live, batch_length, batch_pending = (next(replies) for _ in range(6))
@@ -210,13 +210,13 @@ async def streams(redis: aioredis.Redis, keys: Keys, settings: Settings,
     return states
 
 
-async def affinity_waiting(redis: aioredis.Redis, keys: Keys, settings: Settings,
+async def affinity_waiting(redis: aioredis.Redis, keys: Keys, job_ttl_s: float,
                            pairs: list[tuple[str, str]]) -> list[int]:
     """Per (model, device): the jobs waiting (undelivered) in its workers' affinity streams, dead workers' included.
     The API lets at most OVQ_AFFINITY_MAX_WAITING wait in one, so this is a round trip for the owners and, if there
     are any, one for their streams, however long the queue."""
     pipe = redis.pipeline(transaction=False)
-    since = time.time() - settings.job_ttl_s
+    since = time.time() - job_ttl_s
     for model, device in pairs:
         pipe.zrangebyscore(keys.affinity_owners(model, device), since, "+inf")
     owners = await pipe.execute(raise_on_error=False)

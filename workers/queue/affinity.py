@@ -2,22 +2,27 @@
 record of which prefixes it served.
 
 Reading order (`AffineIntake.read`), one source per read as the shared intake does:
-1. the worker's affinity stream (`Keys.affinity_jobs`), unless a job of a level above interactive (high) waits in
-   the shared streams: affinity jobs are interactive, and keep that level's place;
+1. the worker's affinity stream (`Keys.affinity_jobs`), unless a job of the shared streams goes before its first
+   job (OWN's `yields`): a job of a level above interactive (affinity jobs are interactive, and keep that level's
+   place); a lower level's job aged past it (`OVQ_PRIORITY_AGING_S`, ranked as the intake ranks levels); a parked
+   job of the interactive level with an earlier virtual start (fair shares: the API tags a tenant's affinity job
+   with its virtual start in the level's clock, and queues it in the shared stream instead when it would run
+   before jobs already waiting in that worker's stream, so a stream is in fair order);
 2. stealing, on the same condition: the oldest undelivered jobs of other workers' affinity streams that have
    waited at least `affinity_steal_ms` (a stream id's milliseconds are its enqueue time, Redis clock): a busy
    or dead worker's jobs start elsewhere, no later than the threshold after a worker has room; before
-   the shared interactive jobs (they have waited the threshold already), so before batch lines too;
-3. the shared streams as before (`Intake.read`: levels, aging, batch last), without blocking;
+   the shared interactive jobs without a tenant (they have waited the threshold already), so before batch lines too;
+3. the shared streams as before (`Intake.read`: levels, aging, fair order, batch last), without blocking;
 4. a blocking read of the shared streams and its own affinity stream together, so it wakes for either.
+
+So a tenant whose flood is pinned to one worker by its `prompt_cache_key` does not pass other tenants' jobs there,
+and aging bounds a low-priority job's wait on a worker with affinity jobs as on any other.
 
 A draining worker gets no new affinity jobs and hands back those waiting for it at once (`Affinity.drain`).
 
 A stolen job stays an entry of its owner's stream: it is acked there (`Job.affinity` names it), and a thief that
 dies leaves it pending there, where any worker's reclaimer takes it over (`Affinity.streams`) by today's rules, dead
-letters included. What affinity does not keep: lower levels' aging competes only within the shared streams (an
-affinity job is read before an aged low-priority one), and per-tenant shares apply to the shared streams (an
-affinity stream is first come, first served).
+letters included.
 """
 from __future__ import annotations
 
@@ -34,15 +39,15 @@ from common.keys import GROUP, Keys
 from common.redis.client import UNAVAILABLE
 from common.redis.lane import Lane, Script
 from common.settings import Settings
-from workers.queue.intake import Entries, FairKeys, Intake, _entries
+from workers.queue.intake import OLDEST_WAITING, Entries, FairKeys, Intake, _entries
 from workers.vitals import Member
 
 log = logging.getLogger("ovq.affinity")
 
+# The intake's READ keys and args (workers/queue/intake.py), which the affinity reads weigh their jobs against.
+SharedRead = tuple[list[str], list[object]]
+
 _LAST_DELIVERED = """
-local function waiting(key, last)
-  return last and #redis.call('XRANGE', key, '(' .. last, '+', 'COUNT', 1) > 0
-end
 local function last_delivered(key)
   local ok, groups = pcall(redis.call, 'XINFO', 'GROUPS', key)
   if not ok then return nil end
@@ -55,48 +60,112 @@ local function last_delivered(key)
 end
 """
 
-# KEYS: the shared streams above interactive, then the worker's affinity stream. ARGV: group, consumer, count.
-# Its affinity jobs, unless one of those streams has an undelivered entry. Returns the entries read ({} for none).
-OWN = _LAST_DELIVERED + """
-local own = KEYS[#KEYS]
-if redis.call('XLEN', own) == 0 then return {} end
-for i = 1, #KEYS - 1 do
-  if waiting(KEYS[i], last_delivered(KEYS[i])) then return {} end
-end
-local reply = redis.call('XREADGROUP', 'GROUP', ARGV[1], ARGV[2], 'COUNT', ARGV[3], 'STREAMS', own, '>')
-if reply then return reply[1][2] end
-return {}
-"""
-
-# KEYS: the shared streams above interactive, then other workers' affinity streams. ARGV: group, consumer, count,
-# threshold (ms), how many of KEYS are shared streams. Nothing while a shared one has an undelivered entry; else from
-# the first affinity stream whose oldest undelivered entries have waited the threshold: those (up to count).
-# Returns {the stream's index (1-based), its entries}, or {0, {}, ms until the first entry waiting reaches the
-# threshold (-1: none waits)}.
-STEAL = _LAST_DELIVERED + """
+# What the affinity reads share. KEYS: the intake's (workers/queue/intake.py READ's: the level streams, then with
+# fair shares each level's order set and clock), then affinity streams. ARGV: READ's seven (group, consumer, count,
+# aging ms, streams aged, streams, parking consumer), then the interactive level's index (1-based), how many KEYS
+# are the intake's.
+# `yields(t, s)`: whether a job of the shared streams goes before an affinity job queued at `t` (ms) with virtual
+# start `s` (nil: no tenant): any job of a higher level; a lower level's job that aged past it (READ's ranks, a tie
+# to the higher level); a parked job of its level with an earlier virtual start (fair shares span both kinds of
+# stream). `first_parked()`: that level's lowest virtual start. `started(entries)`: taking them moves the level's
+# virtual time on, as taking a parked job does.
+_SHARED = _LAST_DELIVERED + """
+local n, lvl, base = tonumber(ARGV[6]), tonumber(ARGV[8]), tonumber(ARGV[9])
+local fair = base > n
 local now = redis.call('TIME')
 local now_ms = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
-local threshold = tonumber(ARGV[4])
-local soonest = -1
-for i = 1, tonumber(ARGV[5]) do
-  if waiting(KEYS[i], last_delivered(KEYS[i])) then return {0, {}, -1} end
+""" + OLDEST_WAITING + """
+local function tag(fields)
+  for j = 1, #fields, 2 do
+    if fields[j] == 's' then return tonumber(fields[j + 1]) end
+  end
+  return nil
 end
-for i = tonumber(ARGV[5]) + 1, #KEYS do
+local function first_parked()
+  if not fair then return nil end
+  local first = redis.call('ZRANGE', KEYS[n + lvl], 0, 0, 'WITHSCORES')
+  if #first > 0 then return tonumber(first[2]) end
+  return nil
+end
+local function yields(t, s)
+  for i = 1, lvl - 1 do
+    if redis.call('XLEN', KEYS[i]) > 0 and oldest_waiting(i) then return true end
+  end
+  local aging = tonumber(ARGV[4])
+  if aging > 0 then
+    local rank = lvl - math.floor((now_ms - t) / aging)
+    for i = lvl + 1, tonumber(ARGV[5]) do
+      local oldest = redis.call('XLEN', KEYS[i]) > 0 and oldest_waiting(i)
+      if oldest and i - math.floor((now_ms - oldest) / aging) < rank then return true end
+    end
+  end
+  local parked = first_parked()
+  return s ~= nil and parked ~= nil and parked < s
+end
+-- How many of `entries` (undelivered, oldest first) to take: the run from the first that no parked job goes before.
+local function run_of(entries)
+  local parked, k = first_parked(), 0
+  for _, entry in ipairs(entries) do
+    local s = tag(entry[2])
+    if s and parked and parked < s then break end
+    k = k + 1
+  end
+  return k
+end
+local function started(entries)
+  if not fair then return end
+  local top = nil
+  for _, entry in ipairs(entries) do
+    local s = tag(entry[2])
+    if s and (top == nil or s > top) then top = s end
+  end
+  local clock = KEYS[2 * n + lvl]
+  if top and top > tonumber(redis.call('HGET', clock, 'v') or '0') then redis.call('HSET', clock, 'v', top) end
+end
+"""
+
+# KEYS, ARGV: _SHARED's; the one affinity stream is the worker's own. Its undelivered jobs from the first, unless a
+# shared job goes before it (`yields`). Returns the entries read ({} for none).
+OWN = _SHARED + """
+local own = KEYS[base + 1]
+if redis.call('XLEN', own) == 0 then return {} end
+local waiting = redis.call('XRANGE', own, '(' .. (last_delivered(own) or '0-0'), '+', 'COUNT', ARGV[3])
+if #waiting == 0 or yields(id_ms(waiting[1][1]), tag(waiting[1][2])) then return {} end
+local reply = redis.call('XREADGROUP', 'GROUP', ARGV[1], ARGV[2], 'COUNT', run_of(waiting), 'STREAMS', own, '>')
+if not reply then return {} end
+started(reply[1][2])
+return reply[1][2]
+"""
+
+# KEYS, ARGV: _SHARED's, then the threshold (ms); the affinity streams are other workers'. From the first stream
+# whose oldest undelivered entries have waited the threshold: those (up to count), unless a shared job goes before
+# the first (`yields`: then none, and the intake's READ takes that job).
+# Returns {the stream's index among the affinity streams (1-based), its entries}, or {0, {}, ms until the first
+# entry waiting reaches the threshold (-1: none waits, or a shared job goes first)}.
+STEAL = _SHARED + """
+local threshold = tonumber(ARGV[10])
+local soonest = -1
+for i = base + 1, #KEYS do
   if redis.call('XLEN', KEYS[i]) > 0 then
     local last = last_delivered(KEYS[i])
     if last then
-      local n = 0
+      local ready = {}
       for _, entry in ipairs(redis.call('XRANGE', KEYS[i], '(' .. last, '+', 'COUNT', ARGV[3])) do
-        local left = threshold - (now_ms - tonumber(string.match(entry[1], '^(%d+)')))
+        local left = threshold - (now_ms - id_ms(entry[1]))
         if left > 0 then
           if soonest < 0 or left < soonest then soonest = left end
           break
         end
-        n = n + 1
+        ready[#ready + 1] = entry
       end
-      if n > 0 then
-        local reply = redis.call('XREADGROUP', 'GROUP', ARGV[1], ARGV[2], 'COUNT', n, 'STREAMS', KEYS[i], '>')
-        if reply then return {i, reply[1][2]} end
+      if #ready > 0 then
+        if yields(id_ms(ready[1][1]), tag(ready[1][2])) then return {0, {}, -1} end
+        local reply = redis.call('XREADGROUP', 'GROUP', ARGV[1], ARGV[2], 'COUNT', run_of(ready), 'STREAMS', KEYS[i],
+                                 '>')
+        if reply then
+          started(reply[1][2])
+          return {i - base, reply[1][2]}
+        end
       end
     end
   end
@@ -139,8 +208,7 @@ class Affinity:
         self.redis, self.keys, self.settings, self.member = redis, keys, settings, member
         self.stream = keys.affinity_jobs(member.model, member.device, member.id)
         levels = [level for level, _ in member.levels]
-        top = levels.index("interactive") if "interactive" in levels else 0
-        self.above = [stream for _, stream in member.levels[:top]]  # shared streams read before affinity jobs
+        self.level = levels.index("interactive") + 1 if "interactive" in levels else 1  # its jobs' level (1-based)
         self.others: list[str] = []  # other workers' affinity streams, as of the last heartbeat
         self.hits = 0  # jobs run from its own affinity stream
         self.steals = 0  # jobs run from another worker's
@@ -156,21 +224,24 @@ class Affinity:
         """Every affinity stream of its model and device it knows: its own first (what its reclaimer covers)."""
         return self.stream, *self.others
 
-    async def own(self, lane: Lane, count: int) -> Entries:
-        raw = await self._own(lane, keys=[*self.above, self.stream], args=[GROUP, self.member.id, count])
+    async def own(self, lane: Lane, shared: SharedRead) -> Entries:
+        """Its own stream's jobs, unless a job of the shared streams goes first (OWN)."""
+        keys, args = shared
+        raw = await self._own(lane, keys=[*keys, self.stream], args=[*args, self.level, len(keys)])
         return _entries(raw)
 
-    async def steal(self, lane: Lane, count: int) -> tuple[str, Entries] | None:
-        """Others' jobs that waited the threshold; else None, and `next_steal_ms` says when one will have."""
+    async def steal(self, lane: Lane, shared: SharedRead) -> tuple[str, Entries] | None:
+        """Others' jobs that waited the threshold, unless a job of the shared streams goes first; else None, and
+        `next_steal_ms` says when one will have (-1: none waits)."""
         self.next_steal_ms = -1
         if not self.others:
             return None
         victims = random.sample(self.others, len(self.others))  # thieves spread over the busy workers
-        which, raw, *soonest = await self._steal(lane, keys=[*self.above, *victims],
-                                                 args=[GROUP, self.member.id, count, self.settings.affinity_steal_ms,
-                                                       len(self.above)])
+        keys, args = shared
+        which, raw, *soonest = await self._steal(lane, keys=[*keys, *victims],
+                                                 args=[*args, self.level, len(keys), self.settings.affinity_steal_ms])
         if which:
-            return victims[which - 1 - len(self.above)], _entries(raw)
+            return victims[which - 1], _entries(raw)
         self.next_steal_ms = int(soonest[0]) if soonest else -1
         return None
 
@@ -242,10 +313,11 @@ class AffineIntake(Intake):
         self.affinity = affinity
 
     async def read(self, count: int, block_ms: int) -> list[tuple[str, Entries]]:
-        own = await self.affinity.own(self.lane, count)
+        shared = (self._keys, self._read_args(count))
+        own = await self.affinity.own(self.lane, shared)
         if own:
             return [(self.affinity.stream, own)]
-        stolen = await self.affinity.steal(self.lane, count)
+        stolen = await self.affinity.steal(self.lane, shared)
         if stolen is not None:
             return [stolen]
         if shared := await self._take(count):

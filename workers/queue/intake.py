@@ -30,15 +30,10 @@ from common.redis.lane import Script
 
 Entries = list[tuple[bytes, dict[bytes, bytes]]]
 
-# KEYS: the streams, highest level first; with fair shares (common/fairness.py) then each level's fair order set,
-# then each level's clock, in the same order. ARGV: group, consumer, count, aging (ms; 0: none), the number of
-# streams subject to aging counted from the first (the last, batch, is not), the number of streams, the parking
-# consumer. A level's jobs: its plain undelivered entries first (jobs without a tenant), then its parked ones,
-# lowest virtual start time first.
-# Returns {the stream's index (1-based), its entries}, or {0, {}} when none has a waiting entry.
-READ = """
-local n = tonumber(ARGV[6])
-local fair = #KEYS > n
+# Lua, shared with the affinity scripts (workers/queue/affinity.py): level i's oldest waiting job (enqueue time, ms),
+# undelivered or parked; nil for none. Needs in scope `n` (how many streams) and `fair` (KEYS holds each level's
+# order set after the streams).
+OLDEST_WAITING = """
 local function id_ms(id) return tonumber(string.match(id, '^(%d+)')) end
 local function oldest_waiting(i)
   local key, oldest = KEYS[i], nil
@@ -58,6 +53,17 @@ local function oldest_waiting(i)
   end
   return oldest
 end
+"""
+# KEYS: the streams, highest level first; with fair shares (common/fairness.py) then each level's fair order set,
+# then each level's clock, in the same order. ARGV: group, consumer, count, aging (ms; 0: none), the number of
+# streams subject to aging counted from the first (the last, batch, is not), the number of streams, the parking
+# consumer. A level's jobs: its plain undelivered entries first (jobs without a tenant), then its parked ones,
+# lowest virtual start time first.
+# Returns {the stream's index (1-based), its entries}, or {0, {}} when none has a waiting entry.
+READ = """
+local n = tonumber(ARGV[6])
+local fair = #KEYS > n
+""" + OLDEST_WAITING + """
 local function take(i, count)
   local reply = redis.call('XREADGROUP', 'GROUP', ARGV[1], ARGV[2], 'COUNT', count, 'STREAMS', KEYS[i], '>')
   if reply then return reply[1][2] end
@@ -147,10 +153,11 @@ class Intake:
         """Streams besides the job streams whose consumer group the worker creates."""
         return (self.fair.bell,) if self.fair else ()
 
+    def _read_args(self, count: int) -> list[object]:
+        return [GROUP, self.consumer, count, self.aging_ms, len(self.streams) - 1, len(self.streams), PARK]
+
     async def _take(self, count: int) -> list[tuple[str, Entries]]:
-        which, raw = await self._read(self.lane, keys=self._keys,
-                                      args=[GROUP, self.consumer, count, self.aging_ms, len(self.streams) - 1,
-                                            len(self.streams), PARK])
+        which, raw = await self._read(self.lane, keys=self._keys, args=self._read_args(count))
         return [(self.streams[which - 1], _entries(raw))] if which else []
 
     async def read(self, count: int, block_ms: int) -> list[tuple[str, Entries]]:

@@ -79,12 +79,21 @@ async def test_waiting_jobs_per_priority_and_refusals_by_reason(redis_url: str) 
         for _ in range(n):
             await redis.xadd(stream, {"job": "x"})
     await redis.xreadgroup(GROUP, "w", {keys.jobs("m", "CPU"): ">"}, count=1)  # running, not waiting
+    await redis.zadd(keys.affinity_owners("m", "CPU"), {"w1": time.time()})  # prefix affinity: w1's stream
+    affine = keys.affinity_jobs("m", "CPU", "w1")
+    await redis.xgroup_create(affine, GROUP, id="0", mkstream=True)
+    for _ in range(3):
+        await redis.xadd(affine, {"job": "x"})
+    await redis.xreadgroup(GROUP, "w1", {affine: ">"}, count=1)
     m.refused("m", "deadline")
     m.refused("m", "deadline")
     await m.render({"m": ["CPU"]})
     waiting = {level: m.registry.get_sample_value("ovq_queue_waiting_jobs_by_priority",
                                                   {"model": "m", "device": "CPU", "priority": level})
                for level in ("high", "interactive", "low", "batch")}
-    assert waiting == {"high": 1, "interactive": 2, "low": 2, "batch": 0}
+    assert waiting == {"high": 1, "interactive": 4, "low": 2, "batch": 0}, "the affinity stream's 2 waiting too"
+    labels = {"model": "m", "device": "CPU"}
+    assert m.registry.get_sample_value("ovq_queue_waiting_jobs", labels) == 4
+    assert m.registry.get_sample_value("ovq_queue_waiting_jobs_affinity", labels) == 2
     assert m.registry.get_sample_value("ovq_refusals_total", {"model": "m", "reason": "deadline"}) == 2
     await redis.aclose()
