@@ -15,6 +15,7 @@ With enough cores (2 M + A + 2), each worker gets 2 cores, each API process one,
 rest (taskset); on a smaller machine nothing is pinned.
 
   python benchmarks/scale.py                                  # M=1, A=1 (under 2 minutes on 2 cores)
+  python benchmarks/scale.py --max-tokens 2 --journal off     # what a short request costs each tier
   python benchmarks/scale.py --workers 1,2,4,6 --apis 1,2,4   # on a bigger machine
 """
 from __future__ import annotations
@@ -179,10 +180,13 @@ def bodies(tokens: int) -> list[dict]:
 RESUMABLE = {"X-Ovq-Resumable": "true"}  # the journal on: every stream resumable (api/openai/resume.py)
 
 
-def redis_cpu(url: str) -> float:
-    """Redis's own count of its CPU seconds (INFO cpu: used_cpu_sys + used_cpu_user)."""
-    info = redis.Redis.from_url(url).info("cpu")
-    return float(info["used_cpu_sys"]) + float(info["used_cpu_user"])
+def redis_counters(url: str) -> tuple[float, int]:
+    """Redis's own count of its CPU seconds (INFO cpu: used_cpu_sys + used_cpu_user) and of the commands it ran
+    (INFO commandstats, INFO itself left out)."""
+    client = redis.Redis.from_url(url)
+    info, stats = client.info("cpu"), client.info("commandstats")
+    calls = sum(int(v["calls"]) for name, v in stats.items() if name != "cmdstat_info")
+    return float(info["used_cpu_sys"]) + float(info["used_cpu_user"]), calls
 
 
 def measure(m: int, a: int, duration: float, tokens: int, journal: list[bool]) -> list[dict]:
@@ -196,19 +200,25 @@ def measure(m: int, a: int, duration: float, tokens: int, journal: list[bool]) -
                 headers = RESUMABLE if on else None
                 asyncio.run(closed_loop("127.0.0.1", stack.port, bodies(8), 8 * m, 2.0, headers=headers))  # warm-up
                 processes = stack.tiers()
-                before, redis_before = cpu(processes), redis_cpu(stack.url)
+                before, redis_before = cpu(processes), redis_counters(stack.url)
                 results, wall = asyncio.run(closed_loop("127.0.0.1", stack.port, bodies(tokens), SEQS * m, duration,
                                                         headers=headers))
-                after, redis_after = cpu(processes), redis_cpu(stack.url)
-                runs.append((on, results, wall, {k: after[k] - before[k] for k in before}, redis_after - redis_before))
+                after, redis_after = cpu(processes), redis_counters(stack.url)
+                runs.append((on, results, wall, {k: after[k] - before[k] for k in before},
+                             (redis_after[0] - redis_before[0], redis_after[1] - redis_before[1])))
         finally:
             stack.stop()
     raw = raw_tok_s(duration, tokens, layout.workers[0])
     rows = []
-    for on, results, wall, cpu_s, redis_s in runs:
+    for on, results, wall, cpu_s, (redis_s, redis_calls) in runs:
         row = summarize(m, a, results, wall, cpu_s, raw)
         row["journal"] = "on" if on else "off"
         row["redis_info_us_per_token"] = redis_s / max(row["tokens"], 1) * 1e6
+        requests = max(row["requests"], 1)
+        # Per request: what a short request (--max-tokens 2) costs each tier, and Redis's commands (exact).
+        row["us_per_request"] = {**{tier: seconds / requests * 1e6 for tier, seconds in cpu_s.items()},
+                                 "Redis (INFO cpu)": redis_s / requests * 1e6}
+        row["redis_commands_per_request"] = redis_calls / requests
         rows.append(row)
     return rows
 
@@ -217,7 +227,7 @@ def summarize(m: int, a: int, results: list[Result], wall: float, cpu_s: dict[st
     ok = [r for r in results if r.ok]
     tokens = sum(r.tokens for r in ok)
     ttft = [r.first - r.sent for r in ok if r.first is not None]
-    return {"M": m, "A": a, "tokens": tokens, "tok_s": tokens / wall, "req_s": len(ok) / wall,
+    return {"M": m, "A": a, "tokens": tokens, "requests": len(ok), "tok_s": tokens / wall, "req_s": len(ok) / wall,
             "failed": len(results) - len(ok),
             "ttft_p50_ms": pct(ttft, 50) * 1e3, "ttft_p95_ms": pct(ttft, 95) * 1e3, "raw_tok_s": raw,
             "ratio": tokens / wall / (m * raw), "tokens_per_event": tokens / max(sum(len(r.times) for r in ok), 1),
@@ -228,14 +238,17 @@ def summarize(m: int, a: int, results: list[Result], wall: float, cpu_s: dict[st
 def table(rows: list[dict]) -> str:
     tiers = list(rows[0]["us_per_token"])
     head = ["M × A", "journal", "tok/s", "req/s", "TTFT p50 / p95 ms", "raw tok/s (one engine)", "ratio",
-            "tokens/event", "API CPU % each", *[f"µs/token {t}" for t in tiers], "µs/token Redis (INFO cpu)", "failed"]
+            "tokens/event", "API CPU % each", *[f"µs/token {t}" for t in tiers], "µs/token Redis (INFO cpu)",
+            "µs/request API, worker I/O, Redis (INFO cpu)", "Redis commands/request", "failed"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
         cells = [f"{r['M']} × {r['A']}", r["journal"], f"{r['tok_s']:,.0f}", f"{r['req_s']:.1f}",
                  f"{r['ttft_p50_ms']:.0f} / {r['ttft_p95_ms']:.0f}", f"{r['raw_tok_s']:,.0f}", f"{r['ratio']:.2f}",
                  f"{r['tokens_per_event']:.1f}",
                  f"{r['api_cpu_pct_each']:.0f}", *[f"{r['us_per_token'][t]:.1f}" for t in tiers],
-                 f"{r['redis_info_us_per_token']:.2f}", str(r["failed"])]
+                 f"{r['redis_info_us_per_token']:.2f}",
+                 ", ".join(f"{r['us_per_request'][t]:.0f}" for t in ("api", "worker I/O", "Redis (INFO cpu)")),
+                 f"{r['redis_commands_per_request']:.1f}", str(r["failed"])]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
