@@ -38,6 +38,17 @@ CLOCK_CAP = 4096  # clock fields beyond which the enqueue drops finish times alr
 DEFAULT_OUTPUT_TOKENS = 256  # a job's expected output when it sets no max_tokens (corrected at its end)
 CHARS_PER_TOKEN = 4  # the API does not tokenize: a text prompt's tokens are estimated from its length
 TENANT_MAX_CHARS = 64
+START_FIELD = "s"  # a stream entry's field: its job's virtual start, where the entry is not parked (prefix affinity)
+# Lua: an entry's START_FIELD (its fields as a flat list), nil for none. Shared by the API's affinity enqueue and the
+# worker's affinity reads.
+START_OF = f"""
+local function start_of(fields)
+  for j = 1, #fields, 2 do
+    if fields[j] == '{START_FIELD}' then return tonumber(fields[j + 1]) end
+  end
+  return nil
+end
+"""
 # A video job's work in token-equivalents: one denoising step over one latent token, which LTX-Video's VAE makes of
 # 32 x 32 pixels x 8 frames. A 4 s 704x480 clip at 25 fps (105 frames) in 25 steps costs 25 x 14 x 22 x 15 = 115,500.
 VIDEO_TOKEN_PIXELS, VIDEO_TOKEN_FRAMES = 32, 8

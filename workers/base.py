@@ -102,9 +102,7 @@ class BaseWorker:
         # The stream entries of the jobs it took: checked after Redis was out of reach (workers/queue/fence.py).
         self.fence = Fence(self.id)
         self.publisher.guard(self.fence, self.fence_off)
-        fair = FairKeys(tuple(self.keys.fair_order(model.name, device, level) for level, _ in self.levels),
-                        tuple(self.keys.fair_clock(model.name, device, level) for level, _ in self.levels),
-                        self.keys.fair_bell(model.name, device))
+        fair = FairKeys.of(self.keys, model.name, device, (level for level, _ in self.levels))
         self.intake = Intake(self.redis, self.id, *(s for _, s in self.levels), aging_s=settings.priority_aging_s,
                              fair=fair)
         self._orphaned: set[str] = set()  # running jobs cancelled because their API process is gone

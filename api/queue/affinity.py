@@ -20,6 +20,7 @@ import hashlib
 from array import array
 from dataclasses import dataclass
 
+from common.fairness import START_FIELD, START_OF
 from common.jobs import ENTRY_JOB, Job, JobHash, JobStatus
 from common.keys import Keys
 
@@ -34,18 +35,12 @@ SESSION_HEADER = "x-ovq-session"
 # none), its cost over its weight, then per candidate its worker id, its device and the job as JSON (as that worker
 # would get it). The first candidate that is live (heartbeat), not draining and has fewer than ARGV[2] undelivered
 # entries gets the job; with a tenant, only if the job's virtual start (common/fairness.py: max(v, F[tenant])) is
-# not before the last waiting entry's (field `s`): a stream stays in fair order, and a job that should run before
-# those waits in the shared stream, where the worker weighs it against its stream (workers/queue/affinity.py).
+# not before the last waiting entry's (its START_FIELD): a stream stays in fair order, and a job that should run
+# before those waits in the shared stream, where the worker weighs it against its stream (workers/queue/affinity.py).
 # The job goes in with its virtual start, and F[tenant] moves on as a parked job's does.
 # Returns {candidate (1-based), entry id}, or {0} for none.
-ENQUEUE = f"""
+ENQUEUE = START_OF + f"""
 local tenant, cost = ARGV[7], tonumber(ARGV[8])
-local function tag(fields)
-  for j = 1, #fields, 2 do
-    if fields[j] == 's' then return tonumber(fields[j + 1]) end
-  end
-  return nil
-end
 for i = 1, (#KEYS - 1) / 4 do
   local workers, stream, draining, clock = KEYS[4 * i - 2], KEYS[4 * i - 1], KEYS[4 * i], KEYS[4 * i + 1]
   local worker, device, job = ARGV[6 + 3 * i], ARGV[7 + 3 * i], ARGV[8 + 3 * i]
@@ -60,7 +55,7 @@ for i = 1, (#KEYS - 1) / 4 do
                        tonumber(redis.call('HGET', clock, 'f:' .. tenant) or '0'))
       if waiting > 0 then
         local last = redis.call('XREVRANGE', stream, '+', '-', 'COUNT', 1)[1]
-        local s = last and tag(last[2])
+        local s = last and start_of(last[2])
         in_order = s == nil or start >= s
       end
     end
@@ -70,7 +65,7 @@ for i = 1, (#KEYS - 1) / 4 do
       redis.call('EXPIRE', KEYS[1], ARGV[3])
       local id
       if start then
-        id = redis.call('XADD', stream, '*', '{ENTRY_JOB}', job, 's', start)
+        id = redis.call('XADD', stream, '*', '{ENTRY_JOB}', job, '{START_FIELD}', start)
         redis.call('HSET', clock, 'f:' .. tenant, start + cost)
         redis.call('EXPIRE', clock, ARGV[3])
       else

@@ -34,6 +34,7 @@ import time
 import redis.asyncio as aioredis
 from redis.exceptions import ResponseError
 
+from common.fairness import START_OF
 from common.jobs import ENTRY_JOB, Job
 from common.keys import GROUP, Keys
 from common.redis.client import UNAVAILABLE
@@ -74,13 +75,7 @@ local n, lvl, base = tonumber(ARGV[6]), tonumber(ARGV[8]), tonumber(ARGV[9])
 local fair = base > n
 local now = redis.call('TIME')
 local now_ms = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
-""" + OLDEST_WAITING + """
-local function tag(fields)
-  for j = 1, #fields, 2 do
-    if fields[j] == 's' then return tonumber(fields[j + 1]) end
-  end
-  return nil
-end
+""" + OLDEST_WAITING + START_OF + """
 local function first_parked()
   if not fair then return nil end
   local first = redis.call('ZRANGE', KEYS[n + lvl], 0, 0, 'WITHSCORES')
@@ -106,7 +101,7 @@ end
 local function run_of(entries)
   local parked, k = first_parked(), 0
   for _, entry in ipairs(entries) do
-    local s = tag(entry[2])
+    local s = start_of(entry[2])
     if s and parked and parked < s then break end
     k = k + 1
   end
@@ -116,7 +111,7 @@ local function started(entries)
   if not fair then return end
   local top = nil
   for _, entry in ipairs(entries) do
-    local s = tag(entry[2])
+    local s = start_of(entry[2])
     if s and (top == nil or s > top) then top = s end
   end
   local clock = KEYS[2 * n + lvl]
@@ -130,7 +125,7 @@ OWN = _SHARED + """
 local own = KEYS[base + 1]
 if redis.call('XLEN', own) == 0 then return {} end
 local waiting = redis.call('XRANGE', own, '(' .. (last_delivered(own) or '0-0'), '+', 'COUNT', ARGV[3])
-if #waiting == 0 or yields(id_ms(waiting[1][1]), tag(waiting[1][2])) then return {} end
+if #waiting == 0 or yields(id_ms(waiting[1][1]), start_of(waiting[1][2])) then return {} end
 local reply = redis.call('XREADGROUP', 'GROUP', ARGV[1], ARGV[2], 'COUNT', run_of(waiting), 'STREAMS', own, '>')
 if not reply then return {} end
 started(reply[1][2])
@@ -159,7 +154,7 @@ for i = base + 1, #KEYS do
         ready[#ready + 1] = entry
       end
       if #ready > 0 then
-        if yields(id_ms(ready[1][1]), tag(ready[1][2])) then return {0, {}, -1} end
+        if yields(id_ms(ready[1][1]), start_of(ready[1][2])) then return {0, {}, -1} end
         local reply = redis.call('XREADGROUP', 'GROUP', ARGV[1], ARGV[2], 'COUNT', run_of(ready), 'STREAMS', KEYS[i],
                                  '>')
         if reply then

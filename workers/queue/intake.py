@@ -16,6 +16,7 @@ an idle worker's blocking read includes the model's bell, which the enqueue ring
 """
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -23,7 +24,7 @@ import redis.asyncio as aioredis
 from redis.exceptions import ResponseError
 
 from common.fairness import PARK
-from common.keys import GROUP
+from common.keys import GROUP, Keys
 from common.redis.client import is_unblocked
 from common.redis.cluster import open_lane
 from common.redis.lane import Script
@@ -131,6 +132,13 @@ class FairKeys:
     orders: tuple[str, ...]
     clocks: tuple[str, ...]
     bell: str
+
+    @classmethod
+    def of(cls, keys: Keys, model: str, device: str, levels: Iterable[str]) -> FairKeys:
+        """The keys of `levels` (in the order the worker reads their streams) for one model and device."""
+        levels = tuple(levels)
+        return cls(tuple(keys.fair_order(model, device, level) for level in levels),
+                   tuple(keys.fair_clock(model, device, level) for level in levels), keys.fair_bell(model, device))
 
 
 class Intake:

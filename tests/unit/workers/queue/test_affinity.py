@@ -145,8 +145,7 @@ async def tenants(redis_url: str):
     keys = Keys(f"afft{time.time_ns()}")
     redis = aioredis.Redis.from_url(redis_url)
     settings = Settings(affinity=True, affinity_steal_ms=5000, affinity_max_waiting=4, max_queue_depth=1000)
-    fair = FairKeys(tuple(keys.fair_order("m", "CPU", level) for level in LEVELS),
-                    tuple(keys.fair_clock("m", "CPU", level) for level in LEVELS), keys.fair_bell("m", "CPU"))
+    fair = FairKeys.of(keys, "m", "CPU", LEVELS)
     made = {}
     for worker in ("w1", "w2"):
         m = member(keys, worker)

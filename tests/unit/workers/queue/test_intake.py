@@ -111,8 +111,7 @@ async def fair(redis_url: str):
     keys = Keys(f"fair{time.time_ns()}")
     redis = aioredis.Redis.from_url(redis_url)
     streams = [keys.level_jobs("m", "CPU", level) for level in LEVELS]
-    fair_keys = FairKeys(tuple(keys.fair_order("m", "CPU", level) for level in LEVELS),
-                         tuple(keys.fair_clock("m", "CPU", level) for level in LEVELS), keys.fair_bell("m", "CPU"))
+    fair_keys = FairKeys.of(keys, "m", "CPU", LEVELS)
     for stream in (*streams, fair_keys.bell):  # as the worker's ensure_group
         await redis.xgroup_create(stream, GROUP, id="0", mkstream=True)
     await redis.zadd(keys.workers("m", "CPU"), {"w1": time.time()})
@@ -228,8 +227,7 @@ async def test_a_parked_low_priority_job_ages_in_too(fair) -> None:
     """Aging counts a level's oldest parked job as waiting since its enqueue, as it does a plain entry."""
     redis, keys, registry, _, _, _ = fair
     streams = [keys.level_jobs("m", "CPU", level) for level in LEVELS]
-    fair_keys = FairKeys(tuple(keys.fair_order("m", "CPU", level) for level in LEVELS),
-                         tuple(keys.fair_clock("m", "CPU", level) for level in LEVELS), keys.fair_bell("m", "CPU"))
+    fair_keys = FairKeys.of(keys, "m", "CPU", LEVELS)
     intake = Intake(redis, "w2", *streams, aging_s=0.5, fair=fair_keys)
     low = Job(id="l0", model="m", device="", kind="completion", prompt="x", reply_to="api", priority="low",
               share=Share(tenant="A"))
