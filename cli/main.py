@@ -19,7 +19,7 @@ def _stopped(signum: int, _frame: object) -> None:
 # a kill. Each command puts its own handlers in place when it has any; `ovq api` and `ovq worker` exec the tier.
 signal.signal(signal.SIGTERM, _stopped)
 
-from cli import batch, dead, drain, jobs, models, redis, serve, status, tiers, webhooks  # noqa: E402
+from cli import batch, dead, drain, jobs, models, plan, redis, serve, status, tiers, webhooks  # noqa: E402
 
 
 def _version() -> str:
@@ -43,6 +43,7 @@ def parser() -> argparse.ArgumentParser:
     jobs.add_parsers(sub)
     dead.add_parsers(sub)
     webhooks.add_parsers(sub)
+    plan.add_parsers(sub)
     return root
 
 
