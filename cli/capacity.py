@@ -11,7 +11,7 @@ follow from the load: each busy worker's step makes one token for each of its st
 tokens/s / (streams per busy worker) steps a second.
 
 Redis runs a command at a time on one core, and an API process is one event loop: each is sized at `headroom` of a
-core, and that is also where the first of them saturates (`limits`).
+core, and that is also where the first of them saturates (`limit`).
 """
 from __future__ import annotations
 

@@ -18,7 +18,9 @@ def _load(args: argparse.Namespace) -> Load:
     workers = args.workers
     if workers is None:
         workers = max(1, math.ceil(tokens_per_s / (args.worker_tokens_per_s * args.headroom)))
-    streams = args.streams or max(1, math.ceil(args.requests_per_s * args.seconds_per_request))
+    streams = args.streams
+    if streams is None:
+        streams = max(1, math.ceil(args.requests_per_s * args.seconds_per_request))
     return Load(requests_per_s=args.requests_per_s, tokens_per_s=tokens_per_s, streams=streams, workers=workers,
                 apis=1)
 
@@ -62,8 +64,8 @@ def _rate(limit: float | None) -> str:
 
 def _positive(value: str) -> float:
     number = float(value)
-    if not number > 0:
-        raise argparse.ArgumentTypeError(f"must be above 0, not {value}")
+    if not 0 < number < math.inf:
+        raise argparse.ArgumentTypeError(f"must be a number above 0, not {value}")
     return number
 
 

@@ -36,6 +36,7 @@ def test_the_table_names_each_tier_and_the_first_limits(capsys: pytest.CaptureFi
 
 @pytest.mark.parametrize("argv", [["--requests-per-s", "0", "--workers", "1"],
                                   ["--requests-per-s", "1", "--workers", "1", "--headroom", "1.5"],
+                                  ["--requests-per-s", "inf", "--workers", "1"],
                                   ["--requests-per-s", "1"]])
 def test_bad_arguments_exit_2(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as done:
@@ -43,10 +44,13 @@ def test_bad_arguments_exit_2(argv: list[str], capsys: pytest.CaptureFixture[str
     assert done.value.code == 2
 
 
-def test_a_load_the_model_refuses_is_one_line(capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["plan", "--requests-per-s", "1", "--workers", "0"]) == 2
+@pytest.mark.parametrize(("argv", "field"), [(["--workers", "0"], "workers"),
+                                             (["--workers", "1", "--streams", "0"], "streams"),
+                                             (["--workers", "1", "--tokens", "-1"], "tokens_per_s")])
+def test_a_load_the_model_refuses_is_one_line(argv: list[str], field: str, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["plan", "--requests-per-s", "1", *argv]) == 2
     err = capsys.readouterr().err
-    assert err.startswith("ovq: workers:") and len(err.strip().splitlines()) == 1
+    assert err.startswith(f"ovq: {field}:") and len(err.strip().splitlines()) == 1
 
 
 def test_costs_of_ones_own_machines(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
