@@ -12,7 +12,7 @@ and API processes.
   check:     at the check points (three fleet sizes), what the model predicts for each tier against what was
              measured, with the error in %.
 
-  python benchmarks/capacity.py                       # calibrate and check (about 15 minutes on 2 cores)
+  python benchmarks/capacity.py                       # calibrate and check (about 12 minutes on 2 cores)
   python benchmarks/capacity.py --write               # also write the costs `ovq plan` ships with
   python benchmarks/capacity.py --write mine.json     # costs of your machines: `ovq plan --costs mine.json`
   python benchmarks/capacity.py --from runs.json      # refit from points measured earlier (--out of a run)
