@@ -127,11 +127,14 @@ class Snapshot:
         self.calls: dict[str, int] = {}
         self.usec: dict[str, int] = {}
         self.by_master: list[float] = []
+        self.calls_by_master: list[dict[str, int]] = []
         for master in stack.server.masters:
+            self.calls_by_master.append({})
             for name, v in master.info("commandstats").items():
                 name = name.removeprefix("cmdstat_")
                 self.calls[name] = self.calls.get(name, 0) + int(v["calls"])
                 self.usec[name] = self.usec.get(name, 0) + int(v["usec"])
+                self.calls_by_master[-1][name] = int(v["calls"])
             cpu = master.info("cpu")
             self.by_master.append(float(cpu["used_cpu_sys"]) + float(cpu["used_cpu_user"]))
         self.redis_cpu = sum(self.by_master)
@@ -145,6 +148,8 @@ class Snapshot:
         return {"seconds": self.at - before.at, "calls": calls, "commands": sum(calls.values()), "usec": usec,
                 "redis_cpu": self.redis_cpu - before.redis_cpu,
                 "redis_cpu_by_master": [a - b for a, b in zip(self.by_master, before.by_master, strict=True)],
+                "calls_by_master": [{k: v - b.get(k, 0) for k, v in a.items() if v - b.get(k, 0)}
+                                    for a, b in zip(self.calls_by_master, before.calls_by_master, strict=True)],
                 **{f"{tier}_cpu": self.cpu[tier] - before.cpu.get(tier, 0.0) for tier in self.cpu}}
 
 
@@ -260,6 +265,17 @@ HEADER = (f"{'workers':>7} {'apis':>4} {'masters':>7} {'jobs/s':>7} {'cmd/job':>
           f"{'':>29} {'(per job, under load; top: the busiest master)':>59} {'(per worker per s, idle)':>29}")
 
 
+def saturation(m: dict) -> float:
+    """Jobs/s at which the first master saturates one core at this load's shape: each master's idle CPU per second
+    (the idle phase's) is kept, and the rest of the core goes to jobs at that master's CPU per job net of it."""
+    idle, load, jobs = m["idle"], m["load"], max(1, m["jobs"])
+    rates = []
+    for spent, quiet in zip(load["redis_cpu_by_master"], idle["redis_cpu_by_master"], strict=True):
+        per_s = quiet / idle["seconds"]
+        rates.append((1.0 - per_s) / max((spent - per_s * load["seconds"]) / jobs, 1e-9))
+    return min(rates)
+
+
 def spread(measured: list[dict]) -> str:
     """How a Cluster's load spreads over its masters, and the job rate it carries against one master's at equal CPU
     per master: one master's Redis µs per job over the busiest master's (each master held to the same CPU, the
@@ -273,8 +289,17 @@ def spread(measured: list[dict]) -> str:
         base = single.get((m["workers"], m["apis"]))
         if base:
             one = base["load"]["redis_cpu"] / max(1, base["jobs"]) * 1e6
-            line += f"; one master {one:.0f} µs per job: the Cluster carries {one / busiest(m):.2f}x its job rate"
+            line += (f"; one master {one:.0f} µs per job: the Cluster carries {one / busiest(m):.2f}x its job rate "
+                     f"at this load, {saturation(m) / saturation(base):.2f}x at saturation ({saturation(base):.0f} "
+                     f"against {saturation(m):.0f} jobs/s)")
         lines.append(line)
+        by = m["load"]["calls_by_master"]
+        top = max(range(len(by)), key=lambda i: m["load"]["redis_cpu_by_master"][i])
+        others = [b for i, b in enumerate(by) if i != top]
+        extra = {k: (v - sum(o.get(k, 0) for o in others) / len(others)) / jobs for k, v in by[top].items()}
+        extra = sorted(((k, v) for k, v in extra.items() if v >= 0.05), key=lambda kv: -kv[1])[:8]
+        lines.append("  the busiest master's commands per job beyond the others' mean: "
+                     + ", ".join(f"{k} {v:.2f}" for k, v in extra))
     return "\n".join(lines)
 
 

@@ -9,7 +9,7 @@ GROUP = "workers"
 @dataclass(frozen=True)
 class Keys:
     """Key names. With `cluster` (Redis Cluster) keys carry hash tags so that what one script touches shares a slot:
-    a model's queues, workers, card, stats and jobs' own keys `{m:MODEL}`, an API's event channel `{a:REPLY_TO}`,
+    a model's queues, workers, card, stats, jobs' own keys and its jobs' event channels `{m:MODEL}`,
     a stored response and its background record `{r:ID}`, the whole Batch API `{PREFIX:batch}`; other keys are
     single-key and untagged. Without it names are unchanged."""
     prefix: str = "ovq"
@@ -94,9 +94,18 @@ class Keys:
             return f"{self.prefix}:awaiting:{{m:{model}}}:{device}"
         return f"{self.prefix}:awaiting:{model}:{device}"
 
-    def events(self, reply_to: str) -> str:
-        """Pub/sub channel a job's events go to (`reply_to` names the API process that waits for them)."""
-        return f"{self.prefix}:ev:{{a:{reply_to}}}" if self.cluster else f"{self.prefix}:ev:{reply_to}"
+    def events(self, reply_to: str, model: str = "") -> str:
+        """Pub/sub channel a job's events go to (`reply_to` names the API process that waits for them).
+
+        In cluster mode a job's events go to a channel of its API process in its model's slot, `{m:MODEL}`: the
+        worker's publish then joins the rest of its step's writes (job hash, generated text, acks) on that master,
+        in one round trip, and a Cluster's event traffic spreads over its masters by model instead of landing on
+        whichever master an API process's one channel hashed to (that master carried about twice the others' CPU
+        per job: `benchmarks/fleet_scale.py --redis cluster`). Without a model, the channel of API processes before that, `{a:REPLY_TO}`: API
+        processes still listen there for workers not yet upgraded. One Redis: one channel per API process."""
+        if not self.cluster:
+            return f"{self.prefix}:ev:{reply_to}"
+        return f"{self.prefix}:ev:{{m:{model}}}:{reply_to}" if model else f"{self.prefix}:ev:{{a:{reply_to}}}"
 
     def job(self, job_id: str, model: str = "") -> str:
         return f"{self.prefix}:job:{self._of(model)}{job_id}" if self.cluster else f"{self.prefix}:job:{job_id}"

@@ -284,6 +284,9 @@ class Generation:
     async def submit(self) -> None:
         """Enqueue every job (registered first: a first event may come at once); a refusal undoes the rest."""
         hub = self.client.hub
+        self.inbox.channel = hub.channel(self.job.model)
+        if not await hub.listen(self.job.model):  # a new model's channel (a Cluster's): heard before it is queued
+            raise redis_away()
         if self.tenant is not None and self.tenant.tokens_per_min is not None:
             try:
                 await self.client.registry.quotas.take(self.tenant, sum(estimate_cost(job) for job in self.jobs))
@@ -442,7 +445,7 @@ class Generation:
         across a Redis restart with an append-only file; anything else may have lost events."""
         if self.accepted:
             return False
-        if not self.client.hub.subscribed.is_set():
+        if not self.client.hub.listening(self.inbox.channel):
             return True  # still away: wait (bounded by queue_timeout_s), then look again
         try:
             statuses = await self.client.statuses([job.id for job in self.jobs], self.jobs[0].model)

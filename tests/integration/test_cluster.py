@@ -191,7 +191,7 @@ def test_a_killed_master_fails_over_with_nothing_hung_or_lost(served: Tiers, clu
     streams, unaries, running, queued = under_load(t, lambda job: bool(r.exists(keys.job(job, TINY))))
     waiting = [entry for _, entry in r.xrange(keys.jobs(TINY, "CPU"))]
     [reply_to] = r.zrange(keys.apis, 0, -1)
-    shared = r.get_node_from_key(keys.events(reply_to.decode())).port == master.port  # then its events are lost too
+    shared = r.get_node_from_key(keys.events(reply_to.decode(), TINY)).port == master.port  # its events too
     r.close()
     master.kill()
     again, first, live = Counts(), [], []

@@ -10,9 +10,12 @@ import os
 from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
 import pytest
 
+from common.keys import Keys
 from common.models.sources import default_model
+from common.redis.client import sync_client
 from common.settings import Settings
 from tests.conftest import MODEL, ON_CLUSTER, Stack, _spawn, _wait_ready, free_port
 from tests.integration.redis_ha import ClusterSet, missing_for_cluster
@@ -68,3 +71,27 @@ def stack(model_dir: Path, redis_url: str, tmp_path_factory: pytest.TempPathFact
             proc.terminate()
         for proc in procs:
             proc.wait(30)
+
+
+def test_a_jobs_events_go_over_its_models_master(stack: Stack, redis_url: str) -> None:
+    """Its events are published on the master of its model's queue (one round trip with its step's other writes,
+    and a Cluster's event traffic spread by model), where its API process listens (`Keys.events`)."""
+    keys, r = Keys("ovqtest", cluster=True), sync_client(redis_url)
+    [reply_to] = [m.decode() for m in r.zrange(keys.apis, 0, -1)]
+    home = r.get_node_from_key(keys.jobs(MODEL, "CPU"))
+    assert r.get_node_from_key(keys.events(reply_to, MODEL)).name == home.name
+
+    def published() -> dict[str, int]:
+        return {node.name: int(r.info("commandstats", target_nodes=node).get("cmdstat_spublish", {}).get("calls", 0))
+                for node in r.get_primaries()}
+
+    before = published()
+    reply = httpx.post(f"{stack.base_url}/chat/completions", timeout=60, json={
+        "model": MODEL, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4, "stream": True})
+    assert reply.status_code == 200 and "data: [DONE]" in reply.text, reply.text
+    after = published()
+    grew = {name for name in after if after[name] > before.get(name, 0)}
+    assert grew == {home.name}, (before, after)
+    [(_, listeners)] = r.execute_command("PUBSUB SHARDNUMSUB", keys.events(reply_to, MODEL), target_nodes=home)
+    assert listeners == 1
+    r.close()

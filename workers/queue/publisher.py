@@ -267,7 +267,7 @@ class Publisher:
                 if job in batch.fresh:
                     commands.append(["EXPIRE", key, self.job_ttl])
         for reply_to, events in batch.events.items():
-            commands.append([self._publish, self.keys.events(reply_to), pack(events)])
+            commands.append([self._publish, self.keys.events(reply_to, self.model), pack(events)])
         if batch.journaled:
             self._journaled.update(dict.fromkeys(batch.journaled - self._journaled.keys(), 0))
         ended = self._journal(batch, commands) if self._journaled else []  # plain jobs: this is all they cost

@@ -61,7 +61,16 @@ def test_a_stored_response_and_its_background_record_share_a_slot() -> None:
     assert slot(CLUSTER.response("r1")) == slot(CLUSTER.background("r1")) != slot(CLUSTER.response("r2"))
 
 
-def test_event_channels_are_tagged_by_api() -> None:
+def test_a_jobs_event_channel_lives_in_its_models_slot() -> None:
+    """A worker's publish joins its step's other writes on its model's master; one Redis: one channel per API."""
+    assert CLUSTER.events("api1", "m") == "ovq:ev:{m:m}:api1"
+    assert slot(CLUSTER.events("api1", "m")) == slot(CLUSTER.job("j1", "m")) == slot(CLUSTER.jobs("m", "CPU"))
+    assert CLUSTER.events("api1", "m") != CLUSTER.events("api2", "m")
+    assert PLAIN.events("api1", "m") == PLAIN.events("api1") == "ovq:ev:api1"
+
+
+def test_an_api_processs_own_channel_is_tagged_by_api() -> None:
+    """Where workers from before per-model channels publish (the API still listens there)."""
     assert CLUSTER.events("api1") == "ovq:ev:{a:api1}"
     assert slot(CLUSTER.events("api1")) == slot("{a:api1}")
 

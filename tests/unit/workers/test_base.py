@@ -46,7 +46,7 @@ class Started(BaseWorker):
 
 
 def job(**fields: Any) -> Job:
-    return Job(model="m", device="CPU", kind="completion", prompt="x", reply_to="api", **fields)
+    return Job(**{"model": "m", "device": "CPU", "kind": "completion", "prompt": "x", "reply_to": "api", **fields})
 
 
 async def test_a_job_read_after_its_deadline_is_dropped_with_a_504_never_started(redis_url: str) -> None:
@@ -135,4 +135,32 @@ async def test_the_cancel_loop_survives_a_connection_uvloop_closed(redis_url: st
     assert not loop.done(), loop.exception()
     assert heard == ["job-1"]
     loop.cancel()
+    await worker.redis.aclose()
+
+
+class Counting(Lane):
+    """A lane that records each round trip's command names."""
+
+    def __init__(self, redis: aioredis.Redis) -> None:
+        super().__init__(redis)
+        self.sent: list[list[str]] = []
+
+    async def execute(self, commands: Any, *args: Any, **kwargs: Any) -> Any:
+        self.sent.append([c[0] for c in commands])
+        return await super().execute(commands, *args, **kwargs)
+
+
+async def test_an_api_heartbeat_read_within_a_heartbeat_is_not_asked_for_again(redis_url: str) -> None:
+    """One command less per job: a job's intake asks for its API's heartbeat only once a heartbeat (per API)."""
+    worker = Started(redis_url)
+    client = aioredis.Redis.from_url(redis_url)
+    lane = Counting(client)
+    await client.zadd(worker.keys.apis, {"api": time.time()})
+    for _ in range(3):
+        await worker.admit_jobs([(b"1-1", job())], lane=lane)
+    assert [names.count("ZMSCORE") for names in lane.sent] == [1, 0, 0]
+    worker._api_scores = {c: (score, at - worker.settings.heartbeat_s) for c, (score, at) in worker._api_scores.items()}
+    await worker.admit_jobs([(b"1-2", job()), (b"1-3", job(reply_to="other"))], lane=lane)
+    assert lane.sent[-1].count("ZMSCORE") == 1, "a heartbeat later: read again (the new API's with it)"
+    await lane.close()
     await worker.redis.aclose()

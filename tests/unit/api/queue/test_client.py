@@ -51,8 +51,12 @@ class Jobs:
     def __init__(self) -> None:
         self.inboxes: dict[str, Any] = {}
         self.cancelled: list[str] = []
-        self.hub = SimpleNamespace(register=self.inboxes.__setitem__, unregister=self.inboxes.pop)
+        self.hub = SimpleNamespace(register=self.inboxes.__setitem__, unregister=self.inboxes.pop, channel=str,
+                                   listen=self.listen)
         self.registry = SimpleNamespace(enqueue=self.enqueue)
+
+    async def listen(self, model: str) -> bool:
+        return True
 
     async def enqueue(self, servable: Any, job: Any, owner: str | None = None) -> str:
         self.inboxes[job.id].push({"type": ACCEPTED, "job": job.id, "seq": 0, "worker": "w", "prompt_tokens": 1,

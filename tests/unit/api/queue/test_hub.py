@@ -28,3 +28,26 @@ def test_a_message_of_another_version_ends_the_requests_it_names_with_an_error()
     [event] = inbox.events
     error = Error.model_validate(event)
     assert (error.job, error.status, error.error.code) == ("a", 500, "event_version")
+
+
+def test_on_a_cluster_each_model_has_its_channel_and_a_lost_one_touches_only_its_jobs() -> None:
+    events = EventHub(None, Keys("t", cluster=True), "redis://unused")  # type: ignore[arg-type]
+    assert events.channel("a") == Keys("t", cluster=True).events(events.reply_to, "a") != events.channel("b")
+    on_a, on_b = Inbox(events.channel("a")), Inbox(events.channel("b"))
+    events.register("1", on_a)
+    events.register("2", on_b)
+    events._lost(events.channel("a"))
+    assert on_a.lost and not on_b.lost
+    events._lost(events._main.channel)  # the process's own: workers from before per-model channels use it for any
+    assert on_b.lost
+
+
+def test_on_one_redis_every_model_shares_the_processs_channel() -> None:
+    events = hub()
+    assert events.channel("a") == events.channel("b") == events._main.channel
+    assert not events.listening("t:ev:elsewhere")
+
+
+async def test_on_one_redis_a_models_channel_is_heard_with_no_new_subscription() -> None:
+    events = hub()
+    assert await events.listen("a") and list(events._listeners) == [events._main.channel]
