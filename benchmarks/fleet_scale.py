@@ -62,7 +62,8 @@ class Stack:
 
     def __init__(self, work: Path, workers: int, apis: int, per_host: int, profile: str, seqs: int,
                  env: dict[str, str] | None = None, redis_kind: str = "embedded", masters: int = 3,
-                 models: int = 1) -> None:
+                 models: int = 1, root: Path = ROOT) -> None:
+        self.root = root  # whose code the API and the workers run (`--baseline`: a worktree of another revision)
         self.server = servers.start(redis_kind, work, masters)
         self.url = self.server.url
         self.redis = sync_client(self.url)  # a RedisCluster on a Cluster: keys are routed
@@ -73,9 +74,9 @@ class Stack:
         self.port = free_port()
         self.env = {**os.environ, "REDIS_URL": self.url, "OVQ_CONFIG": str(config), "OVQ_PORT": str(self.port),
                     "OVQ_LOG_LEVEL": "warning", "OVQ_KEY_PREFIX": PREFIX, "OVQ_API_PROCESSES": str(apis),
-                    "OVQ_SIM_PROFILE": profile, "PYTHONPATH": str(ROOT), **(env or {})}
+                    "OVQ_SIM_PROFILE": profile, "PYTHONPATH": str(root), **(env or {})}
         self.keys = Keys(PREFIX, cluster=redis_kind == "cluster")
-        self.api = subprocess.Popen([sys.executable, "-m", "api"], env=self.env, cwd=ROOT)
+        self.api = subprocess.Popen([sys.executable, "-m", "api"], env=self.env, cwd=root)
         self.hosts = []
         for i, model in enumerate(self.models):
             share = workers // models + (i < workers % models)
@@ -84,7 +85,8 @@ class Stack:
         self.wait(workers)
 
     def hollow(self, args: list[str], model: str = MODEL) -> subprocess.Popen[bytes]:
-        return subprocess.Popen([sys.executable, str(HOLLOW), "--model", model, *args], env=self.env, cwd=ROOT)
+        hollow = self.root / HOLLOW.relative_to(ROOT)
+        return subprocess.Popen([sys.executable, str(hollow), "--model", model, *args], env=self.env, cwd=self.root)
 
     def members(self) -> int:
         return sum(int(self.redis.zcard(self.keys.workers(m, "CPU"))) for m in self.models)
@@ -179,7 +181,7 @@ def measure(size: int, args: argparse.Namespace) -> dict[str, object]:
     with tempfile.TemporaryDirectory() as tmp:
         redis_kind, models = getattr(args, "redis", "embedded"), getattr(args, "models", 1)
         stack = Stack(Path(tmp), size, args.apis, args.per_host, args.profile, args.seqs, redis_kind=redis_kind,
-                      masters=getattr(args, "masters", 3), models=models)
+                      masters=getattr(args, "masters", 3), models=models, root=getattr(args, "root", ROOT))
         work = bodies(args.tokens, stack.models)
         try:
             time.sleep(args.settle)  # past the first reclaim passes and the API's first cluster views
@@ -194,7 +196,8 @@ def measure(size: int, args: argparse.Namespace) -> dict[str, object]:
         finally:
             stack.stop()
     jobs = sum(1 for r in results if r.ok)
-    return {"workers": size, "apis": args.apis, "redis": redis_kind, "masters": len(load["redis_cpu_by_master"]),
+    return {"workers": size, "apis": args.apis, "code": getattr(args, "code", "this tree"), "redis": redis_kind,
+            "masters": len(load["redis_cpu_by_master"]),
             "models": models, "jobs": jobs, "failed": len(results) - jobs,
             "tokens": sum(r.tokens for r in results if r.ok), "wall": wall, "idle": idle, "load": load, "keys": keys}
 
@@ -257,11 +260,11 @@ def row(m: dict) -> str:
             f"{load['redis_cpu'] / jobs * 1e6:>9.0f} {busiest(m):>9.0f} {load['api_cpu'] / jobs * 1e6:>9.0f} "
             f"{load['workers_cpu'] / jobs * 1e6:>9.0f} {idle['commands'] / per_s:>9.2f} "
             f"{idle['redis_cpu'] / per_s * 1e6:>9.0f} {idle['workers_cpu'] / per_s * 1e6:>9.0f} "
-            f"{m['keys']:>6}")
+            f"{m['keys']:>6}  {m.get('code', '')}")
 
 
 HEADER = (f"{'workers':>7} {'apis':>4} {'masters':>7} {'jobs/s':>7} {'cmd/job':>9} {'redis µs':>9} {'top µs':>9} "
-          f"{'api µs':>9} {'wrk µs':>9} {'idle c/s':>9} {'idle r µs':>9} {'idle w µs':>9} {'keys':>6}\n"
+          f"{'api µs':>9} {'wrk µs':>9} {'idle c/s':>9} {'idle r µs':>9} {'idle w µs':>9} {'keys':>6}  code\n"
           f"{'':>29} {'(per job, under load; top: the busiest master)':>59} {'(per worker per s, idle)':>29}")
 
 
@@ -281,12 +284,13 @@ def spread(measured: list[dict]) -> str:
     per master: one master's Redis µs per job over the busiest master's (each master held to the same CPU, the
     busiest saturates first)."""
     lines = []
-    single = {(m["workers"], m["apis"]): m for m in measured if m["masters"] == 1}
+    single = {(m["workers"], m["apis"], m.get("code")): m for m in measured if m["masters"] == 1}
     for m in (m for m in measured if m["masters"] > 1):
         jobs = max(1, m["jobs"])
         shares = " ".join(f"{c / jobs * 1e6:.0f}" for c in m["load"]["redis_cpu_by_master"])
-        line = f"{m['workers']} workers, {m['apis']} APIs, {m['masters']} masters: µs per job by master {shares}"
-        base = single.get((m["workers"], m["apis"]))
+        line = (f"{m['workers']} workers, {m['apis']} APIs, {m['masters']} masters ({m.get('code')}): µs per job by "
+                f"master {shares}")
+        base = single.get((m["workers"], m["apis"], m.get("code")))
         if base:
             one = base["load"]["redis_cpu"] / max(1, base["jobs"]) * 1e6
             line += (f"; one master {one:.0f} µs per job: the Cluster carries {one / busiest(m):.2f}x its job rate "
@@ -325,6 +329,20 @@ def by_command(measured: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def grid(args: argparse.Namespace, trees: list[tuple[str, Path]]) -> list[dict]:
+    measured = []
+    for size in (int(s) for s in args.sizes.split(",")):
+        for apis in (int(a) for a in args.apis.split(",")):
+            for kind in args.redis.split(","):
+                for code, root in trees:
+                    run = argparse.Namespace(**{**vars(args), "apis": apis, "redis": kind, "code": code,
+                                                "root": root})
+                    measured.append(measure(size, run))
+                    print(json.dumps({k: v for k, v in measured[-1].items() if k not in ("idle", "load")}),
+                          flush=True)
+    return measured
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--sizes", default="1,10,50", help="fleet sizes (workers), comma-separated")
@@ -347,6 +365,8 @@ def main() -> int:
     parser.add_argument("--at-once", type=int, default=10, help="churn: workers started and stopped together")
     parser.add_argument("--hold", type=float, default=0.0, help="churn: seconds each worker runs after its first "
                         "heartbeat (0: stopped while that beat may be in flight)")
+    parser.add_argument("--baseline", help="a revision (a commit, a tag) whose API and workers run too, each setting "
+                        "right before this tree's (a git worktree of it): before and after, in one run")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
     if args.churn:
@@ -355,13 +375,17 @@ def main() -> int:
         if args.out:
             args.out.write_text(json.dumps(result, indent=1))
         return 0
-    measured = []
-    for size in (int(s) for s in args.sizes.split(",")):
-        for apis in (int(a) for a in args.apis.split(",")):
-            for kind in args.redis.split(","):
-                run = argparse.Namespace(**{**vars(args), "apis": apis, "redis": kind})
-                measured.append(measure(size, run))
-                print(json.dumps({k: v for k, v in measured[-1].items() if k not in ("idle", "load")}), flush=True)
+    with tempfile.TemporaryDirectory() as tmp:
+        trees = [("this tree", ROOT)]
+        if args.baseline:
+            subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", tmp, args.baseline], check=True,
+                           capture_output=True)
+            trees.insert(0, (args.baseline, Path(tmp)))
+        try:
+            measured = grid(args, trees)
+        finally:
+            if args.baseline:
+                subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", tmp], check=False)
     print(HEADER)
     for m in measured:
         print(row(m))
