@@ -177,10 +177,22 @@ def bodies(tokens: int, models: list[str] | None = None) -> list[dict]:
              "stream_options": {"include_usage": True}} for i in range(64)]
 
 
+def tenant_keys(work: Path, tenants: int) -> tuple[dict[str, str], list[dict[str, str]] | None]:
+    """With `tenants`: a key file of that many keys, one tenant each (every job then takes the fair-share path:
+    common/fairness.py), the environment that serves it, and each key's request headers, sent in turn."""
+    if not tenants:
+        return {}, None
+    keys = work / "keys.yaml"
+    keys.write_text("keys:\n" + "".join(f"  - {{key: sk-{i}, tenant: t{i}}}\n" for i in range(tenants)))
+    return ({"OVQ_API_KEY_FILE": str(keys), "OVQ_ADMIN_KEYS": "sk-admin"},
+            [{"Authorization": f"Bearer sk-{i}"} for i in range(tenants)])
+
+
 def measure(size: int, args: argparse.Namespace) -> dict[str, object]:
     with tempfile.TemporaryDirectory() as tmp:
         redis_kind, models = getattr(args, "redis", "embedded"), getattr(args, "models", 1)
-        stack = Stack(Path(tmp), size, args.apis, args.per_host, args.profile, args.seqs, redis_kind=redis_kind,
+        env, headers = tenant_keys(Path(tmp), getattr(args, "tenants", 0))
+        stack = Stack(Path(tmp), size, args.apis, args.per_host, args.profile, args.seqs, env, redis_kind=redis_kind,
                       masters=getattr(args, "masters", 3), models=models, root=getattr(args, "root", ROOT))
         work = bodies(args.tokens, stack.models)
         try:
@@ -188,16 +200,17 @@ def measure(size: int, args: argparse.Namespace) -> dict[str, object]:
             before = Snapshot(stack)
             time.sleep(args.idle)
             idle = Snapshot(stack).delta(before)
-            asyncio.run(closed_loop("127.0.0.1", stack.port, work, args.streams, 2.0))  # warm-up
+            asyncio.run(closed_loop("127.0.0.1", stack.port, work, args.streams, 2.0, headers=headers))  # warm-up
             before = Snapshot(stack)
-            results, wall = asyncio.run(closed_loop("127.0.0.1", stack.port, work, args.streams, args.duration))
+            results, wall = asyncio.run(closed_loop("127.0.0.1", stack.port, work, args.streams, args.duration,
+                                                    headers=headers))
             load = Snapshot(stack).delta(before)
             keys = sum(int(m.dbsize()) for m in stack.server.masters)
         finally:
             stack.stop()
     jobs = sum(1 for r in results if r.ok)
     return {"workers": size, "apis": args.apis, "code": getattr(args, "code", "this tree"), "redis": redis_kind,
-            "masters": len(load["redis_cpu_by_master"]),
+            "masters": len(load["redis_cpu_by_master"]), "tenants": getattr(args, "tenants", 0),
             "models": models, "jobs": jobs, "failed": len(results) - jobs,
             "tokens": sum(r.tokens for r in results if r.ok), "wall": wall, "idle": idle, "load": load, "keys": keys}
 
@@ -361,6 +374,8 @@ def main() -> int:
     parser.add_argument("--duration", type=float, default=20.0)
     parser.add_argument("--idle", type=float, default=10.0)
     parser.add_argument("--settle", type=float, default=6.0)
+    parser.add_argument("--tenants", type=int, default=0, help="API keys, one tenant each, the requests take in "
+                        "turn (default: no keys, no tenants)")
     parser.add_argument("--churn", type=int, default=0, help="measure N worker starts and stops instead")
     parser.add_argument("--at-once", type=int, default=10, help="churn: workers started and stopped together")
     parser.add_argument("--hold", type=float, default=0.0, help="churn: seconds each worker runs after its first "

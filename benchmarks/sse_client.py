@@ -93,10 +93,11 @@ class Connection:
 
 
 async def closed_loop(host: str, port: int, bodies: list[dict], concurrency: int, duration: float,
-                      path: str = "/v3/chat/completions", headers: dict[str, str] | None = None
-                      ) -> tuple[list[Result], float]:
+                      path: str = "/v3/chat/completions",
+                      headers: dict[str, str] | list[dict[str, str]] | None = None) -> tuple[list[Result], float]:
     """`concurrency` streams, each replaced by the next as it ends, for `duration` seconds (those running then
-    finish). Returns the results and the wall time."""
+    finish). Returns the results and the wall time. A list of `headers` is taken in turn, request by request (as
+    `bodies` are): one API key a tenant, say."""
     results: list[Result] = []
     counter = iter(range(1 << 30))
     t0 = time.perf_counter()
@@ -108,7 +109,8 @@ async def closed_loop(host: str, port: int, bodies: list[dict], concurrency: int
                 if time.perf_counter() - t0 > duration:
                     return
                 try:
-                    results.append(await connection.stream(path, bodies[i % len(bodies)], headers))
+                    sent = headers[i % len(headers)] if isinstance(headers, list) else headers
+                    results.append(await connection.stream(path, bodies[i % len(bodies)], sent))
                 except (ConnectionError, asyncio.IncompleteReadError, ValueError) as exc:
                     results.append(Result(error=repr(exc)))
                     connection.close()

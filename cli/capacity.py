@@ -4,6 +4,7 @@ Each tier's CPU (in cores) is linear in what a deployment knows before it runs:
 
     idle_per_worker * workers + idle_per_api * API processes
     + per_request * requests/s + per_token * tokens/s + per_step * engine steps/s
+    + per_tenant_request * requests/s (when tenants share the models)
 
 The step term is why the same tokens cost more spread over more workers: a worker publishes its jobs' events once
 per engine step, so a step that carries one stream's token costs what a step carrying sixty-four does. Steps/s
@@ -33,6 +34,8 @@ class TierCosts(BaseModel):
     per_request_us: float = Field(ge=0)
     per_token_us: float = Field(ge=0, description="per streamed token")
     per_step_us: float = Field(ge=0, description="per engine step of a worker that has running jobs")
+    per_tenant_request_us: float = Field(0.0, ge=0, description="what a request costs more when tenants share the "
+                                         "model (an API key's lookup, the job's fair order)")
 
 
 class Costs(BaseModel):
@@ -53,11 +56,16 @@ class Load(BaseModel):
     streams: int = Field(ge=1, description="requests in flight at once")
     workers: int = Field(ge=1)
     apis: int = Field(ge=1, description="API processes")
+    tenants: int = Field(0, ge=0, description="tenants sharing the models (0: no API keys, no fair shares)")
 
     @property
     def steps_per_s(self) -> float:
         busy = min(self.streams, self.workers)  # a stream is on one worker; more workers than streams idle
         return self.tokens_per_s * busy / self.streams
+
+    @property
+    def tenant_requests_per_s(self) -> float:
+        return self.requests_per_s if self.tenants else 0.0
 
 
 def predict(load: Load, costs: Costs) -> dict[str, float]:
@@ -66,7 +74,8 @@ def predict(load: Load, costs: Costs) -> dict[str, float]:
     for tier in TIERS:
         c: TierCosts = getattr(costs, tier)
         us = (c.idle_per_worker_us * load.workers + c.idle_per_api_us * load.apis + c.per_request_us
-              * load.requests_per_s + c.per_token_us * load.tokens_per_s + c.per_step_us * load.steps_per_s)
+              * load.requests_per_s + c.per_token_us * load.tokens_per_s + c.per_step_us * load.steps_per_s
+              + c.per_tenant_request_us * load.tenant_requests_per_s)
         out[tier] = us / 1e6
     return out
 
@@ -86,7 +95,8 @@ def limit(c: TierCosts, load: Load, headroom: float) -> float | None:
     """The requests/s at which one process of a tier is `headroom` busy, at this load's shape (tokens and steps per
     request); its idle cost left out."""
     rate = max(load.requests_per_s, 1e-9)
-    us = c.per_request_us + (c.per_token_us * load.tokens_per_s + c.per_step_us * load.steps_per_s) / rate
+    us = c.per_request_us + (c.per_token_us * load.tokens_per_s + c.per_step_us * load.steps_per_s
+                             + c.per_tenant_request_us * load.tenant_requests_per_s) / rate
     return headroom * 1e6 / us if us > 0 else None
 
 

@@ -22,7 +22,7 @@ def _load(args: argparse.Namespace) -> Load:
     if streams is None:
         streams = max(1, math.ceil(args.requests_per_s * args.seconds_per_request))
     return Load(requests_per_s=args.requests_per_s, tokens_per_s=tokens_per_s, streams=streams, workers=workers,
-                apis=1)
+                apis=1, tenants=args.tenants)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -43,7 +43,8 @@ def run(args: argparse.Namespace) -> int:
     out = console()
     sized = result.load
     out.print(f"load: {sized.requests_per_s:g} requests/s x {args.tokens} tokens = {sized.tokens_per_s:g} tokens/s, "
-              f"{sized.streams} streams in flight, {sized.workers} workers ({sized.steps_per_s:.0f} engine steps/s)")
+              f"{sized.streams} streams in flight, {sized.workers} workers ({sized.steps_per_s:.0f} engine steps/s)"
+              + (f", {sized.tenants} tenants" if sized.tenants else ""))
     table = Table(title="CPU by tier (cores)", title_justify="left")
     for name in ("tier", "cores", "deploy"):
         table.add_column(name, justify="left" if name == "tier" else "right")
@@ -88,6 +89,8 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     workers.add_argument("--workers", type=int, help="the workers serving the load")
     workers.add_argument("--worker-tokens-per-s", type=_positive, help="what one worker's engine streams a second at "
                          "its batch size (measure it: benchmarks/serving.py); the workers are sized from it")
+    p.add_argument("--tenants", type=int, default=0, help="tenants sharing the models through API keys (default 0: "
+                   "no keys, no fair shares)")
     p.add_argument("--headroom", type=_fraction, default=0.7, help="the busiest a core may be (default 0.7)")
     p.add_argument("--costs", type=Path, help="unit costs measured on your machines (benchmarks/capacity.py --write "
                    "COSTS.json); default: the ones ovq ships, measured on a 2-core box")

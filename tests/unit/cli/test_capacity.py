@@ -7,12 +7,13 @@ import pytest
 from cli.capacity import Costs, Load, TierCosts, plan, predict
 
 
-def tier(idle_w: float = 0, idle_a: float = 0, request: float = 0, token: float = 0, step: float = 0) -> TierCosts:
+def tier(idle_w: float = 0, idle_a: float = 0, request: float = 0, token: float = 0, step: float = 0,
+         tenant: float = 0) -> TierCosts:
     return TierCosts(idle_per_worker_us=idle_w, idle_per_api_us=idle_a, per_request_us=request, per_token_us=token,
-                     per_step_us=step)
+                     per_step_us=step, per_tenant_request_us=tenant)
 
 
-COSTS = Costs(measured="by hand", api=tier(idle_a=1_000, request=400, token=20, step=5),
+COSTS = Costs(measured="by hand", api=tier(idle_a=1_000, request=400, token=20, step=5, tenant=50),
               workers=tier(idle_w=200, request=300, token=10, step=50), redis=tier(idle_w=40, request=100, step=8))
 
 
@@ -29,6 +30,14 @@ def test_each_tier_is_its_unit_costs_times_the_load() -> None:
     assert cores["api"] == pytest.approx((2 * 1_000 + 100 * 400 + 6_400 * 20 + 400 * 5) / 1e6)
     assert cores["workers"] == pytest.approx((4 * 200 + 100 * 300 + 6_400 * 10 + 400 * 50) / 1e6)
     assert cores["redis"] == pytest.approx((4 * 40 + 100 * 100 + 400 * 8) / 1e6)
+
+
+def test_tenants_cost_each_request_their_share_of_the_fair_order() -> None:
+    plain = Load(requests_per_s=100, tokens_per_s=6_400, streams=64, workers=4, apis=2)
+    shared = plain.model_copy(update={"tenants": 3})
+    assert predict(shared, COSTS)["api"] - predict(plain, COSTS)["api"] == pytest.approx(100 * 50 / 1e6)
+    assert predict(shared, COSTS)["redis"] == predict(plain, COSTS)["redis"]
+    assert plan(shared, COSTS).api_jobs_per_s_limit < plan(plain, COSTS).api_jobs_per_s_limit
 
 
 def test_the_same_tokens_cost_more_steps_spread_over_more_workers() -> None:

@@ -18,6 +18,11 @@ def test_json_is_the_models_plan(capsys: pytest.CaptureFixture[str]) -> None:
     assert out == json.loads(expected.model_dump_json())
 
 
+def test_tenants_are_part_of_the_load(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["plan", "--requests-per-s", "50", "--workers", "10", "--tenants", "20", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["load"]["tenants"] == 20
+
+
 def test_workers_are_sized_from_what_one_engine_streams(capsys: pytest.CaptureFixture[str]) -> None:
     # 100 req/s x 100 tokens = 10,000 tok/s; 500 tok/s per worker at 0.8 of it: 25 workers.
     assert main(["plan", "--requests-per-s", "100", "--tokens", "100", "--worker-tokens-per-s", "500",
@@ -46,7 +51,8 @@ def test_bad_arguments_exit_2(argv: list[str], capsys: pytest.CaptureFixture[str
 
 @pytest.mark.parametrize(("argv", "field"), [(["--workers", "0"], "workers"),
                                              (["--workers", "1", "--streams", "0"], "streams"),
-                                             (["--workers", "1", "--tokens", "-1"], "tokens_per_s")])
+                                             (["--workers", "1", "--tokens", "-1"], "tokens_per_s"),
+                                             (["--workers", "1", "--tenants", "-1"], "tenants")])
 def test_a_load_the_model_refuses_is_one_line(argv: list[str], field: str, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["plan", "--requests-per-s", "1", *argv]) == 2
     err = capsys.readouterr().err
