@@ -8,6 +8,11 @@ a Cluster whenever a master fails over, because redis-py's cluster pipeline, ret
 the shared client while other commands are in flight (CI: 30 streams of one API process cut mid-body, each an
 "Exception in ASGI application", by the liveness check of their workers during the failover).
 
+On asyncio's own loop the same race leaves the connection with no writer at all (redis-py's `disconnect` sets it to
+None): the write fails with AttributeError ("'NoneType' object has no attribute 'writelines'"). The cluster test that
+SIGKILLs a queue's master met it once its streams' events went over that master too (a job's event channel lives in
+its model's slot): each stream ends, and its cancel, sent while the master is down, died with a traceback.
+
 `guard_pool` and `guard_cluster` give a client's connections a class that raises `redis.ConnectionError` instead.
 """
 from __future__ import annotations
@@ -21,7 +26,9 @@ from redis.asyncio.cluster import RedisCluster
 
 
 def lost_transport(exc: BaseException) -> bool:
-    """Whether `exc` is uvloop's way of saying the connection's socket is closed."""
+    """Whether `exc` is uvloop's (or asyncio's) way of saying the connection's socket is closed."""
+    if isinstance(exc, AttributeError):
+        return "'NoneType' object has no attribute 'write" in str(exc)
     return isinstance(exc, RuntimeError) and "handler is closed" in str(exc)
 
 
@@ -31,7 +38,7 @@ class _LostTransport:
     async def send_packed_command(self, command: Any, check_health: bool = True) -> None:
         try:
             await super().send_packed_command(command, check_health)  # type: ignore[misc]
-        except RuntimeError as exc:
+        except (RuntimeError, AttributeError) as exc:
             if not lost_transport(exc):
                 raise
             await self.disconnect(nowait=True)  # type: ignore[attr-defined]

@@ -43,6 +43,41 @@ def test_a_write_to_a_transport_uvloop_closed_is_a_lost_connection() -> None:
     assert _write_after_close(guarded(aioredis.Connection)) is redis.ConnectionError
 
 
+def _write_after_disconnect(connection_class: type) -> type[BaseException]:
+    """What `send_packed_command` raises, on asyncio's loop, when another task's `disconnect` drops the writer
+    between its connected check and its write (as redis-py's cluster pipeline does during a failover)."""
+    async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        while await reader.read(4096):
+            writer.write(b"+OK\r\n")
+
+    async def main() -> type[BaseException]:
+        server = await asyncio.start_server(answer, "127.0.0.1", 0)
+        connection = connection_class(host="127.0.0.1", port=server.sockets[0].getsockname()[1], **NO_CLIENT_INFO)
+        await connection.connect()
+        write = connection._send_packed_command
+
+        async def raced(command: object) -> None:
+            connection._writer = None  # what redis-py's disconnect leaves, the connection still in use
+            await write(command)
+
+        connection._send_packed_command = raced
+        try:
+            await connection.send_packed_command(b"PING\r\n", check_health=False)
+        except BaseException as exc:  # noqa: BLE001 - the type is the answer
+            return type(exc)
+        finally:
+            server.close()
+        return type(None)  # type: ignore[return-value]
+
+    return asyncio.run(main())
+
+
+def test_a_write_on_a_connection_whose_writer_was_dropped_is_a_lost_connection() -> None:
+    """A Cluster master SIGKILLed: a stream's cancel met this race and ended the response with a traceback."""
+    assert _write_after_disconnect(aioredis.Connection) is AttributeError
+    assert _write_after_disconnect(guarded(aioredis.Connection)) is redis.ConnectionError
+
+
 def test_guarded_is_one_class_per_base() -> None:
     assert guarded(aioredis.Connection) is guarded(aioredis.Connection)
     assert guarded(guarded(aioredis.Connection)) is guarded(aioredis.Connection)
