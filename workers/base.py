@@ -569,6 +569,8 @@ class BaseWorker:
                     pass  # the heartbeat says so
 
     def steer(self, steering: Steering) -> None:
+        now = time.monotonic()  # the beat's reads of API heartbeats: a job's intake needs none of them again
+        self._api_scores.update((c, (score, now)) for c, score in steering.api_scores.items())
         self.cancel_orphans(steering.gone)
         self.cancel_unread(steering.unread)
         if steering.drain and not self.draining:

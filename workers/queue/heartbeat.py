@@ -46,6 +46,7 @@ class Steering:
     gone: set[str] = field(default_factory=set)  # API processes of running jobs that are gone
     unread: set[str] = field(default_factory=set)  # resumable jobs no API process has streamed for the grace period
     command: str | None = None  # an operator's `sleep` or `wake` (`ovq worker sleep|wake`), taken once
+    api_scores: dict[str, float | None] = field(default_factory=dict)  # the heartbeats read of the running jobs' APIs
 
 
 def gone_apis(reply_tos: list[str], scores: list[float | None], api_ttl_s: float) -> set[str]:
@@ -108,11 +109,13 @@ class Heartbeat:
         if listeners:
             pipe.zmscore(keys.apis, listeners)
         replies = await pipe.execute()
-        gone = gone_apis(listeners, replies.pop(), settings.api_ttl_s) if listeners else set()
+        scores = [None if v is None else float(v) for v in replies.pop()] if listeners else []
+        gone = gone_apis(listeners, scores, settings.api_ttl_s) if listeners else set()
         read = [replies.pop() for _ in followed][::-1]
         unread = {job for job, n in zip(followed, read, strict=True) if not n}
         command = replies[-1].decode() if replies[-1] else None
-        return Steering(drain=bool(replies[-2]), gone=gone, unread=unread, command=command)
+        return Steering(drain=bool(replies[-2]), gone=gone, unread=unread, command=command,
+                        api_scores=dict(zip(listeners, scores, strict=True)))
 
     async def beats(self) -> AsyncIterator[Steering]:
         """Beat every heartbeat_s, each beat's steering; while Redis is away, retry with backoff, one log line per

@@ -12,6 +12,7 @@ from common.models.config import ModelConfig
 from common.redis.lane import Lane
 from common.settings import Settings
 from workers.base import BaseWorker
+from workers.queue.heartbeat import Steering
 from workers.queue.publisher import Outbox
 
 
@@ -162,5 +163,9 @@ async def test_an_api_heartbeat_read_within_a_heartbeat_is_not_asked_for_again(r
     worker._api_scores = {c: (score, at - worker.settings.heartbeat_s) for c, (score, at) in worker._api_scores.items()}
     await worker.admit_jobs([(b"1-2", job()), (b"1-3", job(reply_to="other"))], lane=lane)
     assert lane.sent[-1].count("ZMSCORE") == 1, "a heartbeat later: read again (the new API's with it)"
+    worker._api_scores = {c: (score, at - worker.settings.heartbeat_s) for c, (score, at) in worker._api_scores.items()}
+    worker.steer(Steering(api_scores={"api": time.time(), "other": None}))  # the worker's own beat read them
+    await worker.admit_jobs([(b"1-4", job()), (b"1-5", job(reply_to="other"))], lane=lane)
+    assert lane.sent[-1].count("ZMSCORE") == 0
     await lane.close()
     await worker.redis.aclose()
