@@ -101,8 +101,9 @@ class Keys:
         worker's publish then joins the rest of its step's writes (job hash, generated text, acks) on that master,
         in one round trip, and a Cluster's event traffic spreads over its masters by model instead of landing on
         whichever master an API process's one channel hashed to (that master carried about twice the others' CPU
-        per job: `benchmarks/fleet_scale.py --redis cluster`). Without a model, the channel of API processes before that, `{a:REPLY_TO}`: API
-        processes still listen there for workers not yet upgraded. One Redis: one channel per API process."""
+        per job: `benchmarks/fleet_scale.py --redis cluster`). Without a model, the channel of API processes before
+        that, `{a:REPLY_TO}`: API processes still listen there for workers not yet upgraded. One Redis: one channel
+        per API process."""
         if not self.cluster:
             return f"{self.prefix}:ev:{reply_to}"
         return f"{self.prefix}:ev:{{m:{model}}}:{reply_to}" if model else f"{self.prefix}:ev:{{a:{reply_to}}}"
