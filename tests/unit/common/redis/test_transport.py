@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
+from typing import Any
 
 import redis
 import redis.asyncio as aioredis
@@ -13,18 +15,17 @@ from common.redis.transport import guarded
 from common.settings import Settings
 
 
-def _write_after_close(connection_class: type) -> type[BaseException]:
-    """What `send_packed_command` raises, under uvloop, on a connection whose transport was closed under it."""
+def _raised(connection_class: type, spoil: Callable[[Any], None], run: Callable[[Any], Any]) -> type[BaseException]:
+    """What `send_packed_command` raises on a connected connection that `spoil` damaged, under the loop of `run`."""
     async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         while await reader.read(4096):  # whatever the connection's handshake sends: one command a read, here
             writer.write(b"+OK\r\n")
 
     async def main() -> type[BaseException]:
         server = await asyncio.start_server(answer, "127.0.0.1", 0)
-        port = server.sockets[0].getsockname()[1]
-        connection = connection_class(host="127.0.0.1", port=port, **NO_CLIENT_INFO)
+        connection = connection_class(host="127.0.0.1", port=server.sockets[0].getsockname()[1], **NO_CLIENT_INFO)
         await connection.connect()
-        connection._writer.transport.close()  # what redis-py's cluster pipeline does to a shared client's sockets
+        spoil(connection)
         try:
             await connection.send_packed_command(b"PING\r\n", check_health=False)
         except BaseException as exc:  # noqa: BLE001 - the type is the answer
@@ -33,49 +34,37 @@ def _write_after_close(connection_class: type) -> type[BaseException]:
             server.close()
         return type(None)  # type: ignore[return-value]
 
-    return uvloop.run(main())
+    return run(main())
+
+
+def _close_transport(connection: Any) -> None:
+    connection._writer.transport.close()  # what redis-py's cluster pipeline does to a shared client's sockets
+
+
+def _drop_writer_before_the_write(connection: Any) -> None:
+    """Another task's `disconnect` between the connected check and the write (redis-py's cluster pipeline during a
+    failover): the writer is None, the connection still in use."""
+    write = connection._send_packed_command
+
+    async def raced(command: object) -> None:
+        connection._writer = None
+        await write(command)
+
+    connection._send_packed_command = raced
 
 
 def test_a_write_to_a_transport_uvloop_closed_is_a_lost_connection() -> None:
     """redis-py's own class lets uvloop's RuntimeError through (the API's streams died of it during a Cluster
     failover); the guarded class raises ConnectionError, which redis-py retries and ovq treats as Redis away."""
-    assert _write_after_close(aioredis.Connection) is RuntimeError
-    assert _write_after_close(guarded(aioredis.Connection)) is redis.ConnectionError
-
-
-def _write_after_disconnect(connection_class: type) -> type[BaseException]:
-    """What `send_packed_command` raises, on asyncio's loop, when another task's `disconnect` drops the writer
-    between its connected check and its write (as redis-py's cluster pipeline does during a failover)."""
-    async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        while await reader.read(4096):
-            writer.write(b"+OK\r\n")
-
-    async def main() -> type[BaseException]:
-        server = await asyncio.start_server(answer, "127.0.0.1", 0)
-        connection = connection_class(host="127.0.0.1", port=server.sockets[0].getsockname()[1], **NO_CLIENT_INFO)
-        await connection.connect()
-        write = connection._send_packed_command
-
-        async def raced(command: object) -> None:
-            connection._writer = None  # what redis-py's disconnect leaves, the connection still in use
-            await write(command)
-
-        connection._send_packed_command = raced
-        try:
-            await connection.send_packed_command(b"PING\r\n", check_health=False)
-        except BaseException as exc:  # noqa: BLE001 - the type is the answer
-            return type(exc)
-        finally:
-            server.close()
-        return type(None)  # type: ignore[return-value]
-
-    return asyncio.run(main())
+    assert _raised(aioredis.Connection, _close_transport, uvloop.run) is RuntimeError
+    assert _raised(guarded(aioredis.Connection), _close_transport, uvloop.run) is redis.ConnectionError
 
 
 def test_a_write_on_a_connection_whose_writer_was_dropped_is_a_lost_connection() -> None:
-    """A Cluster master SIGKILLed: a stream's cancel met this race and ended the response with a traceback."""
-    assert _write_after_disconnect(aioredis.Connection) is AttributeError
-    assert _write_after_disconnect(guarded(aioredis.Connection)) is redis.ConnectionError
+    """A Cluster master SIGKILLed: a stream's cancel met this race on asyncio's loop and ended the response with a
+    traceback."""
+    assert _raised(aioredis.Connection, _drop_writer_before_the_write, asyncio.run) is AttributeError
+    assert _raised(guarded(aioredis.Connection), _drop_writer_before_the_write, asyncio.run) is redis.ConnectionError
 
 
 def test_guarded_is_one_class_per_base() -> None:
