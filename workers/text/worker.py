@@ -107,6 +107,7 @@ class TextWorker(BaseWorker):
         self.runtime = RuntimeAdapters(self.redis, self.keys, model.name, self.id, settings.lora_rebuild_lock_s) \
             if adaptable else None
         self._held: dict[str, dict[str, Any] | None] = {}
+        self._held_since: dict[str, float] = {}  # when each held job was held (time.monotonic())
         self._rebuild_failures = 0  # in a row: held jobs wait through REBUILD_TRIES of them
         self._rebuilding = False
         self._poke = asyncio.Event()
@@ -269,6 +270,7 @@ class TextWorker(BaseWorker):
         adapter = job.params.adapter
         if self.runtime is not None and adapter is not None and adapter not in self.engine.spec.adapters:
             self._held[job.id] = resume  # loaded since this engine was built: wait for the rebuild with it
+            self._held_since[job.id] = time.monotonic()
             self._poke.set()
             return
         self._tokens_at_add[job.id] = sum(c.tokens for c in state.choices)
@@ -533,6 +535,7 @@ class TextWorker(BaseWorker):
                 await asyncio.wait_for(self._poke.wait(), self.settings.lora_poll_s)
             self._poke.clear()
             try:
+                read_at = time.monotonic()
                 wanted = await self.runtime.read()
                 if wanted != self._applied:
                     if not await self.runtime.lock():
@@ -554,7 +557,7 @@ class TextWorker(BaseWorker):
             except Exception:  # a rebuild that failed must not end the watcher: held jobs wait on it
                 log.exception("the LoRA adapter rebuild failed; trying again")
                 continue
-            self._release_held(wanted)
+            self._release_held(wanted, read_at)
 
     async def _rebuild(self, wanted: dict[str, dict[str, Any]]) -> bool:
         """Take no new job, let the running ones finish (up to lora_drain_s), then replace the engine with one that
@@ -598,15 +601,22 @@ class TextWorker(BaseWorker):
             self._slot_free.set()
         return applied
 
-    def _release_held(self, wanted: dict[str, dict[str, Any]]) -> None:
+    def _release_held(self, wanted: dict[str, dict[str, Any]], read_at: float) -> None:
         """Into the engine, the held jobs whose adapter it has; the others end: a 404 for an adapter unloaded
-        meanwhile, a 503 for one still loaded that the engine could not be built with (REBUILD_TRIES times)."""
+        meanwhile, a 503 for one still loaded that the engine could not be built with (REBUILD_TRIES times). A job
+        held since `wanted` was read (at `read_at`) whose adapter it lacks waits for the next read: its adapter
+        may have been loaded after that read (CI: a request for an adapter loaded a moment before ended a 404)."""
         for job_id, resume in list(self._held.items()):
             state = self.running.get(job_id)
+            adapter = state.job.params.adapter if state is not None else None
+            if state is not None and adapter not in self.engine.spec.adapters and adapter not in wanted \
+                    and self._held_since.get(job_id, 0.0) > read_at:
+                self._poke.set()
+                continue
             del self._held[job_id]
+            self._held_since.pop(job_id, None)
             if state is None:
                 continue
-            adapter = state.job.params.adapter
             if adapter in self.engine.spec.adapters:
                 self._add(state, resume)
                 continue

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 from unittest.mock import patch
 
@@ -233,3 +234,18 @@ def test_an_idle_engines_report_replaces_the_last_busy_steps_stats(engine: Engin
     worker._on_engine_idle([0, 0, 0.0, 0])  # sent before the engine saw the new job: stale
     assert worker.running and worker.engine_stats() == [1, 1, 6.0, 0]
     engine.cancel("another", [])
+
+
+def test_a_job_held_after_the_adapters_were_read_waits_for_the_next_read(worker: TextWorker) -> None:
+    """Its adapter may have been loaded after that read: it is not ended a 404 as unloaded (CI saw one for an
+    adapter loaded a moment before); a job held before the read whose adapter the read lacks is."""
+    early, late = (Job(model="smol", device="CPU", kind="completion", prompt="x", reply_to="api",
+                       params=SamplingParams(adapter="stays")) for _ in range(2))
+    worker.running = {j.id: SimpleNamespace(job=j) for j in (early, late)}  # type: ignore[misc]
+    worker._held, worker._held_since = {early.id: None, late.id: None}, {early.id: 1.0, late.id: 3.0}
+    ended: list[tuple[str, int]] = []
+    worker._end = lambda state, status, outbox, error=None: ended.append((state.job.id, error["status"]))  # type: ignore[method-assign,assignment]
+    worker._poke.clear()
+    worker._release_held({}, read_at=2.0)
+    assert ended == [(early.id, 404)]
+    assert list(worker._held) == [late.id] and worker._poke.is_set(), "the late one waits for the next read"
