@@ -45,10 +45,11 @@ Express = Callable[[EventDict], bool]
 class Inbox:
     """Events for one response (one job, or one per prompt), buffered until its task takes them."""
 
-    __slots__ = ("events", "_waiter", "last", "lost", "express", "channel")
+    __slots__ = ("events", "_waiter", "last", "lost", "express", "channel", "legacy")
 
     def __init__(self, channel: str = "") -> None:
         self.channel = channel  # where its jobs' events come (`EventHub.channel`)
+        self.legacy = False  # some came on the process's own channel instead (a Cluster: a worker of before)
         self.events: list[EventDict] = []
         self._waiter: asyncio.Future[None] | None = None
         self.last = time.monotonic()  # when events last came: pings, the liveness checks, the ticker
@@ -163,7 +164,9 @@ class EventHub:
         where = f"event hub waiting for Redis at {describe(self.url)}"
         while True:
             try:
-                listener.subscription = await subscribe(self.redis, listener.channel, self._dispatch, self.timeout_s)
+                listener.subscription = await subscribe(self.redis, listener.channel, self._dispatch_legacy
+                                                        if listener is self._main and self.keys.cluster
+                                                        else self._dispatch, self.timeout_s)
             except (*UNAVAILABLE, redis.ResponseError) as exc:  # refused (an ACL without the channel): the same
                 await asyncio.sleep(backoff.failed(log, where, exc))
                 continue
@@ -181,7 +184,11 @@ class EventHub:
             self._lost(listener.channel)
             await asyncio.sleep(backoff.failed(log, where, why))
 
-    def _dispatch(self, data: bytes) -> None:
+    def _dispatch_legacy(self, data: bytes) -> None:
+        """A message on a Cluster's process channel: its inboxes now also depend on that channel (`_lost`)."""
+        self._dispatch(data, legacy=True)
+
+    def _dispatch(self, data: bytes, legacy: bool = False) -> None:
         inboxes = self._inboxes
         try:
             events = read_batch(data)
@@ -193,13 +200,16 @@ class EventHub:
         for event in events:
             inbox = inboxes.get(event["job"])
             if inbox is not None:
+                if legacy:
+                    inbox.legacy = True
                 inbox.push(event)
 
     def _lost(self, channel: str) -> None:
-        """The inboxes of the jobs on `channel` may have missed events (the process's own channel: workers before
-        per-model channels may have used it for any job)."""
+        """The inboxes of the jobs on `channel` may have missed events. On a Cluster the process's own channel only
+        concerns the inboxes whose events came there (from workers before per-model channels): a failover of the
+        master it lives on ends no other stream."""
         for inbox in set(self._inboxes.values()):
-            if channel in (inbox.channel, self._main.channel):
+            if channel == inbox.channel or (inbox.legacy and channel == self._main.channel):
                 inbox.lost = True
                 inbox.wake()
 

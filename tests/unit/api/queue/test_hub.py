@@ -31,6 +31,8 @@ def test_a_message_of_another_version_ends_the_requests_it_names_with_an_error()
 
 
 def test_on_a_cluster_each_model_has_its_channel_and_a_lost_one_touches_only_its_jobs() -> None:
+    """A master's failover ends the streams of its models only, and those whose events came on the process's own
+    channel when that one's master fails."""
     events = EventHub(None, Keys("t", cluster=True), "redis://unused")  # type: ignore[arg-type]
     assert events.channel("a") == Keys("t", cluster=True).events(events.reply_to, "a") != events.channel("b")
     on_a, on_b = Inbox(events.channel("a")), Inbox(events.channel("b"))
@@ -38,8 +40,11 @@ def test_on_a_cluster_each_model_has_its_channel_and_a_lost_one_touches_only_its
     events.register("2", on_b)
     events._lost(events.channel("a"))
     assert on_a.lost and not on_b.lost
-    events._lost(events._main.channel)  # the process's own: workers from before per-model channels use it for any
-    assert on_b.lost
+    events._lost(events._main.channel)  # the process's own channel: no event of b's came there
+    assert not on_b.lost
+    events._dispatch_legacy(pack([delta("2", 1, 0, "y", 1)]))  # a worker of before per-model channels: it did
+    events._lost(events._main.channel)
+    assert on_b.lost and [e["text"] for e in on_b.events] == ["y"]
 
 
 def test_on_one_redis_every_model_shares_the_processs_channel() -> None:
