@@ -23,12 +23,20 @@ work=$(mktemp -d "${TMPDIR:-/var/tmp}/ovq-fleet.XXXXXX")
 # shellcheck disable=SC2086 # two port numbers
 "${PYTHON:-python3}" "$here/compose_fleet.py" write "$work" $sentinel --api-ports ${OVQ_FLEET_API_PORTS:-8000 8001}
 compose() { podman-compose -f "$work/compose.yaml" "$@"; }
+# What `compose down` leaves goes by force, and so does an earlier run's (one killed before its own `down`, or
+# started with --keep): a container or volume left behind would make this run's creates fail.
+leftovers() {
+  podman ps -aq --filter label=io.podman.compose.project=ovq-fleet | xargs -r podman rm -f -t 10 >/dev/null 2>&1 || true
+  podman volume ls -q --filter label=io.podman.compose.project=ovq-fleet | xargs -r podman volume rm -f >/dev/null 2>&1 || true
+  podman volume rm -f ovq-fleet_models >/dev/null 2>&1 || true
+}
 down() {
   compose down -v -t 45 >/dev/null 2>&1 || true
-  podman volume rm -f ovq-fleet_models >/dev/null 2>&1 || true
+  leftovers
   rm -rf "$work"
 }
 [ -n "$keep" ] || trap down EXIT
+leftovers
 
 model=$(sed -n '0,/^  \([a-z0-9.-]*\):$/s//\1/p' "$repo/deploy/models.yaml" | head -n 1)
 prepared=$(cd "$repo" && "${PYTHON:-python3}" -c "

@@ -17,14 +17,22 @@ podman image exists "ovq:$version" || "$here/build-image.sh" "ovq:$version"
 
 work=$(mktemp -d "${TMPDIR:-/var/tmp}/ovq-kube.XXXXXX")
 "$python" "$here/kube_play.py" "$work" ovq-models
+# Whatever `kube down` leaves (a pod caught restarting its init container) goes by force: a pod left behind would
+# stop the next run's play ("pod already exists"), as it once stopped CI's.
+pods() { podman pod ps -q --filter "network=$network" 2>/dev/null || true; }
 down() {
   while read -r file _; do podman kube down "$work/$file" >/dev/null 2>&1 || true; done <"$work/plan.txt"
+  pods | xargs -r podman pod rm -f -t 10 >/dev/null 2>&1 || true
   podman volume rm -f ovq-models data >/dev/null 2>&1 || true
   podman secret rm ovq-api-keys >/dev/null 2>&1 || true
   podman network rm -f "$network" >/dev/null 2>&1 || true
   rm -rf "$work"
 }
 [ -n "$keep" ] || trap down EXIT
+# An earlier run killed before its own `down` (or one started with --keep) would make this one's creates fail.
+pods | xargs -r podman pod rm -f -t 10 >/dev/null 2>&1 || true
+podman secret rm ovq-api-keys >/dev/null 2>&1 || true
+podman volume rm -f ovq-models data >/dev/null 2>&1 || true
 
 # The Secret as podman 4.3's secretKeyRef reads it: JSON, each key's value base64.
 key="sk-$(head -c 16 /dev/urandom | od -An -tx1 | tr -d ' \n')"
@@ -32,7 +40,7 @@ key="sk-$(head -c 16 /dev/urandom | od -An -tx1 | tr -d ' \n')"
   for k, v in (('api-keys', sys.argv[1]), ('admin-keys', 'adm-' + sys.argv[1][3:]))}))" "$key" >"$work/secret.json"
 podman secret create ovq-api-keys "$work/secret.json" >/dev/null
 rm "$work/secret.json"
-podman network create "$network" >/dev/null
+podman network exists "$network" || podman network create "$network" >/dev/null
 
 prepared=$(cd "$repo" && "$python" -c "
 from common.models.prepare import prepare
@@ -47,7 +55,7 @@ start=$(date +%s)
 while read -r file alias; do
   net=$network
   [ "$alias" = - ] || net="$network:alias=$alias"
-  podman kube play --network "$net" --configmap "$repo/deploy/kubernetes/config.yaml" "$work/$file" >/dev/null
+  podman kube play --replace --network "$net" --configmap "$repo/deploy/kubernetes/config.yaml" "$work/$file" >/dev/null
   echo "kube-play: $file played$([ "$alias" = - ] || echo " (as $alias)")"
 done <"$work/plan.txt"
 
