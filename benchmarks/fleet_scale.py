@@ -41,6 +41,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
+import revisions  # noqa: E402
 from fleetsim import servers  # noqa: E402
 from serving import free_port  # noqa: E402
 from sse_client import closed_loop  # noqa: E402
@@ -390,17 +391,8 @@ def main() -> int:
         if args.out:
             args.out.write_text(json.dumps(result, indent=1))
         return 0
-    with tempfile.TemporaryDirectory() as tmp:
-        trees = [("this tree", ROOT)]
-        if args.baseline:
-            subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", tmp, args.baseline], check=True,
-                           capture_output=True)
-            trees.insert(0, (args.baseline, Path(tmp)))
-        try:
-            measured = grid(args, trees)
-        finally:
-            if args.baseline:
-                subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", tmp], check=False)
+    with revisions.trees(args.baseline) as roots:
+        measured = grid(args, roots)
     print(HEADER)
     for m in measured:
         print(row(m))

@@ -17,6 +17,9 @@ rest (taskset); on a smaller machine nothing is pinned.
   python benchmarks/scale.py                                  # M=1, A=1 (under 2 minutes on 2 cores)
   python benchmarks/scale.py --max-tokens 2 --journal off     # what a short request costs each tier
   python benchmarks/scale.py --workers 1,2,4,6 --apis 1,2,4   # on a bigger machine
+
+`--baseline REV` runs that revision's API and workers too (a git worktree), each setting right before this tree's:
+before and after in one run, as a speed-up is to be shown on a noisy machine (the raw yardstick runs once).
 """
 from __future__ import annotations
 
@@ -39,6 +42,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
+import revisions  # noqa: E402
 from serving import free_port, pct  # noqa: E402
 from sse_client import Result, closed_loop  # noqa: E402
 
@@ -111,7 +115,8 @@ def plan(m: int, a: int) -> Plan:
 
 
 class Stack:
-    def __init__(self, m: int, a: int, work: Path, layout: Plan) -> None:
+    def __init__(self, m: int, a: int, work: Path, layout: Plan, root: Path = ROOT) -> None:
+        self.root = root  # whose code the API and the workers run (`--baseline`: a worktree of another revision)
         self.redis = EmbeddedRedis(work / "redis", port=free_port())
         url = self.url = self.redis.start()
         if layout.rest:
@@ -123,7 +128,8 @@ class Stack:
         config.write_text(json.dumps({"models": {MODEL: options}}))
         self.port = free_port()
         env = {**os.environ, "REDIS_URL": url, "OVQ_CONFIG": str(config), "OVQ_PORT": str(self.port),
-               "OVQ_LOG_LEVEL": "warning", "OVQ_KEY_PREFIX": "ovqscale", "OVQ_API_PROCESSES": str(a)}
+               "OVQ_LOG_LEVEL": "warning", "OVQ_KEY_PREFIX": "ovqscale", "OVQ_API_PROCESSES": str(a),
+               "PYTHONPATH": str(root)}
         self.workers = [self._start(["workers", "--model", MODEL], env, cores) for cores in layout.workers]
         self.api = self._start(["api"], env, layout.apis)
         deadline = time.monotonic() + 120
@@ -137,10 +143,9 @@ class Stack:
             time.sleep(0.25)
         raise RuntimeError("ovq did not become ready")
 
-    @staticmethod
-    def _start(args: list[str], env: dict[str, str], cores: list[int] | None) -> subprocess.Popen[bytes]:
+    def _start(self, args: list[str], env: dict[str, str], cores: list[int] | None) -> subprocess.Popen[bytes]:
         prefix = ["taskset", "-c", ",".join(map(str, cores))] if cores else []
-        return subprocess.Popen([*prefix, sys.executable, "-m", *args], env=env, cwd=ROOT)
+        return subprocess.Popen([*prefix, sys.executable, "-m", *args], env=env, cwd=self.root)
 
     def tiers(self) -> dict[str, list[psutil.Process]]:
         """Processes by tier: API (the supervisor and its processes), worker I/O halves, engines, Redis."""
@@ -189,12 +194,13 @@ def redis_counters(url: str) -> tuple[float, int]:
     return float(info["used_cpu_sys"]) + float(info["used_cpu_user"]), calls
 
 
-def measure(m: int, a: int, duration: float, tokens: int, journal: list[bool]) -> list[dict]:
-    """One stack; a run per journal setting, in turn, on the same warm processes (A/B on one machine state)."""
+def measure(m: int, a: int, duration: float, tokens: int, journal: list[bool], raw: float,
+            code: tuple[str, Path] = ("this tree", ROOT)) -> list[dict]:
+    """One stack (of `code`'s tree); a run per journal setting, in turn, on the same warm processes."""
     layout = plan(m, a)
     runs = []
     with tempfile.TemporaryDirectory() as tmp:
-        stack = Stack(m, a, Path(tmp), layout)
+        stack = Stack(m, a, Path(tmp), layout, code[1])
         try:
             for on in journal:
                 headers = RESUMABLE if on else None
@@ -208,11 +214,10 @@ def measure(m: int, a: int, duration: float, tokens: int, journal: list[bool]) -
                              (redis_after[0] - redis_before[0], redis_after[1] - redis_before[1])))
         finally:
             stack.stop()
-    raw = raw_tok_s(duration, tokens, layout.workers[0])
     rows = []
     for on, results, wall, cpu_s, (redis_s, redis_calls) in runs:
         row = summarize(m, a, results, wall, cpu_s, raw)
-        row["journal"] = "on" if on else "off"
+        row["journal"], row["code"] = "on" if on else "off", code[0]
         row["redis_info_us_per_token"] = redis_s / max(row["tokens"], 1) * 1e6
         requests = max(row["requests"], 1)
         # Per request: what a short request (--max-tokens 2) costs each tier, and Redis's commands (exact).
@@ -237,12 +242,13 @@ def summarize(m: int, a: int, results: list[Result], wall: float, cpu_s: dict[st
 
 def table(rows: list[dict]) -> str:
     tiers = list(rows[0]["us_per_token"])
-    head = ["M × A", "journal", "tok/s", "req/s", "TTFT p50 / p95 ms", "raw tok/s (one engine)", "ratio",
+    head = ["M × A", "code", "journal", "tok/s", "req/s", "TTFT p50 / p95 ms", "raw tok/s (one engine)", "ratio",
             "tokens/event", "API CPU % each", *[f"µs/token {t}" for t in tiers], "µs/token Redis (INFO cpu)",
             "µs/request API, worker I/O, Redis (INFO cpu)", "Redis commands/request", "failed"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
-        cells = [f"{r['M']} × {r['A']}", r["journal"], f"{r['tok_s']:,.0f}", f"{r['req_s']:.1f}",
+        cells = [f"{r['M']} × {r['A']}", r.get("code", "this tree"), r["journal"], f"{r['tok_s']:,.0f}",
+                 f"{r['req_s']:.1f}",
                  f"{r['ttft_p50_ms']:.0f} / {r['ttft_p95_ms']:.0f}", f"{r['raw_tok_s']:,.0f}", f"{r['ratio']:.2f}",
                  f"{r['tokens_per_event']:.1f}",
                  f"{r['api_cpu_pct_each']:.0f}", *[f"{r['us_per_token'][t]:.1f}" for t in tiers],
@@ -261,15 +267,20 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--journal", default="off,on",
                         help="runs with the event journal off and/or on (resumable streams), in this order")
+    parser.add_argument("--baseline", help="a revision (a commit, a tag) whose API and workers run too, each "
+                        "setting right before this tree's (a git worktree of it): before and after, in one run")
     parser.add_argument("--out", type=Path, help="also write the rows as JSON")
     args = parser.parse_args()
     rows = []
-    for m in (int(x) for x in args.workers.split(",")):
-        for a in (int(x) for x in args.apis.split(",")):
-            journal = [setting == "on" for setting in args.journal.split(",")]
-            for row in measure(m, a, args.duration, args.max_tokens, journal):
-                rows.append(row)
-                print(json.dumps(row), file=sys.stderr, flush=True)
+    journal = [setting == "on" for setting in args.journal.split(",")]
+    with revisions.trees(args.baseline) as roots:
+        for m in (int(x) for x in args.workers.split(",")):
+            for a in (int(x) for x in args.apis.split(",")):
+                raw = raw_tok_s(args.duration, args.max_tokens, plan(m, a).workers[0])  # one yardstick for both
+                for code in roots:
+                    for row in measure(m, a, args.duration, args.max_tokens, journal, raw, code):
+                        rows.append(row)
+                        print(json.dumps(row), file=sys.stderr, flush=True)
     print(table(rows))
     if args.out:
         args.out.write_text(json.dumps(rows, indent=1))
