@@ -401,9 +401,31 @@ class Generation:
 
     async def _check(self) -> None:
         """A tick with no event: enforce the bounds on this response's waits."""
-        settings, now = self.client.settings, time.monotonic()
         if self.inbox.lost and not await self._survived():
             raise redis_away()
+        try:
+            await self._bounds()
+        except OvqError:
+            await self._leave_queue()
+            raise
+
+    async def _leave_queue(self) -> None:
+        """A bound ends the response: its jobs no worker took leave their stream now, before the error is written.
+        A stream's error event goes out ahead of `close()`, and a client that read it must find nothing of its
+        request left to run (a worker that came up meanwhile would run it for nobody)."""
+        if self.detached:
+            return
+        waiting = [j for j in self._submitted if j in self.open and j not in self.accepted]
+        if not waiting:
+            return
+        try:
+            await asyncio.shield(self._withdraw(waiting))
+        except UNAVAILABLE:
+            return  # `close()` tries again, and says so when it cannot
+        self.open.difference_update(waiting)
+
+    async def _bounds(self) -> None:
+        settings, now = self.client.settings, time.monotonic()
         if self.deadline is not None and now > self.deadline:
             raise OvqError("The request did not finish before its deadline (X-Request-Timeout)", 504, "timeout",
                            code="deadline_exceeded")

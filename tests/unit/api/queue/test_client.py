@@ -126,3 +126,32 @@ async def test_a_job_whose_worker_died_waits_for_another_worker_to_continue_it_w
             await running._check()
     assert failed.value.status == 500 and failed.value.body.code == "worker_died"
     assert jobs.cancelled == ["job-1"]
+
+
+class Waiting(Jobs):
+    """Jobs no worker takes: each waits in its stream (no live worker) until withdrawn."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.withdrawn: list[str] = []
+        self.registry = SimpleNamespace(enqueue=self.enqueue, withdraw=self.withdraw)
+        self.settings = Settings(first_event_check_s=3600, queue_timeout_s=0)
+
+    async def enqueue(self, servable: Any, job: Any, owner: str | None = None) -> Any:
+        return SimpleNamespace(live=False)
+
+    async def withdraw(self, queued: Any, job_id: str, model: str) -> None:
+        self.withdrawn.append(job_id)
+
+
+async def test_a_queue_timeout_takes_the_job_off_its_stream_before_the_error_goes_out() -> None:
+    """A stream writes its error event before `close()` runs: the job must have left its stream by then, or a worker
+    that comes up meanwhile runs it for nobody (CI once read the stream's end and still found the job queued)."""
+    jobs = Waiting()
+    running = generation(jobs)
+    running.holds = False  # a stream's: entering returns while its job waits
+    async with running:
+        with pytest.raises(OvqError) as failed:
+            await running._check()
+        assert failed.value.status == 503 and jobs.withdrawn == ["job-1"] and jobs.cancelled == ["job-1"]
+    assert jobs.withdrawn == ["job-1"] and jobs.cancelled == ["job-1"]  # `close()` had nothing left to withdraw
