@@ -7,18 +7,11 @@
 # needs to reach anything outside the project's network. Needs podman-compose (pip install podman-compose).
 # Usage: deploy/podman/compose-fleet.sh [--sentinel] [--keep]   (python3: one with ovq installed, or PYTHON=...)
 set -euo pipefail
-# The project's name (ovq-fleet) names its containers and volumes, so two runs on one host take turns: this script
-# runs again under flock (-o: the lock stays with flock, not with the containers' monitors the script starts).
-lock=/var/tmp/ovq-compose-fleet.lock
-if [ -z "${OVQ_COMPOSE_FLEET_LOCKED:-}" ]; then
-  rc=0
-  OVQ_COMPOSE_FLEET_LOCKED=1 flock -o -w 1200 -E 75 "$lock" "$0" "$@" || rc=$?
-  [ "$rc" != 75 ] || echo "compose-fleet: another run held $lock for 20 minutes"
-  exit "$rc"
-fi
 here=$(cd "$(dirname "$0")" && pwd)
 repo=$(cd "$here/../.." && pwd)
 . "$here/env.sh"
+. "$here/turns.sh"
+take_turns compose-fleet "$@"
 sentinel="" keep=""
 for arg in "$@"; do
   case "$arg" in --sentinel) sentinel=--sentinel ;; --keep) keep=1 ;; *) echo "unknown: $arg" >&2; exit 2 ;; esac

@@ -5,18 +5,11 @@
 # no-op: nothing fetched). Checks that the API answers a chat on 127.0.0.1:8000 (OVQ_KUBE_API_PORT), then takes it
 # all down unless --keep. Usage: deploy/podman/kube-play.sh [--keep]   (python3: one with ovq installed, or PYTHON=...)
 set -euo pipefail
-# The pods, volumes, secret and network have the manifests' own names, so two runs on one host take turns: this
-# script runs again under flock (-o: the lock stays with flock, not with the containers' monitors the script starts).
-lock=/var/tmp/ovq-kube-play.lock
-if [ -z "${OVQ_KUBE_PLAY_LOCKED:-}" ]; then
-  rc=0
-  OVQ_KUBE_PLAY_LOCKED=1 flock -o -w 1200 -E 75 "$lock" "$0" "$@" || rc=$?
-  [ "$rc" != 75 ] || echo "kube-play: another run held $lock for 20 minutes"
-  exit "$rc"
-fi
 here=$(cd "$(dirname "$0")" && pwd)
 repo=$(cd "$here/../.." && pwd)
 . "$here/env.sh"
+. "$here/turns.sh"
+take_turns kube-play "$@"
 keep=${1:-}
 python=${PYTHON:-python3}
 network=ovq-kube
