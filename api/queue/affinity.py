@@ -38,7 +38,7 @@ SESSION_HEADER = "x-ovq-session"
 # not before the last waiting entry's (its START_FIELD): a stream stays in fair order, and a job that should run
 # before those waits in the shared stream, where the worker weighs it against its stream (workers/queue/affinity.py).
 # The job goes in with its virtual start, and F[tenant] moves on as a parked job's does.
-# Returns {candidate (1-based), entry id}, or {0} for none.
+# Returns 'candidate (1-based) entry-id' as one string (see api/queue/registry.py ENQUEUE), or '0' for none.
 ENQUEUE = START_OF + f"""
 local tenant, cost = ARGV[7], tonumber(ARGV[8])
 for i = 1, (#KEYS - 1) / 4 do
@@ -72,11 +72,11 @@ for i = 1, (#KEYS - 1) / 4 do
         id = redis.call('XADD', stream, '*', '{ENTRY_JOB}', job)
       end
       redis.call('EXPIRE', stream, ARGV[3])
-      return {{i, id}}
+      return i .. ' ' .. id
     end
   end
 end
-return {{0}}
+return '0'
 """
 
 

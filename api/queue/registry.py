@@ -40,8 +40,9 @@ CARD_CACHE_S = 1.0
 # (restarting, or scaled to zero) the job still goes in, by the same rule over every device, and waits there for
 # a worker (the API bounds that wait: `queue_timeout_s`). A job with a tenant is then parked (common/fairness.py)
 # with every undelivered entry of its stream (the others as tenant '', at `v`: first), and the bell rings.
-# Returns {device chosen (1-based), 1 when it has a live worker else 0, the stream entry's id, 1 when parked};
-# {-1} when the chosen backlog is full.
+# Returns one string, 'device live entry parked': the device chosen (1-based), 1 when it has a live worker else 0,
+# the stream entry's id, 1 when parked ('-1' when the chosen backlog is full). Not a table: Redis 6.2 writes each
+# table a script returns in a write(2) of its own, a syscall per job (workers/queue/intake.py PACK).
 ENQUEUE = f"""
 local per = 6
 local devices = (#KEYS - 1) / per
@@ -63,16 +64,16 @@ if best == 0 then
   live = 0
   best, best_len = shortest(false)
 end
-if best_len >= tonumber(ARGV[2]) then return {{-1}} end
+if best_len >= tonumber(ARGV[2]) then return '-1' end
 local k = per * (best - 1) + 1
 redis.call('HSET', KEYS[1], '{JobHash.STATUS}', '{JobStatus.QUEUED}', '{JobHash.CREATED}', ARGV[4],
            '{JobHash.API}', ARGV[5], '{JobHash.MODEL}', ARGV[6], '{JobHash.DEVICE}', ARGV[8 + 2 * best])
 redis.call('EXPIRE', KEYS[1], ARGV[3])
 local stream, order, clock, bell = KEYS[k + 3], KEYS[k + 4], KEYS[k + 5], KEYS[k + 6]
 local id = redis.call('XADD', stream, '*', '{ENTRY_JOB}', ARGV[9 + 2 * best])
-if ARGV[8] == '' then return {{best, live, id, 0}} end
+if ARGV[8] == '' then return best .. ' ' .. live .. ' ' .. id .. ' 0' end
 local ok, read = pcall(redis.call, 'XREADGROUP', 'GROUP', '{GROUP}', '{PARK}', 'COUNT', ARGV[2], 'STREAMS', stream, '>')
-if not ok or not read then return {{best, live, id, 0}} end
+if not ok or not read then return best .. ' ' .. live .. ' ' .. id .. ' 0' end
 local v = tonumber(redis.call('HGET', clock, 'v') or '0')
 for _, entry in ipairs(read[1][2]) do
   if entry[1] == id then
@@ -95,7 +96,7 @@ if redis.call('HLEN', clock) > {CLOCK_CAP} then
 end
 redis.call('EXPIRE', clock, ARGV[3])
 redis.call('XADD', bell, 'MAXLEN', {BELL_LEN}, '*', 'r', '1')
-return {{best, live, id, 1}}
+return best .. ' ' .. live .. ' ' .. id .. ' 1'
 """
 # KEYS: the stream, the job hash, the level's fair order set and clock. ARGV: the entry's id, its tenant when it
 # was parked (else nothing). Takes back a job no worker has taken yet (still `queued`): nobody runs it later, and a
@@ -325,14 +326,14 @@ class Registry:
         before = self._reader_lease(job, owner)
         reply = await (self._enqueue(self._lane, touched, args, before) if self._replicas is None
                        else self._replicas.run(self._lane, self._enqueue, touched, args, before))
-        if reply[0] < 0:
+        if reply == b"-1":
             raise OvqError(f"The model `{model}` is overloaded; retry later", 429, "rate_limit_error",
                            code="queue_full")
-        chosen, live, entry, parked = reply
-        job.device = devices[chosen - 1]
-        at = 6 * (chosen - 1)
-        return Queued(job.device, keys[at + 2], entry.decode() if isinstance(entry, bytes) else entry, bool(live),
-                      (keys[at + 3], keys[at + 4], share.tenant) if parked and share else None)
+        chosen, live, entry, parked = reply.decode().split(" ")
+        job.device = devices[int(chosen) - 1]
+        at = 6 * (int(chosen) - 1)
+        return Queued(job.device, keys[at + 2], entry, live == "1",
+                      (keys[at + 3], keys[at + 4], share.tenant) if parked == "1" and share else None)
 
     def _reader_lease(self, job: Job, owner: str | None = None) -> list[Command]:
         """A resumable stream's job goes out with its reader lease (`Keys.reader`: this process reads it, the
@@ -363,13 +364,13 @@ class Registry:
         before = self._reader_lease(job, owner)
         reply = await (self._affine_enqueue(self._lane, touched, args, before) if self._replicas is None
                        else self._replicas.run(self._lane, self._affine_enqueue, touched, args, before))
-        if not reply[0]:
+        which, _, entry = reply.decode().partition(" ")
+        if which == "0":
             return None
-        chosen = found[reply[0] - 1]
+        at = int(which)
+        chosen = found[at - 1]
         job.device, job.affinity = chosen.device, chosen.worker
-        entry = reply[1]
-        return Queued(chosen.device, touched[4 * reply[0] - 2], entry.decode() if isinstance(entry, bytes) else entry,
-                      True)
+        return Queued(chosen.device, touched[4 * at - 2], entry, True)
 
     async def wait_estimate(self, servable: Servable, priority: str, tenant: str | None = None) -> float | None:
         """Seconds a job queued now would wait before a worker starts it: the jobs waiting ahead of it (at its

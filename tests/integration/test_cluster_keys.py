@@ -23,7 +23,7 @@ from common.ops import control
 from common.redis.cluster import ClusterLane, slot_of
 from common.settings import Settings
 from tests.integration.redis_ha import ClusterSet, missing_for_cluster
-from workers.queue.intake import READ
+from workers.queue.intake import READ, unpack
 from workers.queue.reclaim import FORGET, Reclaimer
 from workers.queue.share import CORRECT
 from workers.vitals import Member
@@ -63,8 +63,10 @@ def test_queue_scripts_of_one_model_touch_one_slot(client: redis.RedisCluster) -
         now = time.time()
         chosen, _, entry, parked = client.register_script(ENQUEUE)(
             keys=[KEYS.job(job, model), *queues],
-            args=[now - 30, 100, 60, now, "api1", model, "low", "tenant", 10, *(x for d in DEVICES for x in (d, "{}"))])
-        assert parked == 1
+            args=[now - 30, 100, 60, now, "api1", model, "low", "tenant", 10,
+                  *(x for d in DEVICES for x in (d, "{}"))]).split()
+        assert parked == b"1"
+        chosen = int(chosen)
         device = DEVICES[chosen - 1]
         stream = KEYS.level_jobs(model, device, "low")
         order, clock = KEYS.fair_order(model, device, "low"), KEYS.fair_clock(model, device, "low")
@@ -75,15 +77,15 @@ def test_queue_scripts_of_one_model_touch_one_slot(client: redis.RedisCluster) -
         mine = queues[6 * (chosen - 1):6 * chosen]  # parked again, on that device alone
         _, _, entry, parked = client.register_script(ENQUEUE)(
             keys=[KEYS.job(job, model), *mine], args=[now - 30, 100, 60, now, "api1", model, "low", "tenant", 10,
-                                                       device, "{}"])
+                                                       device, "{}"]).split()
         streams = [stream, KEYS.batch_jobs(model, device)]
         read = client.register_script(READ)
         for expected in (b"plain", entry):  # the plain entry first, then the parked one
-            which, entries = read(keys=[*streams, order, KEYS.fair_order(model, device, "batch"), clock,
-                                        KEYS.fair_clock(model, device, "batch")],
-                                  args=[GROUP, "w1", 1, 10_000, 1, 2, PARK])
+            which, entries, _ = unpack(read(keys=[*streams, order, KEYS.fair_order(model, device, "batch"), clock,
+                                                  KEYS.fair_clock(model, device, "batch")],
+                                            args=[GROUP, "w1", 1, 10_000, 1, 2, PARK]))
             assert which == 1 and len(entries) == 1, "the intake read nothing from the stream it was given"
-            assert expected in (entries[0][0], entries[0][1][1])
+            assert expected in (entries[0][0], *entries[0][1].values())
         correct = client.register_script(CORRECT)  # the job's end: its tenant's correction, once (one slot)
         assert [correct(keys=[clock, KEYS.job(job, model)], args=["tenant", -3, 60]) for _ in range(2)] == [1, 0]
         # FORGET reads the stream and its consumers' worker hashes: those are keyed by worker, not model (the

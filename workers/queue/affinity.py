@@ -40,7 +40,7 @@ from common.keys import GROUP, Keys
 from common.redis.client import UNAVAILABLE
 from common.redis.lane import Lane, Script
 from common.settings import Settings
-from workers.queue.intake import OLDEST_WAITING, Entries, FairKeys, Intake, _entries
+from workers.queue.intake import OLDEST_WAITING, PACK, Entries, FairKeys, Intake, unpack
 from workers.vitals import Member
 
 log = logging.getLogger("ovq.affinity")
@@ -120,24 +120,25 @@ end
 """
 
 # KEYS, ARGV: _SHARED's; the one affinity stream is the worker's own. Its undelivered jobs from the first, unless a
-# shared job goes before it (`yields`). Returns the entries read ({} for none).
-OWN = _SHARED + """
+# shared job goes before it (`yields`). Returns the entries read (none for none), packed (workers/queue/intake.py PACK).
+OWN = _SHARED + PACK + """
 local own = KEYS[base + 1]
-if redis.call('XLEN', own) == 0 then return {} end
+if redis.call('XLEN', own) == 0 then return pack(0, {}) end
 local waiting = redis.call('XRANGE', own, '(' .. (last_delivered(own) or '0-0'), '+', 'COUNT', ARGV[3])
-if #waiting == 0 or yields(id_ms(waiting[1][1]), start_of(waiting[1][2])) then return {} end
+if #waiting == 0 or yields(id_ms(waiting[1][1]), start_of(waiting[1][2])) then return pack(0, {}) end
 local reply = redis.call('XREADGROUP', 'GROUP', ARGV[1], ARGV[2], 'COUNT', run_of(waiting), 'STREAMS', own, '>')
-if not reply then return {} end
+if not reply then return pack(0, {}) end
 started(reply[1][2])
-return reply[1][2]
+return pack(1, reply[1][2])
 """
 
 # KEYS, ARGV: _SHARED's, then the threshold (ms); the affinity streams are other workers'. From the first stream
 # whose oldest undelivered entries have waited the threshold: those (up to count), unless a shared job goes before
 # the first (`yields`: then none, and the intake's READ takes that job).
-# Returns {the stream's index among the affinity streams (1-based), its entries}, or {0, {}, ms until the first
-# entry waiting reaches the threshold (-1: none waits, or a shared job goes first)}.
-STEAL = _SHARED + """
+# Returns, packed (workers/queue/intake.py PACK), the stream's index among the affinity streams (1-based) and its
+# entries, or 0, none and the ms until the first entry waiting reaches the threshold (-1: none waits, or a shared job
+# goes first).
+STEAL = _SHARED + PACK + """
 local threshold = tonumber(ARGV[10])
 local soonest = -1
 for i = base + 1, #KEYS do
@@ -154,18 +155,18 @@ for i = base + 1, #KEYS do
         ready[#ready + 1] = entry
       end
       if #ready > 0 then
-        if yields(id_ms(ready[1][1]), start_of(ready[1][2])) then return {0, {}, -1} end
+        if yields(id_ms(ready[1][1]), start_of(ready[1][2])) then return pack(0, {}, -1) end
         local reply = redis.call('XREADGROUP', 'GROUP', ARGV[1], ARGV[2], 'COUNT', run_of(ready), 'STREAMS', KEYS[i],
                                  '>')
         if reply then
           started(reply[1][2])
-          return {i - base, reply[1][2]}
+          return pack(i - base, reply[1][2])
         end
       end
     end
   end
 end
-return {0, {}, soonest}
+return pack(0, {}, soonest)
 """
 
 # KEYS: the draining workers zset, the worker's affinity stream, its device's shared interactive stream.
@@ -223,7 +224,7 @@ class Affinity:
         """Its own stream's jobs, unless a job of the shared streams goes first (OWN)."""
         keys, args = shared
         raw = await self._own(lane, keys=[*keys, self.stream], args=[*args, self.level, len(keys)])
-        return _entries(raw)
+        return unpack(raw)[1]
 
     async def steal(self, lane: Lane, shared: SharedRead) -> tuple[str, Entries] | None:
         """Others' jobs that waited the threshold, unless a job of the shared streams goes first; else None, and
@@ -233,11 +234,11 @@ class Affinity:
             return None
         victims = random.sample(self.others, len(self.others))  # thieves spread over the busy workers
         keys, args = shared
-        which, raw, *soonest = await self._steal(lane, keys=[*keys, *victims],
-                                                 args=[*args, self.level, len(keys), self.settings.affinity_steal_ms])
+        which, entries, soonest = unpack(await self._steal(
+            lane, keys=[*keys, *victims], args=[*args, self.level, len(keys), self.settings.affinity_steal_ms]))
         if which:
-            return victims[which - 1], _entries(raw)
-        self.next_steal_ms = int(soonest[0]) if soonest else -1
+            return victims[which - 1], entries
+        self.next_steal_ms = soonest
         return None
 
     async def beat(self) -> None:

@@ -31,6 +31,27 @@ from common.redis.lane import Script
 
 Entries = list[tuple[bytes, dict[bytes, bytes]]]
 
+# Lua, shared with the affinity scripts: a read's entries as one bulk string (`unpack` reads it), not a table. Redis
+# 6.2 (the embedded server) starts a new reply block at every nested array a script returns, and writes each block
+# in a write(2) of its own: a read of 8 jobs was 19 writes, the most costly thing Redis did per job (strace,
+# benchmarks/scale.py). Header: `which extra`, then per entry its id, how many field items, and each one's length,
+# separated by spaces; a newline; then the items' bytes, in order.
+PACK = """
+local function pack(which, got, extra)
+  local head, body = {tostring(which), tostring(extra or 0)}, {}
+  for _, entry in ipairs(got) do
+    local items = entry[2] or {}
+    head[#head + 1] = entry[1]
+    head[#head + 1] = tostring(#items)
+    for _, item in ipairs(items) do
+      head[#head + 1] = tostring(#item)
+      body[#body + 1] = item
+    end
+  end
+  return table.concat(head, ' ') .. '\\n' .. table.concat(body)
+end
+"""
+
 # Lua, shared with the affinity scripts (workers/queue/affinity.py): level i's oldest waiting job (enqueue time, ms),
 # undelivered or parked; nil for none. Needs in scope `n` (how many streams) and `fair` (KEYS holds each level's
 # order set after the streams).
@@ -60,8 +81,8 @@ end
 # streams subject to aging counted from the first (the last, batch, is not), the number of streams, the parking
 # consumer. A level's jobs: its plain undelivered entries first (jobs without a tenant), then its parked ones,
 # lowest virtual start time first.
-# Returns {the stream's index (1-based), its entries}, or {0, {}} when none has a waiting entry.
-READ = """
+# Returns (packed: PACK) the stream's index (1-based) and its entries, or 0 and none when none has a waiting entry.
+READ = PACK + """
 local n = tonumber(ARGV[6])
 local fair = #KEYS > n
 """ + OLDEST_WAITING + """
@@ -108,20 +129,38 @@ if aging > 0 then
   end
   if best > 0 and best ~= first then
     local got = take(best, 1)
-    if got then return {best, got} end
+    if got then return pack(best, got) end
   end
 end
 for i = 1, n do
   local got = take(i, ARGV[3])
-  if got then return {i, got} end
+  if got then return pack(i, got) end
 end
-return {0, {}}
+return pack(0, {})
 """
 
 
 def _entries(raw: list) -> Entries:
     """Lua's reply is raw: [id, [field, value, ...]] per entry."""
     return [(entry_id, dict(zip(fields[::2], fields[1::2], strict=True))) for entry_id, fields in raw]
+
+
+def unpack(blob: bytes) -> tuple[int, Entries, int]:
+    """A PACK reply: which stream (0: none), its entries, and the script's extra number."""
+    head, _, body = blob.partition(b"\n")
+    tokens = head.split(b" ")
+    entries: Entries = []
+    t, at = 2, 0
+    while t < len(tokens):
+        entry_id, count = tokens[t], int(tokens[t + 1])
+        items = []
+        for size in tokens[t + 2:t + 2 + count]:
+            end = at + int(size)
+            items.append(body[at:end])
+            at = end
+        entries.append((entry_id, dict(zip(items[::2], items[1::2], strict=True))))
+        t += 2 + count
+    return int(tokens[0]), entries, int(tokens[1])
 
 
 @dataclass(frozen=True)
@@ -165,8 +204,8 @@ class Intake:
         return [GROUP, self.consumer, count, self.aging_ms, len(self.streams) - 1, len(self.streams), PARK]
 
     async def _take(self, count: int) -> list[tuple[str, Entries]]:
-        which, raw = await self._read(self.lane, keys=self._keys, args=self._read_args(count))
-        return [(self.streams[which - 1], _entries(raw))] if which else []
+        which, entries, _ = unpack(await self._read(self.lane, keys=self._keys, args=self._read_args(count)))
+        return [(self.streams[which - 1], entries)] if which else []
 
     async def read(self, count: int, block_ms: int) -> list[tuple[str, Entries]]:
         """Up to `count` jobs as (stream, entries), highest level first (an aged one before all); blocks up to
