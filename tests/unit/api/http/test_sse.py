@@ -3,7 +3,8 @@ from __future__ import annotations
 
 import asyncio
 import socket
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
 from types import SimpleNamespace
 from typing import Any
 
@@ -67,6 +68,49 @@ def test_express_only_when_nothing_is_queued() -> None:
     assert [e["n"] for e in inbox.events] == [2, 3]
 
 
+async def closed() -> None:
+    pass
+
+
+class Recorder:
+    """A connection's transport that keeps what each write wrote."""
+
+    def __init__(self, transport: Any) -> None:
+        self.transport, self.writes = transport, []
+
+    def write(self, data: bytes) -> None:
+        self.writes.append(bytes(data))
+        self.transport.write(data)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.transport, name)
+
+
+@asynccontextmanager
+async def served(frames: Callable[[], AsyncIterator[bytes]], **options: Any) -> AsyncIterator[tuple[int, list]]:
+    """An SSEResponse of `frames` on uvicorn's httptools server: its port, and each connection's `Recorder`."""
+    recorders: list[Recorder] = []
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            return
+        scope["ovq.send"] = send  # as api/http/front.py keeps it
+        cycle = send.__self__
+        cycle.transport = Recorder(cycle.transport)
+        recorders.append(cycle.transport)
+        await SSEResponse(frames(), closed, **options)(scope, receive, send)
+
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    server = uvicorn.Server(uvicorn.Config(app, http="httptools", log_level="warning", lifespan="off"))
+    serving = asyncio.create_task(server.serve(sockets=[sock]))
+    try:
+        yield sock.getsockname()[1], recorders
+    finally:
+        server.should_exit = True
+        await serving
+
+
 async def test_direct_writes_interleave_in_order_on_uvicorn() -> None:
     """On the real server, a direct write between two frames of the loop lands between them on the wire."""
     writers: list[DirectWrite] = []
@@ -77,21 +121,7 @@ async def test_direct_writes_interleave_in_order_on_uvicorn() -> None:
         await between.wait()
         yield b"data: 3\n\n"
 
-    async def closed() -> None:
-        pass
-
-    async def app(scope: Any, receive: Any, send: Any) -> None:
-        if scope["type"] != "http":
-            return
-        scope["ovq.send"] = send  # as api/http/front.py keeps it
-        await SSEResponse(frames(), closed, on_write=writers.append)(scope, receive, send)
-
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    port = sock.getsockname()[1]
-    server = uvicorn.Server(uvicorn.Config(app, http="httptools", log_level="warning", lifespan="off"))
-    serving = asyncio.create_task(server.serve(sockets=[sock]))
-    try:
+    async with served(frames, on_write=writers.append) as (port, _):
         async with httpx.AsyncClient() as client:
             async with client.stream("GET", f"http://127.0.0.1:{port}/") as response:
                 chunks = response.aiter_bytes()
@@ -102,9 +132,38 @@ async def test_direct_writes_interleave_in_order_on_uvicorn() -> None:
                 async for chunk in chunks:
                     body += chunk
         assert body == b"data: 1\n\ndata: 2\n\ndata: 3\n\n"
-    finally:
-        server.should_exit = True
-        await serving
+
+
+async def test_the_head_goes_out_with_a_first_frame_ready_at_once() -> None:
+    async def frames() -> AsyncIterator[bytes]:
+        yield b"data: 1\n\n"
+        yield Last(b"data: [DONE]\n\n")
+
+    async with served(frames) as (port, recorders):
+        async with httpx.AsyncClient() as client:
+            response = await client.get(f"http://127.0.0.1:{port}/")
+    assert response.text == "data: 1\n\ndata: [DONE]\n\n"
+    first, *rest = recorders[0].writes
+    assert first.startswith(b"HTTP/1.1 200") and first.endswith(b"\r\n\r\n9\r\ndata: 1\n\n\r\n")
+    assert len(rest) == 1  # the last frame and the end of the body
+
+
+async def test_the_head_does_not_wait_for_a_first_frame_that_takes_time() -> None:
+    """A stream whose first frame waits (a completion's first token) still has its head out at once."""
+    later = asyncio.Event()
+
+    async def frames() -> AsyncIterator[bytes]:
+        await later.wait()
+        yield Last(b"data: [DONE]\n\n")
+
+    async with served(frames) as (port, recorders):
+        async with httpx.AsyncClient() as client:
+            async with client.stream("GET", f"http://127.0.0.1:{port}/") as response:
+                assert response.status_code == 200  # the head came while the frame still waits
+                assert recorders[0].writes[0].startswith(b"HTTP/1.1 200")
+                assert recorders[0].writes[0].endswith(b"\r\n\r\n")
+                later.set()
+                assert await response.aread() == b"data: [DONE]\n\n"
 
 
 async def test_the_last_frames_go_out_with_the_end_of_the_body() -> None:
@@ -120,9 +179,6 @@ async def test_the_last_frames_go_out_with_the_end_of_the_body() -> None:
 
     async def send(message: dict[str, Any]) -> None:
         sent.append(message)
-
-    async def closed() -> None:
-        pass
 
     await SSEResponse(frames(), closed)({"type": "http", "method": "POST"}, None, send)  # type: ignore[arg-type]
     assert [(m.get("body"), m.get("more_body")) for m in sent[1:]] == [
