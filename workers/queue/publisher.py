@@ -25,7 +25,7 @@ import redis.asyncio as aioredis
 from redis.exceptions import ResponseError
 
 from common.events import TERMINAL, pack
-from common.jobs import JobHash
+from common.jobs import JobHash, JobStatus
 from common.keys import GROUP, Keys
 from common.ops.stats import observe
 from common.redis.client import UNAVAILABLE, Backoff, reason
@@ -36,6 +36,8 @@ from workers.queue.fence import Fence
 
 log = logging.getLogger("ovq.publisher")
 RENEW_EVERY = 256  # a journal's TTL is renewed with its first entry, every this many entries, and its last
+ENDED = frozenset({JobStatus.DONE, JobStatus.ERROR, JobStatus.CANCELLED})
+RENEWALS_KEPT = 65_536  # jobs whose hash TTL this worker set lately (a job that ends elsewhere leaves its entry)
 # How long what a fenced-off job still sends is dropped: its worker stops it at once, but a kind of worker whose
 # job ends at its next step (speech, images) may still send its end that long after.
 STALE_S = 60.0
@@ -124,6 +126,7 @@ class Publisher:
         self.keys, self.stream, self.job_ttl, self.model = keys, stream, job_ttl, model
         self.journal_ttl, self.journal_max = journal_ttl, journal_max
         self._journaled: dict[str, int] = {}  # resumable jobs running -> entries written to their journal
+        self._renewed: dict[str, float] = {}  # job -> when (monotonic) this worker last set its hash's TTL
         self.accounting = accounting
         self.lane = open_lane(redis)  # one round trip per engine step: no pool checkout, no pipeline object
         self._queue: asyncio.Queue[Outbox] = asyncio.Queue()
@@ -258,7 +261,9 @@ class Publisher:
             key = self.keys.job(job, self.model)
             fields = [part for k, v in values.items() if v is not None
                       for part in (k, v if isinstance(v, (str, int, float)) else orjson.dumps(v))]
-            commands += [["HSET", key, *fields], ["EXPIRE", key, self.job_ttl]]
+            commands.append(["HSET", key, *fields])
+            if self._renews(job, values.get(JobHash.STATUS)):
+                commands.append(["EXPIRE", key, self.job_ttl])
         # Before the events they match: a worker that dies after this round trip leaves ids and text agreeing.
         for job, records in batch.records.items():
             if job not in batch.forgotten:
@@ -291,6 +296,22 @@ class Publisher:
                 log.warning("Redis refused a command while publishing: %s", result)
         for job in ended:  # only once sent: a retried round trip journals its terminal event again
             self._journaled.pop(job, None)
+
+    def _renews(self, job: str, status: Any) -> bool:
+        """Whether this write of the job's hash sets its TTL again: its first write here, its last (the result is
+        kept for the TTL from the job's end), and one every half TTL between, so a job running longer than the
+        TTL keeps its hash. Not with every write: a short job's writes were half EXPIREs."""
+        now = time.monotonic()
+        if status in ENDED:
+            self._renewed.pop(job, None)
+            return True
+        last = self._renewed.get(job)
+        if last is not None and now - last < self.job_ttl / 2:
+            return False
+        if len(self._renewed) >= RENEWALS_KEPT:  # those due anyway go: the next write of each renews it
+            self._renewed = {j: t for j, t in self._renewed.items() if now - t < self.job_ttl / 2}
+        self._renewed[job] = now
+        return True
 
     def _journal(self, batch: Outbox, commands: list[Command]) -> list[str]:
         """Each resumable job's events of this round trip as one entry of its journal, in the same round trip as

@@ -51,6 +51,34 @@ async def test_one_round_trip_publishes_per_reply_channel_and_acks(redis_url: st
     await redis.aclose()
 
 
+async def test_a_jobs_hash_ttl_is_set_by_its_first_and_last_write_and_each_half_ttl_between(redis_url: str) -> None:
+    redis = aioredis.Redis.from_url(redis_url)
+    keys = Keys(f"t{time.time_ns()}")
+    publisher = Publisher(redis, keys, keys.jobs("m", "CPU"), job_ttl=60)
+    publisher.start()
+    sent: list[list] = []
+    publisher.lane.execute = lambda commands, run=publisher.lane.execute, **kw: sent.append(commands) or run(commands,
+                                                                                                             **kw)
+
+    async def write(**values: object) -> list[str]:
+        outbox = Outbox()
+        outbox.set_status("j", **values)
+        publisher.put(outbox)
+        await publisher.drain()
+        return [c[0] for c in sent.pop()]
+
+    assert await write(entry="1-0", taken=1.0) == ["HSET", "EXPIRE"]  # its first write here
+    assert await write(status="running") == ["HSET"]
+    assert await write(streamed=1) == ["HSET"]
+    publisher._renewed["j"] -= 31  # half the TTL later: a long job keeps its hash
+    assert await write(streamed=2) == ["HSET", "EXPIRE"]
+    assert await write(streamed=3) == ["HSET"]
+    assert await write(status="done", result="{}") == ["HSET", "EXPIRE"]  # the result is kept a TTL from its end
+    assert 0 < await redis.ttl(keys.job("j")) <= 60 and "j" not in publisher._renewed
+    await publisher.stop()
+    await redis.aclose()
+
+
 async def test_records_of_generated_ids_are_appended_before_their_events_and_go_with_their_job(
         redis_url: str) -> None:
     redis = aioredis.Redis.from_url(redis_url)
