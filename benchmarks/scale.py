@@ -20,6 +20,8 @@ rest (taskset); on a smaller machine nothing is pinned.
 
 `--baseline REV` runs that revision's API and workers too (a git worktree), each setting right before this tree's:
 before and after in one run, as a speed-up is to be shown on a noisy machine (the raw yardstick runs once).
+`--repeat N` runs each setting N times, the sides alternating, and adds each side's medians: on 2 shared cores one
+20 s run of one side differs from the next by 5-15 %, more than most single changes save.
 """
 from __future__ import annotations
 
@@ -27,6 +29,7 @@ import argparse
 import asyncio
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -259,6 +262,21 @@ def table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def medians(rows: list[dict]) -> str:
+    """Per setting and side, the median over its runs of what a request costs each tier, and of the job rate."""
+    head = ["M × A", "code", "journal", "runs", "req/s", "µs/request API", "worker I/O", "Redis (INFO cpu)"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    groups: dict[tuple, list[dict]] = {}
+    for r in rows:
+        groups.setdefault((r["M"], r["A"], r["journal"], r.get("code", "this tree")), []).append(r)
+    for (m, a, journal, code), runs in groups.items():
+        per = [[r["us_per_request"][t] for r in runs] for t in ("api", "worker I/O", "Redis (INFO cpu)")]
+        cells = [f"{m} × {a}", code, journal, str(len(runs)), f"{statistics.median(r['req_s'] for r in runs):.0f}",
+                 *[f"{statistics.median(values):.0f}" for values in per]]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--workers", default="1")
@@ -269,6 +287,8 @@ def main() -> None:
                         help="runs with the event journal off and/or on (resumable streams), in this order")
     parser.add_argument("--baseline", help="a revision (a commit, a tag) whose API and workers run too, each "
                         "setting right before this tree's (a git worktree of it): before and after, in one run")
+    parser.add_argument("--repeat", type=int, default=1, help="runs of each setting, the sides alternating "
+                        "(baseline, this tree, baseline, ...); with more than one, also the median of each side")
     parser.add_argument("--out", type=Path, help="also write the rows as JSON")
     args = parser.parse_args()
     rows = []
@@ -277,11 +297,15 @@ def main() -> None:
         for m in (int(x) for x in args.workers.split(",")):
             for a in (int(x) for x in args.apis.split(",")):
                 raw = raw_tok_s(args.duration, args.max_tokens, plan(m, a).workers[0])  # one yardstick for both
-                for code in roots:
-                    for row in measure(m, a, args.duration, args.max_tokens, journal, raw, code):
-                        rows.append(row)
-                        print(json.dumps(row), file=sys.stderr, flush=True)
+                for _ in range(args.repeat):
+                    for code in roots:
+                        for row in measure(m, a, args.duration, args.max_tokens, journal, raw, code):
+                            rows.append(row)
+                            print(json.dumps(row), file=sys.stderr, flush=True)
     print(table(rows))
+    if args.repeat > 1:
+        print("\nMedians of the runs above, per side:\n")
+        print(medians(rows))
     if args.out:
         args.out.write_text(json.dumps(rows, indent=1))
 
