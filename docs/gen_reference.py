@@ -251,7 +251,8 @@ def keys_page() -> str:
         doc = inspect.getdoc(attribute.fget if isinstance(attribute, property) else attribute) or ""
         if not doc and member in ("job", "cancel", "worker", "cancel_channel"):
             doc = {"job": "Hash: a job's status, timings, worker, usage and result (`common/jobs.py`), TTL "
-                          "OVQ_JOB_TTL_S once it ends.",
+                          "OVQ_JOB_TTL_S from its enqueue, set again by its worker's first write, every half TTL "
+                          "while it runs, and its last: kept OVQ_JOB_TTL_S once it ends.",
                    "cancel": "String: a job's cancel flag, TTL OVQ_CANCEL_TTL_S; also announced on the cancel "
                              "channel so workers react at once.",
                    "worker": "Hash: one worker's heartbeat record (model, device, host, capacity, running jobs, "
