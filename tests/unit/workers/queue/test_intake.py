@@ -49,6 +49,17 @@ async def test_interactive_jobs_are_read_before_batch_lines_queued_earlier(strea
     assert await intake.read(2, block_ms=50) == []
 
 
+async def test_a_read_comes_back_whole_whatever_bytes_its_entries_hold(streams) -> None:
+    """The read's packed reply (PACK) is cut by lengths: spaces, newlines, empty and non-UTF-8 values survive."""
+    redis, interactive, _, intake = streams
+    odd = {b"job": b"a b\nc \n\xff\x00", b"": b"", b"two words": b" "}
+    first = await redis.xadd(interactive, odd)
+    second = await redis.xadd(interactive, {"job": "plain"})
+    [(stream, entries)] = await intake.read(5, block_ms=100)
+    assert stream == interactive
+    assert entries == [(first, odd), (second, {b"job": b"plain"})]
+
+
 @pytest.mark.parametrize("which", ["interactive", "batch"])
 async def test_an_idle_worker_wakes_for_either_stream(streams, which: str) -> None:
     redis, interactive, batch, intake = streams
