@@ -8,13 +8,15 @@ import weakref
 from typing import Any
 
 import httpx
+import pytest
 import uvicorn
 from fastapi import FastAPI
+from starlette.datastructures import Headers
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.testclient import TestClient
 
-from api.http.front import Front
+from api.http.front import Front, HotRequest, IndexedHeaders
 from common.errors import OvqError
 
 seen: list[str] = []
@@ -99,3 +101,16 @@ async def test_a_request_leaves_no_cycle_through_the_servers_send() -> None:
         gc.enable()
         server.should_exit = True
         await serving
+
+
+def test_a_hot_requests_headers_answer_as_starlettes_do() -> None:
+    """The indexed lookup answers hits, misses, any case and repeated names (the first wins) as starlette's scan."""
+    raw = [(b"host", b"localhost"), (b"x-request-id", b"first"), (b"x-request-id", b"second"), (b"accept", b"")]
+    hot, plain = HotRequest({"type": "http", "headers": list(raw)}).headers, Headers(raw=list(raw))
+    assert isinstance(hot, IndexedHeaders)
+    for name in ("host", "X-Request-Id", "x-REQUEST-id", "accept", "last-event-id"):
+        assert hot.get(name) == plain.get(name) and (name in hot) == (name in plain)
+        assert hot.get(name, "default") == plain.get(name, "default")
+    assert hot["X-Request-Id"] == "first" and hot.getlist("x-request-id") == ["first", "second"]
+    with pytest.raises(KeyError):
+        hot["last-event-id"]
