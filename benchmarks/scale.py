@@ -22,6 +22,10 @@ rest (taskset); on a smaller machine nothing is pinned.
 before and after in one run, as a speed-up is to be shown on a noisy machine (the raw yardstick runs once).
 `--repeat N` runs each setting N times, the sides alternating, and adds each side's medians: on 2 shared cores one
 20 s run of one side differs from the next by 5-15 %, more than most single changes save.
+`--floor` adds, after each plain run, two yardsticks paced to that run's request rate, each beside the raw engine
+loop: the bare HTTP server (benchmarks/bare_server.py: uvicorn streaming the same frames, nothing of ovq) and the
+bare queue (benchmarks/bare_queue.py: XADD, XREADGROUP, one PUBLISH a step, XACK and XDEL on the same Redis, none of
+ovq's queue features). What the API and Redis cost above them is ovq's own.
 """
 from __future__ import annotations
 
@@ -45,6 +49,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
+import bare_queue  # noqa: E402
+import bare_server  # noqa: E402
 import revisions  # noqa: E402
 from serving import free_port, pct  # noqa: E402
 from sse_client import Result, closed_loop  # noqa: E402
@@ -54,6 +60,7 @@ from common.redis.server import EmbeddedRedis  # noqa: E402
 TINY = ROOT / "tests" / "models" / "tiny-llama"
 MODEL = "tiny-llama"
 SEQS = 64
+TIERS = ("api", "worker I/O", "Redis (INFO cpu)")  # what a request's cost is shown for
 THREADS = 2
 PROMPTS = [f"Tell me about the number {i} and its friends" for i in range(64)]
 
@@ -118,9 +125,9 @@ def plan(m: int, a: int) -> Plan:
 
 
 class Stack:
-    def __init__(self, m: int, a: int, work: Path, layout: Plan, root: Path = ROOT) -> None:
+    def __init__(self, m: int, a: int, work: Path, layout: Plan, root: Path = ROOT, unix: bool = False) -> None:
         self.root = root  # whose code the API and the workers run (`--baseline`: a worktree of another revision)
-        self.redis = EmbeddedRedis(work / "redis", port=free_port())
+        self.redis = EmbeddedRedis(work / "redis", port=0 if unix else free_port())
         url = self.url = self.redis.start()
         if layout.rest:
             os.sched_setaffinity(self.redis.process.pid, layout.rest)
@@ -198,12 +205,14 @@ def redis_counters(url: str) -> tuple[float, int]:
 
 
 def measure(m: int, a: int, duration: float, tokens: int, journal: list[bool], raw: float,
-            code: tuple[str, Path] = ("this tree", ROOT)) -> list[dict]:
-    """One stack (of `code`'s tree); a run per journal setting, in turn, on the same warm processes."""
+            code: tuple[str, Path] = ("this tree", ROOT), floor: bool = False, unix: bool = False) -> list[dict]:
+    """One stack (of `code`'s tree); a run per journal setting, in turn, on the same warm processes. `floor`: then,
+    with the stack stopped, the yardsticks of `floors` at each plain run's request rate. `unix`: Redis on a unix
+    socket (as `ovq serve` runs it), not TCP."""
     layout = plan(m, a)
     runs = []
     with tempfile.TemporaryDirectory() as tmp:
-        stack = Stack(m, a, Path(tmp), layout, code[1])
+        stack = Stack(m, a, Path(tmp), layout, code[1], unix)
         try:
             for on in journal:
                 headers = RESUMABLE if on else None
@@ -227,8 +236,30 @@ def measure(m: int, a: int, duration: float, tokens: int, journal: list[bool], r
         row["us_per_request"] = {**{tier: seconds / requests * 1e6 for tier, seconds in cpu_s.items()},
                                  "Redis (INFO cpu)": redis_s / requests * 1e6}
         row["redis_commands_per_request"] = redis_calls / requests
+        if floor and not on:
+            row.update(floors(m, a, tokens, duration, row["req_s"], results, unix))
         rows.append(row)
     return rows
+
+
+def floors(m: int, a: int, tokens: int, duration: float, rate: float, results: list[Result],
+           unix: bool = False) -> dict[str, float]:
+    """The bare server's CPU and the bare queue's Redis CPU per request at `rate`, each beside the raw engine loop
+    (as ovq's engine runs beside its API and Redis): on a busy machine a process wakes less often per request, so
+    on an idle one the same floor reads up to twice as high."""
+    ok = [r for r in results if r.ok]
+    events = max(round(sum(len(r.times) for r in ok) / max(len(ok), 1)), 1)
+    engine = subprocess.Popen([sys.executable, "-c", RAW, str(TINY), str(SEQS), str(tokens), str(3 * duration + 30),
+                               str(THREADS)], stdout=subprocess.DEVNULL)
+    try:
+        time.sleep(5)  # the engine compiled and stepping
+        server = bare_server.measure(bodies(tokens), SEQS * m, rate, events, duration, a)
+        queue = bare_queue.measure(SEQS * m, rate, events, duration, unix)
+    finally:
+        engine.kill()
+        engine.wait()
+    return {"bare_us_per_request": server["us_per_request"], "bare_req_s": server["req_s"],
+            "bare_redis_us_per_request": queue["redis_us_per_request"], "bare_redis_req_s": queue["req_s"]}
 
 
 def summarize(m: int, a: int, results: list[Result], wall: float, cpu_s: dict[str, float], raw: float) -> dict:
@@ -247,7 +278,8 @@ def table(rows: list[dict]) -> str:
     tiers = list(rows[0]["us_per_token"])
     head = ["M × A", "code", "journal", "tok/s", "req/s", "TTFT p50 / p95 ms", "raw tok/s (one engine)", "ratio",
             "tokens/event", "API CPU % each", *[f"µs/token {t}" for t in tiers], "µs/token Redis (INFO cpu)",
-            "µs/request API, worker I/O, Redis (INFO cpu)", "Redis commands/request", "failed"]
+            "µs/request API, worker I/O, Redis (INFO cpu)", "µs/request bare uvicorn, bare queue's Redis",
+            "Redis commands/request", "failed"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
         cells = [f"{r['M']} × {r['A']}", r.get("code", "this tree"), r["journal"], f"{r['tok_s']:,.0f}",
@@ -256,23 +288,32 @@ def table(rows: list[dict]) -> str:
                  f"{r['tokens_per_event']:.1f}",
                  f"{r['api_cpu_pct_each']:.0f}", *[f"{r['us_per_token'][t]:.1f}" for t in tiers],
                  f"{r['redis_info_us_per_token']:.2f}",
-                 ", ".join(f"{r['us_per_request'][t]:.0f}" for t in ("api", "worker I/O", "Redis (INFO cpu)")),
+                 ", ".join(f"{r['us_per_request'][t]:.0f}" for t in TIERS),
+                 f"{r['bare_us_per_request']:.0f}, {r['bare_redis_us_per_request']:.0f} (at {r['bare_req_s']:.0f}, "
+                 f"{r['bare_redis_req_s']:.0f} req/s)" if "bare_us_per_request" in r else "-",
                  f"{r['redis_commands_per_request']:.1f}", str(r["failed"])]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
 def medians(rows: list[dict]) -> str:
-    """Per setting and side, the median over its runs of what a request costs each tier, and of the job rate."""
-    head = ["M × A", "code", "journal", "runs", "req/s", "µs/request API", "worker I/O", "Redis (INFO cpu)"]
+    """Per setting and side, the median over its runs of what a request costs each tier, and of the job rate; and
+    each tier's cost over the load client's. The client runs the same code on both sides, so its CPU a request
+    measures how fast the machine ran that run: the ratio's runs spread a few per cent where the costs spread 15-30."""
+    head = ["M × A", "code", "journal", "runs", "req/s", "µs/request API", "worker I/O", "Redis (INFO cpu)",
+            "bare uvicorn", "bare queue's Redis", "÷ client's: API", "worker I/O", "Redis"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     groups: dict[tuple, list[dict]] = {}
     for r in rows:
         groups.setdefault((r["M"], r["A"], r["journal"], r.get("code", "this tree")), []).append(r)
     for (m, a, journal, code), runs in groups.items():
-        per = [[r["us_per_request"][t] for r in runs] for t in ("api", "worker I/O", "Redis (INFO cpu)")]
+        per = [[r["us_per_request"][t] for r in runs] for t in TIERS]
+        bare = [[r[k] for r in runs if k in r] for k in ("bare_us_per_request", "bare_redis_us_per_request")]
+        relative = [[r["us_per_request"][t] / r["us_per_request"]["client"] for r in runs] for t in TIERS]
         cells = [f"{m} × {a}", code, journal, str(len(runs)), f"{statistics.median(r['req_s'] for r in runs):.0f}",
-                 *[f"{statistics.median(values):.0f}" for values in per]]
+                 *[f"{statistics.median(values):.0f}" for values in per],
+                 *[f"{statistics.median(values):.0f}" if values else "-" for values in bare],
+                 *[f"{statistics.median(values):.2f}" for values in relative]]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
@@ -289,6 +330,11 @@ def main() -> None:
                         "setting right before this tree's (a git worktree of it): before and after, in one run")
     parser.add_argument("--repeat", type=int, default=1, help="runs of each setting, the sides alternating "
                         "(baseline, this tree, baseline, ...); with more than one, also the median of each side")
+    parser.add_argument("--floor", action="store_true", help="after each plain run, the bare HTTP server "
+                        "(benchmarks/bare_server.py) and the bare queue (benchmarks/bare_queue.py) at the same "
+                        "request rate: the part of the API's and Redis's cost that is not ovq's")
+    parser.add_argument("--unix", action="store_true", help="Redis on a unix socket, as `ovq serve` runs its embedded "
+                        "one (TCP otherwise, as across hosts)")
     parser.add_argument("--out", type=Path, help="also write the rows as JSON")
     args = parser.parse_args()
     rows = []
@@ -299,7 +345,8 @@ def main() -> None:
                 raw = raw_tok_s(args.duration, args.max_tokens, plan(m, a).workers[0])  # one yardstick for both
                 for _ in range(args.repeat):
                     for code in roots:
-                        for row in measure(m, a, args.duration, args.max_tokens, journal, raw, code):
+                        for row in measure(m, a, args.duration, args.max_tokens, journal, raw, code, args.floor,
+                                           args.unix):
                             rows.append(row)
                             print(json.dumps(row), file=sys.stderr, flush=True)
     print(table(rows))
