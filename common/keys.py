@@ -28,7 +28,8 @@ class Keys:
         return "{" + self.prefix + ":batch}:" if self.cluster else ""
 
     def jobs(self, model: str, device: str) -> str:
-        """The queue of one model on one device (a stream with consumer group `workers`)."""
+        """The queue of one model on one device (a stream with consumer group `workers`). An entry's `job` field is
+        the job's JSON as `Job.to_json` writes it: its fields that are None left out."""
         return f"{self.prefix}:jobs:{{m:{model}}}:{device}" if self.cluster else f"{self.prefix}:jobs:{model}:{device}"
 
     def batch_jobs(self, model: str, device: str) -> str:

@@ -150,5 +150,5 @@ def enqueue_args(keys: Keys, job: Job, found: list[Candidate], since: float, max
                     keys.affinity_draining(job.model, candidate.device),
                     keys.fair_clock(job.model, candidate.device, job.priority)]
         payload = job.model_copy(update={"device": candidate.device, "affinity": candidate.worker})
-        args += [candidate.worker, candidate.device, payload.model_dump_json()]
+        args += [candidate.worker, candidate.device, payload.to_json()]
     return touched, args

@@ -316,7 +316,7 @@ class Registry:
         jobs = []
         for device in devices:  # the job as each device's worker would get it; `device` ends as the chosen one
             job.device = device
-            jobs.append((device, job.model_dump_json()))
+            jobs.append((device, job.to_json()))
         since = time.time() - self.settings.worker_ttl_s
         share = job.share  # (a batch line has one when it runs as its batch's owner: api/batch/lines.py)
         args = [since, self.settings.max_queue_depth, self.settings.job_ttl_s, job.created, job.reply_to,
