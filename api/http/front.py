@@ -23,10 +23,10 @@ Endpoint = Callable[[Request], Awaitable[Response]]
 
 
 class IndexedHeaders(Headers):
-    """starlette's headers, looked up in a dict built on the first lookup. Its own scan every raw header per lookup,
-    and a miss raises KeyError on the way: 2 µs each, and a generation request asks for about ten headers it mostly
-    has not got (X-Request-Id, X-Request-Timeout, Last-Event-ID, the priority and resumable headers...). The first
-    of repeated names wins, as in starlette."""
+    """starlette's headers, looked up in a dict built on the first lookup. starlette scans every raw header per
+    lookup, and a miss raises KeyError on the way: 2 µs each, and a generation request asks for about ten headers
+    it mostly has not got (X-Request-Id, X-Request-Timeout, Last-Event-ID, the priority and resumable headers...).
+    The first of repeated names wins, as in starlette."""
 
     _index: dict[str, str] | None = None
 
