@@ -26,7 +26,7 @@ import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from serving import free_port  # noqa: E402
+from serving import cpu_seconds, free_port  # noqa: E402
 from sse_client import closed_loop  # noqa: E402
 
 HEAD = [(b"content-type", b"text/event-stream; charset=utf-8"), (b"cache-control", b"no-cache"),
@@ -79,9 +79,9 @@ def measure(bodies: list[dict], streams: int, rate: float, frames: int, duration
         _wait(port)
         asyncio.run(closed_loop("127.0.0.1", port, bodies, streams, 1.0))  # warm-up
         tree = [psutil.Process(server.pid), *psutil.Process(server.pid).children(recursive=True)]
-        before = _cpu(tree)
+        before = cpu_seconds(tree)
         results, wall = asyncio.run(closed_loop("127.0.0.1", port, bodies, streams, duration))
-        used = _cpu(tree) - before
+        used = cpu_seconds(tree) - before
     finally:
         server.terminate()
         server.wait(30)
@@ -102,17 +102,6 @@ def _wait(port: int) -> None:
         except OSError:
             time.sleep(0.1)
     raise RuntimeError("the bare server did not start")
-
-
-def _cpu(processes: list[psutil.Process]) -> float:
-    total = 0.0
-    for proc in processes:
-        try:
-            times = proc.cpu_times()
-            total += times.user + times.system
-        except psutil.NoSuchProcess:
-            pass
-    return total
 
 
 def main() -> None:

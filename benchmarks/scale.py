@@ -52,7 +52,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 import bare_queue  # noqa: E402
 import bare_server  # noqa: E402
 import revisions  # noqa: E402
-from serving import free_port, pct  # noqa: E402
+from serving import cpu_seconds, free_port, pct  # noqa: E402
 from sse_client import Result, closed_loop  # noqa: E402
 
 from common.redis.server import EmbeddedRedis  # noqa: E402
@@ -174,17 +174,7 @@ class Stack:
 
 
 def cpu(processes: dict[str, list[psutil.Process]]) -> dict[str, float]:
-    out = {}
-    for tier, procs in processes.items():
-        total = 0.0
-        for proc in procs:
-            try:
-                times = proc.cpu_times()
-                total += times.user + times.system
-            except psutil.NoSuchProcess:
-                pass
-        out[tier] = total
-    return out
+    return {tier: cpu_seconds(procs) for tier, procs in processes.items()}
 
 
 def bodies(tokens: int) -> list[dict]:

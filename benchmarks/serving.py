@@ -34,6 +34,7 @@ from itertools import pairwise
 from pathlib import Path
 
 import httpx
+import psutil
 import redis
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -143,6 +144,18 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def cpu_seconds(processes: list[psutil.Process]) -> float:
+    """User and system CPU seconds of `processes` so far (one that has ended counts nothing)."""
+    total = 0.0
+    for proc in processes:
+        try:
+            times = proc.cpu_times()
+            total += times.user + times.system
+        except psutil.NoSuchProcess:
+            pass
+    return total
 
 
 class Stack:
