@@ -38,14 +38,14 @@ from common.redis.server import EmbeddedRedis  # noqa: E402
 
 STREAM, GROUP, CHANNEL = "bare:jobs", "workers", "bare:events"
 BOUND_S = 10.0  # the longest a job may take: the queue is paced to a fraction of a second
-JOB_BYTES = 1000  # about what ovq's job JSON of a 2-token chat weighs (`Job.model_dump_json()`)
+JOB_BYTES = 500  # about what ovq's job JSON of a 2-token chat weighs (`Job.to_json()`)
 
 
 class Queue:
     """Both ends of the bare queue in one event loop."""
 
     def __init__(self, client: aioredis.Redis, step_s: float, frames: int) -> None:
-        self.client, self.step_s, self.frames = client, step_s, frames
+        self.step_s, self.frames = step_s, frames
         self.api, self.worker = Lane(client), Lane(client)
         self.waiting: dict[str, asyncio.Future[None]] = {}
         self.running: dict[str, tuple[bytes, int]] = {}  # job id -> (its entry, events sent)
