@@ -127,7 +127,8 @@ async def drive(url: str, streams: int, rate: float, frames: int, duration: floa
 
 
 def redis_cpu(url: str) -> float:
-    info = redis.Redis.from_url(url).info("cpu")
+    with redis.Redis.from_url(url) as client:
+        info = client.info("cpu")
     return float(info["used_cpu_sys"]) + float(info["used_cpu_user"])
 
 
