@@ -86,7 +86,10 @@ def test_a_stream_is_valid_events_then_done(stack: Stack, prefix: str) -> None:
 
 def test_a_system_prompt_is_followed_by_a_valid_answer(stack: Stack) -> None:
     system = {"type": "message", "role": "system", "content": "You are a pirate."}
-    response = create(stack, "/v1", {"model": MODEL, "input": [system, user("Say hello.")], **GREEDY})
+    # Greedy, this model may repeat its first paragraph to any limit (it does at f32): the answer ends there (ovq's
+    # `stop`), so `completed` holds at every precision; what the template checks is the answer's validity.
+    response = create(stack, "/v1", {"model": MODEL, "input": [system, user("Say hello.")], **GREEDY,
+                                     "stop": ["\n\n"]})
     assert response["status"] == "completed" and response["output"]
 
 

@@ -27,9 +27,11 @@ TOOL = {"type": "function", "name": "get_weather", "description": "Current weath
 GREEDY: dict[str, Any] = {"model": MODEL, "temperature": 0, "max_output_tokens": 32}
 
 
-def chat_text(client: OpenAI, messages: list[dict[str, Any]], max_tokens: int = 32) -> tuple[str, int]:
+def chat_text(client: OpenAI, messages: list[dict[str, Any]], max_tokens: int = 32,
+              stop: list[str] | None = None) -> tuple[str, int]:
     """What chat answers for the same conversation, greedy, and its prompt's tokens."""
-    reply = client.chat.completions.create(model=MODEL, messages=messages, temperature=0, max_tokens=max_tokens)
+    reply = client.chat.completions.create(model=MODEL, messages=messages, temperature=0, max_tokens=max_tokens,
+                                           stop=stop)
     return reply.choices[0].message.content or "", reply.usage.prompt_tokens
 
 
