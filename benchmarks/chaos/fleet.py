@@ -143,11 +143,21 @@ def _fill_models(image: str) -> None:
            timeout=300)
 
 
+def _redis_image() -> None:
+    """The Redis image compose.yaml names, pulled or built from Debian's packages where the host has none
+    (deploy/podman/redis-image.sh; at once when it has). On a fresh host nothing else had built it yet."""
+    made = subprocess.run([str(PODMAN_DIR / "redis-image.sh")], capture_output=True, text=True, timeout=900,
+                          env=env(), cwd=PODMAN_CWD)
+    if made.returncode != 0:
+        raise RuntimeError(f"deploy/podman/redis-image.sh: rc {made.returncode}: {made.stderr.strip()[-1500:]}")
+
+
 def up(directory: Path, image: str) -> Fleet:
     """Derive, fill the models volume, start the fleet and wait until both APIs answer and a batch completes."""
     api_ports = (free_port(), free_port())
     redis_ports = {"redis": free_port(), "redis-replica": free_port()}
     down(directory)  # a previous run's leftovers
+    _redis_image()
     _derive(directory, image, api_ports, redis_ports)
     _fill_models(image)
     fleet = Fleet(directory, tuple(f"http://127.0.0.1:{p}" for p in api_ports),  # type: ignore[arg-type]
