@@ -43,6 +43,7 @@ class JobHash:
     DEVICE: Final = "device"
     UPDATED: Final = "updated"  # unix s of the last write
     WORKER: Final = "worker"  # the worker that accepted it
+    # These two are written with the worker's next write (it starts or ends), not when it reads the job.
     ENTRY: Final = "entry"  # its stream entry id (when Redis queued it)
     TAKEN: Final = "taken"  # unix s it left the stream
     # 1 once a token went out: a dead worker's job is then continued from `Keys.generated` (or failed), not rerun.

@@ -441,7 +441,7 @@ class BaseWorker:
             self.keep_alive_s = job.keep_alive  # Ollama's rule: each request sets how long the model stays after it
             started.append(job)
             # Its stream entry (Redis time it was queued) and when it left the stream: the queue order, visible.
-            outbox.set_status(job.id, entry=entry_id.decode(), taken=taken)
+            outbox.later(job.id, entry=entry_id.decode(), taken=taken)
             self._start(entry_id, job, outbox)
         self.publisher.put(outbox)
         if self.affinity is not None and started:

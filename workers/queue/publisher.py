@@ -47,6 +47,8 @@ STALE_S = 60.0
 class Outbox:
     events: dict[str, list[dict[str, Any]]] = field(default_factory=lambda: defaultdict(list))
     status: dict[str, dict[str, Any]] = field(default_factory=dict)
+    # Hash fields that wait for the job's next write of its hash (`later`).
+    held: dict[str, dict[str, Any]] = field(default_factory=dict)
     # (stream, entry id); stream None: the worker's own (interactive) stream.
     acks: list[tuple[str | None, bytes]] = field(default_factory=list)
     # Counts for the model's stats window (`common/ops/stats.py` fields), added up in memory over a step.
@@ -69,6 +71,12 @@ class Outbox:
     def set_status(self, job: str, **values: Any) -> None:
         """Fields of the job's hash, named as `common.jobs.JobHash` names them (a value None: left as it is)."""
         self.status.setdefault(job, {}).update(values)
+
+    def later(self, job: str, **values: Any) -> None:
+        """Fields of the job's hash that only say what happened (when it left its stream): they go with the job's
+        next write of its hash (it starts, or ends), not in a write of their own: an HSET and an EXPIRE a job
+        less. A worker that dies first leaves them unwritten, and nobody decides anything by them."""
+        self.held.setdefault(job, {}).update(values)
 
     def journal(self, job: str) -> None:
         """The job is resumable: its events go to its journal too (`Keys.journal`), from this outbox on."""
@@ -103,6 +111,8 @@ class Outbox:
             self.events[reply_to].extend(events)
         for job, values in other.status.items():
             self.set_status(job, **values)
+        for job, values in other.held.items():
+            self.later(job, **values)
         self.acks.extend(other.acks)
         self.stats.update(other.stats)
         self.sent.extend(other.sent)
@@ -114,7 +124,7 @@ class Outbox:
         self.commands += other.commands
 
     def __bool__(self) -> bool:
-        return bool(self.events or self.status or self.acks or self.stats or self.records or self.forgotten
+        return bool(self.events or self.status or self.held or self.acks or self.stats or self.records or self.forgotten
                     or self.journaled or self.commands)
 
 
@@ -127,6 +137,7 @@ class Publisher:
         self.journal_ttl, self.journal_max = journal_ttl, journal_max
         self._journaled: dict[str, int] = {}  # resumable jobs running -> entries written to their journal
         self._renewed: dict[str, float] = {}  # job -> when (monotonic) this worker last set its hash's TTL
+        self._held: dict[str, dict[str, Any]] = {}  # job -> hash fields for its next write (`Outbox.later`)
         self.accounting = accounting
         self.lane = open_lane(redis)  # one round trip per engine step: no pool checkout, no pipeline object
         self._queue: asyncio.Queue[Outbox] = asyncio.Queue()
@@ -247,6 +258,8 @@ class Publisher:
                 del batch.events[reply_to]
         for job in stale:
             batch.status.pop(job, None)
+            batch.held.pop(job, None)
+            self._held.pop(job, None)
             batch.records.pop(job, None)
             self._journaled.pop(job, None)
         batch.fresh -= stale.keys()
@@ -256,6 +269,8 @@ class Publisher:
 
     async def _send(self, batch: Outbox, failures: list[bytes], everything: bool = False) -> None:
         commands: list[Command] = []
+        if batch.held or self._held:
+            self._hold(batch)
         for job, values in batch.status.items():
             values[JobHash.UPDATED] = time.time()
             key = self.keys.job(job, self.model)
@@ -296,6 +311,17 @@ class Publisher:
                 log.warning("Redis refused a command while publishing: %s", result)
         for job in ended:  # only once sent: a retried round trip journals its terminal event again
             self._journaled.pop(job, None)
+
+    def _hold(self, batch: Outbox) -> None:
+        """The held fields of the jobs `batch` writes go into those writes; the rest wait for their job's next."""
+        for job, values in batch.held.items():
+            self._held.setdefault(job, {}).update(values)
+        batch.held = {}
+        for job in self._held.keys() & batch.status.keys():
+            batch.status[job] = {**self._held.pop(job), **batch.status[job]}
+        if len(self._held) > RENEWALS_KEPT:  # jobs that never wrote again here (taken over): the oldest go
+            for job in list(self._held)[: len(self._held) - RENEWALS_KEPT]:
+                del self._held[job]
 
     def _renews(self, job: str, status: Any) -> bool:
         """Whether this write of the job's hash sets its TTL again: its first write here, its last (the result is

@@ -79,6 +79,39 @@ async def test_a_jobs_hash_ttl_is_set_by_its_first_and_last_write_and_each_half_
     await redis.aclose()
 
 
+async def test_fields_held_for_later_go_with_the_jobs_next_write_of_its_hash(redis_url: str) -> None:
+    redis = aioredis.Redis.from_url(redis_url)
+    keys = Keys(f"t{time.time_ns()}")
+    publisher = Publisher(redis, keys, keys.jobs("m", "CPU"), job_ttl=60)
+    publisher.start()
+    sent: list[list] = []
+    publisher.lane.execute = lambda commands, run=publisher.lane.execute, **kw: sent.append(commands) or run(commands,
+                                                                                                             **kw)
+    taken, other = Outbox(), Outbox()
+    taken.later("j", entry="1-0", taken=1.5)
+    other.later("k", entry="2-0", taken=2.5)
+    taken.merge(other)
+    publisher.put(taken)
+    await publisher.drain()
+    assert sent == [] and await redis.exists(keys.job("j")) == 0  # nothing of their own
+    running = Outbox()
+    running.set_status("j", status="running")
+    publisher.put(running)
+    await publisher.drain()
+    assert [c[0] for c in sent.pop()] == ["HSET", "EXPIRE"]  # one write, and the TTL with it
+    written = await redis.hgetall(keys.job("j"))
+    assert (written[b"entry"], written[b"taken"], written[b"status"]) == (b"1-0", b"1.5", b"running")
+    assert await redis.exists(keys.job("k")) == 0 and list(publisher._held) == ["k"]  # k waits for its own
+    publisher._fenced_off = lambda jobs: None
+    publisher._stale = {"k": time.monotonic() + 60}
+    late = Outbox()
+    late.set_status("k", status="done")
+    publisher._strip(late)
+    assert publisher._held == {} and not late  # a job taken over meanwhile: its held fields go too
+    await publisher.stop()
+    await redis.aclose()
+
+
 async def test_records_of_generated_ids_are_appended_before_their_events_and_go_with_their_job(
         redis_url: str) -> None:
     redis = aioredis.Redis.from_url(redis_url)
