@@ -12,6 +12,17 @@ from workers.queue.publisher import Outbox, Publisher
 KEYS = Keys("t")
 
 
+def recording(redis: aioredis.Redis) -> tuple[Publisher, Keys, list[list]]:
+    """A started publisher on keys of its own, and the list its round trips' commands are recorded in as sent."""
+    keys = Keys(f"t{time.time_ns()}")
+    publisher = Publisher(redis, keys, keys.jobs("m", "CPU"), job_ttl=60)
+    publisher.start()
+    sent: list[list] = []
+    run = publisher.lane.execute
+    publisher.lane.execute = lambda commands, **kw: sent.append(commands) or run(commands, **kw)  # type: ignore[method-assign]
+    return publisher, keys, sent
+
+
 def test_outboxes_merge_in_order() -> None:
     a, b = Outbox(), Outbox()
     a.publish("api1", Delta(job="j", seq=1, text="a", tokens=1))
@@ -53,12 +64,7 @@ async def test_one_round_trip_publishes_per_reply_channel_and_acks(redis_url: st
 
 async def test_a_jobs_hash_ttl_is_set_by_its_first_and_last_write_and_each_half_ttl_between(redis_url: str) -> None:
     redis = aioredis.Redis.from_url(redis_url)
-    keys = Keys(f"t{time.time_ns()}")
-    publisher = Publisher(redis, keys, keys.jobs("m", "CPU"), job_ttl=60)
-    publisher.start()
-    sent: list[list] = []
-    publisher.lane.execute = lambda commands, run=publisher.lane.execute, **kw: sent.append(commands) or run(commands,
-                                                                                                             **kw)
+    publisher, keys, sent = recording(redis)
 
     async def write(**values: object) -> list[str]:
         outbox = Outbox()
@@ -81,12 +87,7 @@ async def test_a_jobs_hash_ttl_is_set_by_its_first_and_last_write_and_each_half_
 
 async def test_fields_held_for_later_go_with_the_jobs_next_write_of_its_hash(redis_url: str) -> None:
     redis = aioredis.Redis.from_url(redis_url)
-    keys = Keys(f"t{time.time_ns()}")
-    publisher = Publisher(redis, keys, keys.jobs("m", "CPU"), job_ttl=60)
-    publisher.start()
-    sent: list[list] = []
-    publisher.lane.execute = lambda commands, run=publisher.lane.execute, **kw: sent.append(commands) or run(commands,
-                                                                                                             **kw)
+    publisher, keys, sent = recording(redis)
     taken, other = Outbox(), Outbox()
     taken.later("j", entry="1-0", taken=1.5)
     other.later("k", entry="2-0", taken=2.5)
@@ -115,18 +116,13 @@ async def test_fields_held_for_later_go_with_the_jobs_next_write_of_its_hash(red
 async def test_records_of_generated_ids_are_appended_before_their_events_and_go_with_their_job(
         redis_url: str) -> None:
     redis = aioredis.Redis.from_url(redis_url)
-    keys = Keys(f"t{time.time_ns()}")
-    publisher = Publisher(redis, keys, keys.jobs("m", "CPU"), job_ttl=60)
-    publisher.start()
+    publisher, keys, sent = recording(redis)
     first, second = Outbox(), Outbox()
     first.record("j", [b"ab"], first=True)
     first.publish("api1", Delta(job="j", seq=1, text="hi", tokens=1))
     second.record("j", [b"cd"])
     first.merge(second)
     assert first.records == {"j": [b"ab", b"cd"]} and first.fresh == {"j"}
-    sent = []
-    publisher.lane.execute = lambda commands, run=publisher.lane.execute, **kw: sent.append(commands) or run(commands,
-                                                                                                             **kw)
     publisher.put(first)
     await publisher.drain()
     assert [c[0] for c in sent[0]] == ["APPEND", "EXPIRE", "PUBLISH"]  # the ids before the text they match
